@@ -1,0 +1,1 @@
+//! Spindle's graph runtime.
