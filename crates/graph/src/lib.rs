@@ -1,1 +1,52 @@
-//! Spindle's graph runtime.
+//! Spindle's graph runtime: a LangGraph-semantics execution engine. It knows nothing of HTTP
+//! or SQL; the server crate drives it and stores what it produces.
+//!
+//! # What the server calls
+//!
+//! Loading graphs:
+//! - [`spec::load_file`]`(&Path) -> Result<Graph, SpecError>` loads a YAML or JSON graph file;
+//!   [`SpecError`]'s `Display` names the file, line, place (`nodes.respond.kind`) and problem.
+//! - [`examples::all`]`() -> Vec<(&'static str, Graph)>`: the built-in example graphs.
+//!
+//! Describing a graph (`/assistants/{id}/...`), all on [`Graph`] (share it as `Arc<Graph>`):
+//! - [`Graph::schemas`]`() -> GraphSchemas` (`input_schema, output_schema, state_schema,
+//!   config_schema, context_schema`);
+//! - [`Graph::drawable`]`(XRay) -> Value` (`{nodes, edges}`, LangGraph's shape);
+//! - [`Graph::subgraphs`]`() -> Vec<(String, Arc<Graph>)>` (namespace, graph);
+//! - [`Graph::default_config`], [`Graph::default_context`], [`Graph::name`].
+//!
+//! Running (see [`pregel`]):
+//! - [`pregel::run`]`(&Arc<Graph>, RunInput, RunConfig, RunEnv) -> Result<RunOutcome, RunError>`.
+//!   Stream events arrive on `RunEnv::sink` as [`StreamEvent`]s whose `data` already has
+//!   LangGraph's payload shape; `StreamEvent::event_name()` gives `mode|ns...`.
+//!   [`RunError::class`] / [`RunError::message`] give `{"error", "message"}`.
+//! - Thread state: [`pregel::get_state`], [`pregel::get_state_history`],
+//!   [`pregel::update_state`], [`pregel::fork`]; [`pregel::StateSnapshot::to_json`] is the
+//!   `/threads/{id}/state` body.
+//! - Storage: implement [`checkpoint::Checkpointer`] (see its module docs for the blob model)
+//!   and [`store::Store`]; in-memory versions exist for tests.
+//!
+//! Building graphs in Rust: [`builder::GraphBuilder`].
+
+pub mod builder;
+pub mod channels;
+pub mod checkpoint;
+pub mod context;
+pub mod examples;
+pub mod graph;
+pub mod messages;
+pub mod model;
+pub mod node;
+pub mod nodes;
+pub mod prebuilt;
+pub mod pregel;
+pub mod script;
+pub mod spec;
+pub mod store;
+pub mod stream;
+pub mod tools;
+
+pub use graph::{Graph, GraphSchemas, NodeSet, XRay, END, START};
+pub use pregel::{Durability, RunConfig, RunEnv, RunError, RunInput, RunOutcome};
+pub use spec::SpecError;
+pub use stream::{StreamEvent, StreamMode};

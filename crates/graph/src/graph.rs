@@ -1,0 +1,402 @@
+//! The compiled graph: channels, nodes, edges and branches, plus what the assistants
+//! endpoints show of it (schemas, drawable graph, subgraphs).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde_json::{json, Map, Value};
+
+use crate::channels::{ChannelKind, ChannelSpec};
+use crate::node::{Node, RetryPolicy, Router};
+
+/// The virtual entry node.
+pub const START: &str = "__start__";
+/// The virtual exit node.
+pub const END: &str = "__end__";
+
+/// Nodes before/after which a run stops (`interrupt_before`/`interrupt_after`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum NodeSet {
+    /// None.
+    #[default]
+    None,
+    /// Every node (`"*"`).
+    All,
+    /// These nodes.
+    Some(Vec<String>),
+}
+
+impl NodeSet {
+    /// Whether the set holds a node.
+    pub fn contains(&self, node: &str) -> bool {
+        match self {
+            NodeSet::None => false,
+            NodeSet::All => true,
+            NodeSet::Some(list) => list.iter().any(|n| n == node),
+        }
+    }
+
+    /// Read `"*"` or a list of names.
+    pub fn from_value(v: &Value) -> Option<NodeSet> {
+        match v {
+            Value::Null => Some(NodeSet::None),
+            Value::String(s) if s == "*" => Some(NodeSet::All),
+            Value::Array(items) => items
+                .iter()
+                .map(|i| i.as_str().map(str::to_string))
+                .collect::<Option<Vec<_>>>()
+                .map(NodeSet::Some),
+            _ => None,
+        }
+    }
+}
+
+/// How `drawable` shows subgraphs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum XRay {
+    /// Subgraphs are single nodes.
+    #[default]
+    Off,
+    /// Expand subgraphs this many levels deep.
+    Depth(u32),
+    /// Expand every level.
+    All,
+}
+
+impl XRay {
+    /// Read the `xray` query parameter (`true`, `false` or a depth).
+    pub fn parse(s: &str) -> XRay {
+        match s {
+            "true" | "True" => XRay::All,
+            "false" | "False" | "0" | "" => XRay::Off,
+            n => n.parse::<u32>().map(XRay::Depth).unwrap_or(XRay::Off),
+        }
+    }
+
+    fn deeper(self) -> Option<XRay> {
+        match self {
+            XRay::Off | XRay::Depth(0) => None,
+            XRay::Depth(n) => Some(XRay::Depth(n - 1)),
+            XRay::All => Some(XRay::All),
+        }
+    }
+}
+
+/// A node of a compiled graph.
+#[derive(Clone)]
+pub struct NodeDef {
+    pub(crate) name: String,
+    pub(crate) runner: Arc<dyn Node>,
+    pub(crate) retry: Option<RetryPolicy>,
+    pub(crate) subgraph: Option<Arc<Graph>>,
+}
+
+/// A conditional edge.
+#[derive(Clone)]
+pub struct Branch {
+    pub(crate) source: String,
+    pub(crate) router: Arc<dyn Router>,
+    /// Maps the router's answers to node names; `None` takes answers as node names.
+    pub(crate) path_map: Option<Vec<(String, String)>>,
+    /// Possible targets, for drawing; `None` means any node.
+    pub(crate) targets: Option<Vec<String>>,
+}
+
+/// JSON Schemas of a graph, as `/assistants/{id}/schemas` returns them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GraphSchemas {
+    /// Schema of the run input.
+    pub input_schema: Value,
+    /// Schema of the run output.
+    pub output_schema: Value,
+    /// Schema of the whole state.
+    pub state_schema: Value,
+    /// Schema of `config.configurable`.
+    pub config_schema: Value,
+    /// Schema of the run `context`.
+    pub context_schema: Value,
+}
+
+/// A compiled graph. Cheap to share as `Arc<Graph>`; immutable once built.
+pub struct Graph {
+    pub(crate) name: String,
+    pub(crate) description: Option<String>,
+    pub(crate) channels: Vec<ChannelSpec>,
+    pub(crate) channel_index: HashMap<String, usize>,
+    pub(crate) nodes: Vec<NodeDef>,
+    pub(crate) node_index: HashMap<String, usize>,
+    /// Fixed edges `(source, target)`; source may be `START`, target may be `END`.
+    pub(crate) edges: Vec<(String, String)>,
+    pub(crate) branches: Vec<Branch>,
+    /// Per node (and `START` at index `nodes.len()`): fixed targets and branch indices.
+    pub(crate) out_edges: Vec<Vec<String>>,
+    pub(crate) out_branches: Vec<Vec<usize>>,
+    pub(crate) interrupt_before: NodeSet,
+    pub(crate) interrupt_after: NodeSet,
+    pub(crate) input_keys: Vec<String>,
+    pub(crate) output_keys: Vec<String>,
+    pub(crate) config_schema: Value,
+    pub(crate) context_schema: Value,
+    pub(crate) default_config: Value,
+    pub(crate) default_context: Value,
+}
+
+impl std::fmt::Debug for Graph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Graph")
+            .field("name", &self.name)
+            .field(
+                "nodes",
+                &self
+                    .nodes
+                    .iter()
+                    .map(|n| n.name.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .field("edges", &self.edges)
+            .finish_non_exhaustive()
+    }
+}
+
+fn title_case(key: &str) -> String {
+    key.split('_')
+        .filter(|w| !w.is_empty())
+        .map(|w| {
+            let mut c = w.chars();
+            match c.next() {
+                Some(first) => first.to_uppercase().collect::<String>() + c.as_str(),
+                None => String::new(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn sorted_object(map: Map<String, Value>) -> Value {
+    let mut entries: Vec<(String, Value)> = map.into_iter().collect();
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    Value::Object(entries.into_iter().collect())
+}
+
+impl Graph {
+    /// The graph's name (its graph id when loaded from a file).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The description from the graph file, if any.
+    pub fn description(&self) -> Option<&str> {
+        self.description.as_deref()
+    }
+
+    /// Node names in declaration order.
+    pub fn node_names(&self) -> impl Iterator<Item = &str> {
+        self.nodes.iter().map(|n| n.name.as_str())
+    }
+
+    /// State channels in declaration order.
+    pub fn channels(&self) -> &[ChannelSpec] {
+        &self.channels
+    }
+
+    /// Static interrupts compiled into the graph.
+    pub fn interrupts(&self) -> (&NodeSet, &NodeSet) {
+        (&self.interrupt_before, &self.interrupt_after)
+    }
+
+    /// A copy with other static interrupts (a subgraph node's own `interrupt_before`/`after`).
+    pub fn with_interrupts(&self, before: Option<NodeSet>, after: Option<NodeSet>) -> Graph {
+        Graph {
+            name: self.name.clone(),
+            description: self.description.clone(),
+            channels: self.channels.clone(),
+            channel_index: self.channel_index.clone(),
+            nodes: self.nodes.clone(),
+            node_index: self.node_index.clone(),
+            edges: self.edges.clone(),
+            branches: self.branches.clone(),
+            out_edges: self.out_edges.clone(),
+            out_branches: self.out_branches.clone(),
+            interrupt_before: before.unwrap_or_else(|| self.interrupt_before.clone()),
+            interrupt_after: after.unwrap_or_else(|| self.interrupt_after.clone()),
+            input_keys: self.input_keys.clone(),
+            output_keys: self.output_keys.clone(),
+            config_schema: self.config_schema.clone(),
+            context_schema: self.context_schema.clone(),
+            default_config: self.default_config.clone(),
+            default_context: self.default_context.clone(),
+        }
+    }
+
+    /// Default assistant config (`{"configurable": {...}}` or `{}`).
+    pub fn default_config(&self) -> Value {
+        self.default_config.clone()
+    }
+
+    /// Default run context.
+    pub fn default_context(&self) -> Value {
+        self.default_context.clone()
+    }
+
+    fn keys_schema(&self, keys: &[String], title: String) -> Value {
+        let mut props = Map::new();
+        for key in keys {
+            let Some(&i) = self.channel_index.get(key) else {
+                continue;
+            };
+            let ch = &self.channels[i];
+            let mut s = match &ch.schema {
+                Value::Object(m) => m.clone(),
+                _ => Map::new(),
+            };
+            s.insert("default".into(), ch.default.clone().unwrap_or(Value::Null));
+            s.insert("title".into(), json!(title_case(key)));
+            if matches!(ch.kind, ChannelKind::Messages) {
+                // Chat UIs look for this mark to find the conversation in the state.
+                s.insert("langgraph_type".into(), json!("messages"));
+            }
+            props.insert(key.clone(), sorted_object(s));
+        }
+        json!({"properties": props, "title": title, "type": "object"})
+    }
+
+    /// JSON Schemas of the input, output, state, config and context.
+    pub fn schemas(&self) -> GraphSchemas {
+        let all: Vec<String> = self.channels.iter().map(|c| c.name.clone()).collect();
+        GraphSchemas {
+            input_schema: self.keys_schema(&self.input_keys, format!("{}_input", self.name)),
+            output_schema: self.keys_schema(&self.output_keys, format!("{}_output", self.name)),
+            state_schema: self.keys_schema(&all, format!("{}_state", self.name)),
+            config_schema: self.config_schema.clone(),
+            context_schema: self.context_schema.clone(),
+        }
+    }
+
+    /// Subgraphs by namespace (the node name), recursively as `parent|child`.
+    pub fn subgraphs(&self) -> Vec<(String, Arc<Graph>)> {
+        let mut out = Vec::new();
+        for n in &self.nodes {
+            if let Some(sub) = &n.subgraph {
+                out.push((n.name.clone(), sub.clone()));
+                for (ns, g) in sub.subgraphs() {
+                    out.push((format!("{}|{}", n.name, ns), g));
+                }
+            }
+        }
+        out
+    }
+
+    /// Targets a branch may route to, for drawing.
+    fn branch_targets(&self, b: &Branch) -> Vec<String> {
+        let mut t: Vec<String> = match (&b.path_map, &b.targets) {
+            (Some(map), _) => map.iter().map(|(_, v)| v.clone()).collect(),
+            (None, Some(t)) => t.clone(),
+            (None, None) => {
+                let mut all: Vec<String> = self.nodes.iter().map(|n| n.name.clone()).collect();
+                all.push(END.to_string());
+                all
+            }
+        };
+        t.sort();
+        t.dedup();
+        t
+    }
+
+    /// LangGraph's drawable graph: `{"nodes": [{id, type, data}], "edges": [{source, target,
+    /// conditional?}]}`, with `__start__` and `__end__`.
+    pub fn drawable(&self, xray: XRay) -> Value {
+        let (nodes, edges) = self.draw(xray);
+        json!({"nodes": nodes, "edges": edges})
+    }
+
+    fn draw(&self, xray: XRay) -> (Vec<Value>, Vec<Value>) {
+        let runnable = |id: &str| json!({"id": id, "type": "runnable", "data": {"name": id}});
+        // LangGraph lists edges by source, in node order (`__start__` first): fixed edges as
+        // added, then each branch's targets sorted.
+        let mut edges: Vec<(String, String, bool)> = Vec::new();
+        let sources = std::iter::once(START).chain(self.nodes.iter().map(|n| n.name.as_str()));
+        for src in sources {
+            for (s, t) in self.edges.iter().filter(|(s, _)| s == src) {
+                edges.push((s.clone(), t.clone(), false));
+            }
+            for b in self.branches.iter().filter(|b| b.source == src) {
+                for t in self.branch_targets(b) {
+                    if !edges.iter().any(|(s, x, _)| s == src && *x == t) {
+                        edges.push((b.source.clone(), t, true));
+                    }
+                }
+            }
+        }
+
+        let mut nodes = vec![runnable(START)];
+        let mut sub_nodes = Vec::new();
+        let mut sub_edges = Vec::new();
+        for n in &self.nodes {
+            let expand = n.subgraph.as_ref().zip(xray.deeper());
+            let Some((sub, deeper)) = expand else {
+                nodes.push(runnable(&n.name));
+                continue;
+            };
+            let (snodes, sedges) = sub.draw(deeper);
+            let prefix = |id: &str| format!("{}:{}", n.name, id);
+            let firsts: Vec<String> = sedges
+                .iter()
+                .filter(|e| e["source"] == START)
+                .filter_map(|e| e["target"].as_str().map(prefix))
+                .collect();
+            let lasts: Vec<(String, bool)> = sedges
+                .iter()
+                .filter(|e| e["target"] == END)
+                .filter_map(|e| {
+                    e["source"]
+                        .as_str()
+                        .map(|s| (prefix(s), e.get("conditional").is_some()))
+                })
+                .collect();
+            for sn in snodes {
+                let id = sn["id"].as_str().unwrap_or_default();
+                if id != START && id != END {
+                    sub_nodes.push(runnable(&prefix(id)));
+                }
+            }
+            for se in sedges {
+                let (Some(s), Some(t)) = (se["source"].as_str(), se["target"].as_str()) else {
+                    continue;
+                };
+                if s != START && t != END {
+                    sub_edges.push((prefix(s), prefix(t), se.get("conditional").is_some()));
+                }
+            }
+            // Re-wire the parent's edges through the subgraph's entry and exit nodes.
+            let mut rewired = Vec::new();
+            for (s, t, c) in edges.drain(..) {
+                if t == n.name {
+                    for f in &firsts {
+                        rewired.push((s.clone(), f.clone(), c));
+                    }
+                } else if s == n.name {
+                    for (l, lc) in &lasts {
+                        rewired.push((l.clone(), t.clone(), c || *lc));
+                    }
+                } else {
+                    rewired.push((s, t, c));
+                }
+            }
+            edges = rewired;
+        }
+        nodes.push(json!({"id": END}));
+        nodes.extend(sub_nodes);
+        edges.extend(sub_edges);
+        let edges = edges
+            .into_iter()
+            .map(|(s, t, c)| {
+                if c {
+                    json!({"source": s, "target": t, "conditional": true})
+                } else {
+                    json!({"source": s, "target": t})
+                }
+            })
+            .collect();
+        (nodes, edges)
+    }
+}

@@ -1,0 +1,200 @@
+//! The node kinds of graph files: `script`, `model`, `tools`, `interrupt`, `subgraph`, and
+//! the routers of conditional edges.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::{json, Map, Value};
+
+use crate::context::TaskContext;
+use crate::graph::{Graph, END};
+use crate::messages::coerce_message;
+use crate::model::{ChatModel, ToolSchema};
+use crate::node::{Command, Goto, Node, NodeError, Router};
+use crate::script::{to_command, to_gotos, Script};
+use crate::tools::{run_tool_calls, Tool};
+
+/// A node whose body is a script.
+pub struct ScriptNode(pub Arc<Script>);
+
+#[async_trait]
+impl Node for ScriptNode {
+    async fn run(&self, input: Value, ctx: &TaskContext) -> Result<Command, NodeError> {
+        let v = self.0.eval(&[("state", input)], ctx).await?;
+        to_command(v)
+    }
+}
+
+/// A conditional edge decided by a script.
+pub struct ScriptRouter(pub Arc<Script>);
+
+#[async_trait]
+impl Router for ScriptRouter {
+    async fn route(&self, state: &Value, ctx: &TaskContext) -> Result<Vec<Goto>, NodeError> {
+        let v = self.0.eval(&[("state", state.clone())], ctx).await?;
+        to_gotos(v)
+    }
+}
+
+/// LangGraph's `tools_condition`: to `tools` when the last message has tool calls, else end.
+pub struct ToolsCondition {
+    /// The state key of the conversation.
+    pub messages_key: String,
+    /// The node that runs tools.
+    pub tools_node: String,
+}
+
+#[async_trait]
+impl Router for ToolsCondition {
+    async fn route(&self, state: &Value, _ctx: &TaskContext) -> Result<Vec<Goto>, NodeError> {
+        let has_calls = state
+            .get(&self.messages_key)
+            .and_then(Value::as_array)
+            .and_then(|m| m.last())
+            .and_then(|m| m.get("tool_calls"))
+            .and_then(Value::as_array)
+            .is_some_and(|c| !c.is_empty());
+        Ok(vec![Goto::Node(if has_calls {
+            self.tools_node.clone()
+        } else {
+            END.to_string()
+        })])
+    }
+}
+
+/// A chat model call over the conversation in `messages_key`.
+pub struct ModelNode {
+    /// The model.
+    pub model: Arc<dyn ChatModel>,
+    /// Tools offered to the model.
+    pub tools: Vec<ToolSchema>,
+    /// A system prompt put first.
+    pub system: Option<String>,
+    /// Stream tokens as `messages` events.
+    pub stream: bool,
+    /// The state key of the conversation.
+    pub messages_key: String,
+}
+
+#[async_trait]
+impl Node for ModelNode {
+    async fn run(&self, input: Value, ctx: &TaskContext) -> Result<Command, NodeError> {
+        let mut messages: Vec<Value> = Vec::new();
+        if let Some(system) = &self.system {
+            messages.push(
+                coerce_message(&json!({"type": "system", "content": system}))
+                    .map_err(|e| NodeError::new("ValueError", e.0))?,
+            );
+        }
+        if let Some(list) = input.get(&self.messages_key).and_then(Value::as_array) {
+            messages.extend(list.iter().cloned());
+        }
+        let streaming = if self.stream { Some(ctx) } else { None };
+        let reply = self
+            .model
+            .invoke(&messages, &self.tools, streaming, ctx.cancel_token())
+            .await?;
+        let mut update = Map::new();
+        update.insert(self.messages_key.clone(), json!([reply]));
+        Ok(Command::update(Value::Object(update)))
+    }
+}
+
+/// Runs the tool calls of the last AI message.
+pub struct ToolsNode {
+    /// Available tools.
+    pub tools: Vec<Arc<Tool>>,
+    /// The state key of the conversation.
+    pub messages_key: String,
+}
+
+#[async_trait]
+impl Node for ToolsNode {
+    async fn run(&self, input: Value, ctx: &TaskContext) -> Result<Command, NodeError> {
+        let last = input
+            .get(&self.messages_key)
+            .and_then(Value::as_array)
+            .and_then(|m| {
+                m.iter()
+                    .rev()
+                    .find(|m| m.get("type").and_then(Value::as_str) == Some("ai"))
+            });
+        let calls = last
+            .and_then(|m| m.get("tool_calls"))
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let out = run_tool_calls(&self.tools, &calls, ctx).await?;
+        let mut update = Map::new();
+        update.insert(self.messages_key.clone(), Value::Array(out));
+        Ok(Command::update(Value::Object(update)))
+    }
+}
+
+/// Interrupts with a payload; on resume writes the value to a key (and optionally appends a
+/// message built from it).
+pub struct InterruptNode {
+    /// What the client sees.
+    pub payload: Value,
+    /// Where the resume value goes.
+    pub write_to: Option<String>,
+}
+
+#[async_trait]
+impl Node for InterruptNode {
+    async fn run(&self, _input: Value, ctx: &TaskContext) -> Result<Command, NodeError> {
+        let value = ctx.interrupt(self.payload.clone())?;
+        Ok(match &self.write_to {
+            Some(key) => {
+                let mut update = Map::new();
+                update.insert(key.clone(), value);
+                Command::update(Value::Object(update))
+            }
+            None => Command::none(),
+        })
+    }
+}
+
+/// Runs another graph as one node, with its own checkpoints under `node:task_id`.
+pub struct SubgraphNode {
+    /// The graph.
+    pub graph: Arc<Graph>,
+    /// Child key <- parent key; `None` passes the keys both graphs share.
+    pub input_map: Option<Vec<(String, String)>>,
+    /// Parent key <- child key; `None` returns the keys both graphs share.
+    pub output_map: Option<Vec<(String, String)>>,
+}
+
+fn project(src: &Value, map: &Option<Vec<(String, String)>>, keep: impl Fn(&str) -> bool) -> Value {
+    let mut out = Map::new();
+    match map {
+        Some(pairs) => {
+            for (to, from) in pairs {
+                if let Some(v) = src.get(from) {
+                    out.insert(to.clone(), v.clone());
+                }
+            }
+        }
+        None => {
+            for (k, v) in src.as_object().into_iter().flatten() {
+                if keep(k) {
+                    out.insert(k.clone(), v.clone());
+                }
+            }
+        }
+    }
+    Value::Object(out)
+}
+
+#[async_trait]
+impl Node for SubgraphNode {
+    async fn run(&self, input: Value, ctx: &TaskContext) -> Result<Command, NodeError> {
+        let child_input = project(&input, &self.input_map, |k| {
+            self.graph.channel_index.contains_key(k)
+        });
+        let out = crate::pregel::run_subgraph(&self.graph, child_input, ctx).await?;
+        // Without a map, every key of the child's output goes up; keys the parent does not
+        // have are dropped by the engine.
+        Ok(Command::update(project(&out, &self.output_map, |_| true)))
+    }
+}

@@ -1,0 +1,449 @@
+//! Thread state views (`get_state`, history) and state edits (`update_state`, fork).
+
+use std::sync::Arc;
+
+use serde_json::{json, Map, Value};
+
+use super::state::LoopState;
+use super::task::{normalise_writes, prepare_parts, route};
+use super::{W_DONE, W_ERROR, W_INTERRUPT};
+use crate::checkpoint::{
+    new_checkpoint_id, CheckpointError, CheckpointRef, CheckpointTuple, Checkpointer, ListFilter,
+};
+use crate::context::{RunShared, TaskContext};
+use crate::graph::{Graph, END, START};
+use crate::node::{Command, Interrupt, NodeError};
+use crate::stream::StreamModes;
+
+/// A task of a thread's next step, as thread state shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StateTask {
+    /// Task id.
+    pub id: String,
+    /// Node name.
+    pub name: String,
+    /// `["__pregel_pull", name]` or `["__pregel_push", i, false]`.
+    pub path: Value,
+    /// `{error, message}` when it failed.
+    pub error: Option<Value>,
+    /// Its pending interrupts.
+    pub interrupts: Vec<Interrupt>,
+    /// For a subgraph task: where its checkpoints are.
+    pub checkpoint: Option<CheckpointRef>,
+    /// Its writes when it already finished.
+    pub result: Option<Value>,
+}
+
+/// A thread's state at a checkpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StateSnapshot {
+    /// State values.
+    pub values: Value,
+    /// Nodes of the next step.
+    pub next: Vec<String>,
+    /// Tasks of the next step.
+    pub tasks: Vec<StateTask>,
+    /// Checkpoint metadata.
+    pub metadata: Value,
+    /// Checkpoint time.
+    pub created_at: String,
+    /// The checkpoint.
+    pub checkpoint: CheckpointRef,
+    /// Its parent.
+    pub parent_checkpoint: Option<CheckpointRef>,
+    /// Pending interrupts of all tasks.
+    pub interrupts: Vec<Interrupt>,
+}
+
+impl StateSnapshot {
+    /// The JSON LangGraph's `/threads/{id}/state` returns.
+    pub fn to_json(&self) -> Value {
+        let cp = |r: &CheckpointRef| json!({"checkpoint_id": r.checkpoint_id, "thread_id": r.thread_id, "checkpoint_ns": r.checkpoint_ns});
+        json!({
+            "values": self.values,
+            "next": self.next,
+            "tasks": self.tasks.iter().map(|t| json!({
+                "id": t.id, "name": t.name, "path": t.path, "error": t.error,
+                "interrupts": t.interrupts.iter().map(Interrupt::to_state_json).collect::<Vec<_>>(),
+                "checkpoint": t.checkpoint.as_ref().map(cp), "state": null, "result": t.result,
+            })).collect::<Vec<_>>(),
+            "metadata": self.metadata,
+            "created_at": self.created_at,
+            "checkpoint": cp(&self.checkpoint),
+            "parent_checkpoint": self.parent_checkpoint.as_ref().map(cp),
+            "interrupts": self.interrupts.iter().map(Interrupt::to_state_json).collect::<Vec<_>>(),
+            "checkpoint_id": self.checkpoint.checkpoint_id,
+            "parent_checkpoint_id": self.parent_checkpoint.as_ref().map(|p| p.checkpoint_id.clone()),
+        })
+    }
+}
+
+fn interrupts_of(v: &Value) -> Vec<Interrupt> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .map(|i| Interrupt {
+            id: i
+                .get("id")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string(),
+            value: i.get("value").cloned().unwrap_or(Value::Null),
+        })
+        .collect()
+}
+
+fn snapshot(graph: &Graph, t: &CheckpointTuple) -> StateSnapshot {
+    let state = LoopState::from_checkpoint(graph, &t.checkpoint);
+    let step = t.metadata.get("step").and_then(Value::as_i64).unwrap_or(-1);
+    let ns = &t.at.checkpoint_ns;
+    let mut tasks: Vec<StateTask> = prepare_parts(graph, &state, &t.checkpoint.id, ns, step + 1)
+        .into_iter()
+        .map(|task| {
+            let writes: Vec<_> = t
+                .pending_writes
+                .iter()
+                .filter(|w| w.task_id == task.id)
+                .collect();
+            let error = writes
+                .iter()
+                .find(|w| w.channel == W_ERROR)
+                .map(|w| w.value.clone());
+            let interrupts = writes
+                .iter()
+                .find(|w| w.channel == W_INTERRUPT)
+                .map(|w| interrupts_of(&w.value))
+                .unwrap_or_default();
+            let result = writes.iter().any(|w| w.channel == W_DONE).then(|| {
+                Value::Object(
+                    writes
+                        .iter()
+                        .filter(|w| graph.channel_index.contains_key(&w.channel))
+                        .map(|w| (w.channel.clone(), w.value.clone()))
+                        .collect(),
+                )
+            });
+            let is_sub = graph.nodes[task.node].subgraph.is_some();
+            let path = task.path(graph);
+            StateTask {
+                checkpoint: is_sub.then(|| CheckpointRef {
+                    thread_id: t.at.thread_id.clone(),
+                    checkpoint_ns: if ns.is_empty() {
+                        format!("{}:{}", task.name, task.id)
+                    } else {
+                        format!("{ns}|{}:{}", task.name, task.id)
+                    },
+                    checkpoint_id: String::new(),
+                }),
+                id: task.id,
+                name: task.name,
+                path,
+                error,
+                interrupts,
+                result,
+            }
+        })
+        .collect();
+    let mut next: Vec<String> = tasks.iter().map(|t| t.name.clone()).collect();
+    if state.start_input.is_some() {
+        let id = super::task::task_id(&t.checkpoint.id, ns, step + 1, START, "pull");
+        next.insert(0, START.into());
+        tasks.insert(
+            0,
+            StateTask {
+                id,
+                name: START.into(),
+                path: json!(["__pregel_pull", START]),
+                error: None,
+                interrupts: Vec::new(),
+                checkpoint: None,
+                result: None,
+            },
+        );
+    }
+    let interrupts = tasks.iter().flat_map(|t| t.interrupts.clone()).collect();
+    StateSnapshot {
+        values: state.project(graph, &graph.output_keys),
+        next,
+        tasks,
+        metadata: t.metadata.clone(),
+        created_at: t.checkpoint.ts.clone(),
+        checkpoint: t.at.clone(),
+        parent_checkpoint: t.parent_id.as_ref().map(|p| CheckpointRef {
+            thread_id: t.at.thread_id.clone(),
+            checkpoint_ns: t.at.checkpoint_ns.clone(),
+            checkpoint_id: p.clone(),
+        }),
+        interrupts,
+    }
+}
+
+/// The state of a thread at a checkpoint (the latest when `checkpoint_id` is `None`).
+/// `checkpoint_ns` selects a subgraph's state (`""` for the root).
+pub async fn get_state(
+    graph: &Graph,
+    saver: &dyn Checkpointer,
+    thread_id: &str,
+    checkpoint_ns: &str,
+    checkpoint_id: Option<&str>,
+) -> Result<Option<StateSnapshot>, CheckpointError> {
+    let sub = graph_for_ns(graph, checkpoint_ns);
+    let g = sub.as_deref().unwrap_or(graph);
+    Ok(saver
+        .get_tuple(thread_id, checkpoint_ns, checkpoint_id)
+        .await?
+        .map(|t| snapshot(g, &t)))
+}
+
+/// The subgraph that owns a namespace (`child:task|grandchild:task`).
+fn graph_for_ns(graph: &Graph, ns: &str) -> Option<Arc<Graph>> {
+    let mut current: Option<Arc<Graph>> = None;
+    for part in ns.split('|').filter(|p| !p.is_empty()) {
+        let name = part.split(':').next().unwrap_or_default();
+        let g: &Graph = current.as_deref().unwrap_or(graph);
+        match g
+            .node_index
+            .get(name)
+            .and_then(|&i| g.nodes[i].subgraph.clone())
+        {
+            Some(sub) => current = Some(sub),
+            None => break,
+        }
+    }
+    current
+}
+
+/// States of a thread, newest first.
+pub async fn get_state_history(
+    graph: &Graph,
+    saver: &dyn Checkpointer,
+    thread_id: &str,
+    checkpoint_ns: &str,
+    filter: &ListFilter,
+) -> Result<Vec<StateSnapshot>, CheckpointError> {
+    let sub = graph_for_ns(graph, checkpoint_ns);
+    let g = sub.as_deref().unwrap_or(graph);
+    Ok(saver
+        .list(thread_id, Some(checkpoint_ns), filter)
+        .await?
+        .iter()
+        .map(|t| snapshot(g, t))
+        .collect())
+}
+
+/// Why a state edit was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum UpdateError {
+    /// The values or node were not usable.
+    #[error("{0}")]
+    Invalid(String),
+    /// The checkpointer failed.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+}
+
+fn detached_ctx(node: &str) -> TaskContext {
+    let run = Arc::new(RunShared {
+        config: json!({}),
+        context: json!({}),
+        store: None,
+        sink: None,
+        modes: StreamModes::NONE,
+        stream_subgraphs: false,
+        cancel: Default::default(),
+        checkpointer: None,
+    });
+    TaskContext::detached(run, node)
+}
+
+/// LangGraph's `update_state(values, as_node)`: a new checkpoint (source `update`) as if
+/// `as_node` had returned `values`; its edges decide what runs next. Without `as_node`, the
+/// node that ran last is used (or `__start__` on an empty thread). With `checkpoint_id`, the
+/// update applies to that checkpoint and forks the thread from there.
+pub async fn update_state(
+    graph: &Graph,
+    saver: &dyn Checkpointer,
+    thread_id: &str,
+    checkpoint_id: Option<&str>,
+    values: Value,
+    as_node: Option<&str>,
+) -> Result<CheckpointRef, UpdateError> {
+    let loaded = saver.get_tuple(thread_id, "", checkpoint_id).await?;
+    if checkpoint_id.is_some() && loaded.is_none() {
+        return Err(UpdateError::Invalid("checkpoint not found".into()));
+    }
+    let (mut state, step, parent) = match &loaded {
+        Some(t) => (
+            LoopState::from_checkpoint(graph, &t.checkpoint),
+            t.metadata.get("step").and_then(Value::as_i64).unwrap_or(-1),
+            Some(t.checkpoint.id.clone()),
+        ),
+        None => (LoopState::fresh(graph), -2, None),
+    };
+    let as_node = match as_node {
+        Some(n) => n.to_string(),
+        None => {
+            // The node that ran most recently.
+            let last = (0..graph.nodes.len())
+                .filter(|&i| state.seen[i] > 0)
+                .max_by_key(|&i| state.seen[i]);
+            match last {
+                Some(i) => graph.nodes[i].name.clone(),
+                None => START.to_string(),
+            }
+        }
+    };
+    let slot = if as_node == START {
+        graph.nodes.len()
+    } else {
+        *graph
+            .node_index
+            .get(&as_node)
+            .ok_or_else(|| UpdateError::Invalid(format!("Node {as_node} does not exist")))?
+    };
+    let pairs = Command::update(values.clone())
+        .update_pairs()
+        .map_err(|e| UpdateError::Invalid(e.to_string()))?;
+    let writes = normalise_writes(graph, pairs).map_err(node_err)?;
+    let base = state.state_object(graph);
+    let routed = if as_node == END {
+        Vec::new()
+    } else {
+        route(graph, slot, &base, &writes, &[], &detached_ctx(&as_node))
+            .await
+            .map_err(node_err)?
+    };
+    if slot < graph.nodes.len() {
+        state.seen[slot] = state.trig[slot];
+    }
+    // The update replaces whatever the interrupted step would have done.
+    for i in 0..graph.nodes.len() {
+        state.seen[i] = state.seen[i].max(if i == slot {
+            state.trig[i]
+        } else {
+            state.seen[i]
+        });
+    }
+    state.sends.clear();
+    state.start_input = None;
+    let version = state.next_version();
+    let mut idx_writes = Vec::new();
+    for (k, v) in &writes {
+        if let Some(&i) = graph.channel_index.get(k) {
+            idx_writes.push((i, v.clone()));
+        }
+    }
+    let (mut blobs, updated) = state
+        .apply(graph, &idx_writes, version)
+        .map_err(|e| UpdateError::Invalid(e.message))?;
+    for (ch, _) in &routed {
+        if let Some(node) = ch.strip_prefix(super::state::BRANCH_TO) {
+            if let Some(&i) = graph.node_index.get(node) {
+                state.trig[i] = version;
+            }
+        }
+    }
+    if state.sends_version > 0 {
+        state.sends_version = version;
+        blobs.push(state.bookkeeping_blob(super::state::TASKS));
+    }
+    if state.start_version > 0 {
+        state.start_version = version;
+        blobs.push(state.bookkeeping_blob(super::state::START_INPUT));
+    }
+    let id = new_checkpoint_id();
+    let cp = state.to_checkpoint(graph, id.clone(), updated);
+    let mut md = Map::new();
+    md.insert("source".into(), json!("update"));
+    md.insert("step".into(), json!(step + 1));
+    md.insert("parents".into(), json!({}));
+    md.insert(
+        "writes".into(),
+        json!({ as_node: Value::Object(writes.into_iter().collect()) }),
+    );
+    saver
+        .put(
+            thread_id,
+            "",
+            &cp,
+            &Value::Object(md),
+            parent.as_deref(),
+            &blobs,
+        )
+        .await?;
+    Ok(CheckpointRef {
+        thread_id: thread_id.to_string(),
+        checkpoint_ns: String::new(),
+        checkpoint_id: id,
+    })
+}
+
+fn node_err(e: NodeError) -> UpdateError {
+    UpdateError::Invalid(match e {
+        NodeError::Failed { message, .. } => message,
+        other => other.to_string(),
+    })
+}
+
+/// Copy a checkpoint as the new head of its thread (source `fork`), so a run continues from
+/// it while the later history stays listed.
+pub async fn fork(
+    graph: &Graph,
+    saver: &dyn Checkpointer,
+    thread_id: &str,
+    checkpoint_id: &str,
+) -> Result<CheckpointRef, UpdateError> {
+    let t = saver
+        .get_tuple(thread_id, "", Some(checkpoint_id))
+        .await?
+        .ok_or_else(|| UpdateError::Invalid("checkpoint not found".into()))?;
+    let mut state = LoopState::from_checkpoint(graph, &t.checkpoint);
+    // Fresh versions so the copy owns complete blobs.
+    let version = state.next_version();
+    let mut blobs = Vec::new();
+    for (i, ch) in graph.channels.iter().enumerate() {
+        if state.versions[i] > 0 {
+            state.versions[i] = version;
+            state.depths[i] = 0;
+            blobs.push(crate::checkpoint::ChannelBlob {
+                channel: ch.name.clone(),
+                version,
+                value: match &state.values[i] {
+                    Some(v) => crate::checkpoint::BlobValue::Full { value: v.clone() },
+                    None => crate::checkpoint::BlobValue::Empty,
+                },
+            });
+        }
+    }
+    if state.sends_version > 0 {
+        state.sends_version = version;
+        blobs.push(state.bookkeeping_blob(super::state::TASKS));
+    }
+    if state.start_version > 0 {
+        state.start_version = version;
+        blobs.push(state.bookkeeping_blob(super::state::START_INPUT));
+    }
+    let id = new_checkpoint_id();
+    let cp = state.to_checkpoint(graph, id.clone(), Vec::new());
+    let mut md = match &t.metadata {
+        Value::Object(m) => m.clone(),
+        _ => Map::new(),
+    };
+    md.insert("source".into(), json!("fork"));
+    md.insert("writes".into(), Value::Null);
+    saver
+        .put(
+            thread_id,
+            "",
+            &cp,
+            &Value::Object(md),
+            Some(checkpoint_id),
+            &blobs,
+        )
+        .await?;
+    Ok(CheckpointRef {
+        thread_id: thread_id.to_string(),
+        checkpoint_ns: String::new(),
+        checkpoint_id: id,
+    })
+}

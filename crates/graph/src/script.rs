@@ -1,0 +1,517 @@
+//! Sandboxed user logic in Rhai.
+//!
+//! Why Rhai rather than QuickJS: it is pure Rust (no C toolchain, no `unsafe` FFI surface to
+//! audit), it has no file, network or process access unless the host registers it, and it
+//! enforces limits natively (operation count, call depth, string/array/map sizes) with a
+//! progress hook that lets a script be stopped on cancellation or when its time is up. Its
+//! values map one to one onto JSON through `serde`.
+//!
+//! Host API available to scripts (see `crate::spec` for where scripts appear):
+//! - variables `state` (the node input), `config` (`#{configurable: ...}`), `context`;
+//! - `ai(text)`, `human(text)`, `system(text)`, `tool_message(content, tool_call_id, name)`,
+//!   `ai_tool_calls(text, calls)` build messages; `text(message)` reads one's text;
+//! - `send(node, arg)` makes a `Send`; `command(update, goto)` returns an update with a goto;
+//! - `interrupt(value)` returns the resume value (or pauses the run);
+//! - `raise(class, message)` fails the node with that error class;
+//! - `emit(value)` writes a `custom` stream event; `sleep(ms)` waits (cancellable);
+//! - `store_get(namespace, key)`, `store_put(namespace, key, value)`,
+//!   `store_search(prefix, filter, limit)` reach the long-term store;
+//! - `call_model(name, messages)` calls a model declared in the graph file.
+//!
+//! Scripts that never wait (no `sleep`, store or model call) run inline on the async thread:
+//! they are bounded by the operation limit and a thread hop would cost more than the script.
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rhai::{Dynamic, Engine, EvalAltResult, Map as RMap, Position, Scope, AST};
+use serde_json::{json, Value};
+
+use crate::context::{interrupt_id, RunShared, TaskContext};
+use crate::messages::{ai_message, coerce_message, message_text, tool_message};
+use crate::model::ModelRegistry;
+use crate::node::{Command, CommandGraph, Goto, Interrupt, NodeError};
+
+/// Limits applied to every script run.
+#[derive(Debug, Clone, Copy)]
+pub struct ScriptLimits {
+    /// Maximum Rhai operations per run.
+    pub max_operations: u64,
+    /// Wall-clock time per run, sleeps excluded.
+    pub max_duration: Duration,
+    /// Maximum size of one string, array or map.
+    pub max_size: usize,
+}
+
+impl Default for ScriptLimits {
+    fn default() -> Self {
+        ScriptLimits {
+            max_operations: 5_000_000,
+            max_duration: Duration::from_secs(10),
+            max_size: 1 << 20,
+        }
+    }
+}
+
+/// What the host functions need while a script runs on this thread.
+struct Host {
+    run: Arc<RunShared>,
+    graph_ns: Vec<String>,
+    task_ns: String,
+    /// Resume values from interrupt number `resume_base` on.
+    resume: Vec<Value>,
+    resume_base: usize,
+    counter: AtomicUsize,
+    models: Option<Arc<ModelRegistry>>,
+    runtime: Option<tokio::runtime::Handle>,
+    deadline: Instant,
+}
+
+thread_local! {
+    static HOST: RefCell<Option<Arc<Host>>> = const { RefCell::new(None) };
+}
+
+fn with_host<T>(
+    f: impl FnOnce(&Host) -> Result<T, Box<EvalAltResult>>,
+) -> Result<T, Box<EvalAltResult>> {
+    let host = HOST.with(|h| h.borrow().clone());
+    match host {
+        Some(h) => f(&h),
+        None => Err("this function is only available while a graph runs".into()),
+    }
+}
+
+fn to_dyn(v: &Value) -> Dynamic {
+    rhai::serde::to_dynamic(v).unwrap_or(Dynamic::UNIT)
+}
+
+/// Convert a script value to JSON. Rhai's `()` becomes `null`.
+pub fn from_dyn(d: &Dynamic) -> Value {
+    if d.is_unit() {
+        return Value::Null;
+    }
+    rhai::serde::from_dynamic::<Value>(d).unwrap_or(Value::Null)
+}
+
+fn throw_map(key: &str, payload: Value) -> Box<EvalAltResult> {
+    let mut m = RMap::new();
+    m.insert(key.into(), to_dyn(&payload));
+    EvalAltResult::ErrorRuntime(Dynamic::from_map(m), Position::NONE).into()
+}
+
+fn block_on<F: std::future::Future>(host: &Host, fut: F) -> Result<F::Output, Box<EvalAltResult>> {
+    match &host.runtime {
+        Some(h) => Ok(h.block_on(fut)),
+        None => Err("this function needs the script to run on a blocking thread".into()),
+    }
+}
+
+fn ns_list(d: &Dynamic) -> Vec<String> {
+    match from_dyn(d) {
+        Value::Array(items) => items
+            .iter()
+            .map(|i| {
+                i.as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| i.to_string())
+            })
+            .collect(),
+        Value::String(s) => s.split('.').map(str::to_string).collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn build_engine(limits: ScriptLimits) -> Engine {
+    let mut engine = Engine::new();
+    engine.set_max_operations(limits.max_operations);
+    engine.set_max_call_levels(64);
+    engine.set_max_expr_depths(128, 64);
+    engine.set_max_string_size(limits.max_size);
+    engine.set_max_array_size(limits.max_size);
+    engine.set_max_map_size(limits.max_size);
+    engine.on_progress(|ops| {
+        // Checked every 1024 operations: cheap, and bounds how long a runaway script lives.
+        if ops % 1024 != 0 {
+            return None;
+        }
+        HOST.with(|h| {
+            h.borrow().as_ref().and_then(|host| {
+                if host.run.cancel.is_cancelled() {
+                    Some(Dynamic::from("cancelled"))
+                } else if Instant::now() > host.deadline {
+                    Some(Dynamic::from("timeout"))
+                } else {
+                    None
+                }
+            })
+        })
+    });
+    engine.on_print(|_| {});
+    engine.on_debug(|_, _, _| {});
+
+    engine.register_fn("ai", |text: &str| to_dyn(&ai_message(text, vec![], None)));
+    engine.register_fn("ai_tool_calls", |text: &str, calls: rhai::Array| {
+        let calls: Vec<Value> = calls.iter().map(from_dyn).collect();
+        let msg = coerce_message(&json!({"type": "ai", "content": text, "tool_calls": calls}))
+            .unwrap_or(Value::Null);
+        to_dyn(&msg)
+    });
+    engine.register_fn("human", |text: &str| {
+        to_dyn(&coerce_message(&json!({"type": "human", "content": text})).unwrap_or(Value::Null))
+    });
+    engine.register_fn("system", |text: &str| {
+        to_dyn(&coerce_message(&json!({"type": "system", "content": text})).unwrap_or(Value::Null))
+    });
+    engine.register_fn("tool_message", |content: Dynamic, id: &str, name: &str| {
+        let content = match from_dyn(&content) {
+            Value::String(s) => s,
+            other => other.to_string(),
+        };
+        to_dyn(&tool_message(content, id, name, false))
+    });
+    engine.register_fn("text", |m: Dynamic| message_text(&from_dyn(&m)));
+    engine.register_fn("send", |node: &str, arg: Dynamic| {
+        to_dyn(&json!({"__send__": {"node": node, "arg": from_dyn(&arg)}}))
+    });
+    engine.register_fn("command", |update: Dynamic, goto: Dynamic| {
+        to_dyn(&json!({"__command__": {"update": from_dyn(&update), "goto": from_dyn(&goto)}}))
+    });
+    engine.register_fn("command_parent", |update: Dynamic, goto: Dynamic| {
+        to_dyn(&json!({"__command__": {"update": from_dyn(&update), "goto": from_dyn(&goto), "graph": "parent"}}))
+    });
+    engine.register_fn(
+        "raise",
+        |class: &str, message: &str| -> Result<Dynamic, Box<EvalAltResult>> {
+            Err(throw_map(
+                "__error__",
+                json!({"error": class, "message": message}),
+            ))
+        },
+    );
+    engine.register_fn(
+        "interrupt",
+        |value: Dynamic| -> Result<Dynamic, Box<EvalAltResult>> {
+            with_host(|host| {
+                let idx = host.counter.fetch_add(1, Ordering::SeqCst);
+                if let Some(v) = host.resume.get(idx - host.resume_base) {
+                    return Ok(to_dyn(v));
+                }
+                Err(throw_map(
+                    "__interrupt__",
+                    json!({"id": interrupt_id(&host.task_ns, idx), "value": from_dyn(&value)}),
+                ))
+            })
+        },
+    );
+    engine.register_fn("emit", |value: Dynamic| -> Result<(), Box<EvalAltResult>> {
+        with_host(|host| {
+            let v = from_dyn(&value);
+            if host.runtime.is_some() {
+                host.run
+                    .emit_blocking(&host.graph_ns, crate::stream::StreamMode::Custom, v);
+            } else if let Some(sink) = &host.run.sink {
+                if host
+                    .run
+                    .wants(crate::stream::StreamMode::Custom, &host.graph_ns)
+                {
+                    // Inline scripts cannot wait; a full sink drops the event rather than
+                    // blocking the async thread.
+                    let _ = sink.try_send(crate::stream::StreamEvent {
+                        namespace: host.graph_ns.clone(),
+                        mode: crate::stream::StreamMode::Custom,
+                        data: v,
+                    });
+                }
+            }
+            Ok(())
+        })
+    });
+    engine.register_fn("sleep", |ms: i64| -> Result<(), Box<EvalAltResult>> {
+        with_host(|host| {
+            let d = Duration::from_millis(ms.max(0) as u64);
+            let cancel = host.run.cancel.clone();
+            let cancelled = block_on(host, async move {
+                tokio::select! {
+                    _ = cancel.cancelled() => true,
+                    _ = tokio::time::sleep(d) => false,
+                }
+            })?;
+            if cancelled {
+                Err(throw_map("__cancelled__", Value::Null))
+            } else {
+                Ok(())
+            }
+        })
+    });
+    engine.register_fn(
+        "store_get",
+        |ns: Dynamic, key: &str| -> Result<Dynamic, Box<EvalAltResult>> {
+            with_host(|host| {
+                let store = host.run.store.clone().ok_or("no store is configured")?;
+                let ns = ns_list(&ns);
+                let v = block_on(host, async move { store.get(&ns, key).await })?;
+                v.map(|v| to_dyn(&v.unwrap_or(Value::Null)))
+                    .map_err(Into::into)
+            })
+        },
+    );
+    engine.register_fn(
+        "store_put",
+        |ns: Dynamic, key: &str, value: Dynamic| -> Result<(), Box<EvalAltResult>> {
+            with_host(|host| {
+                let store = host.run.store.clone().ok_or("no store is configured")?;
+                let ns = ns_list(&ns);
+                let v = from_dyn(&value);
+                let v = if v.is_null() { None } else { Some(v) };
+                block_on(host, async move { store.put(&ns, key, v).await })?.map_err(Into::into)
+            })
+        },
+    );
+    engine.register_fn(
+        "store_search",
+        |prefix: Dynamic, filter: Dynamic, limit: i64| -> Result<Dynamic, Box<EvalAltResult>> {
+            with_host(|host| {
+                let store = host.run.store.clone().ok_or("no store is configured")?;
+                let prefix = ns_list(&prefix);
+                let filter = from_dyn(&filter);
+                let limit = limit.max(0) as usize;
+                let items = block_on(host, async move {
+                    store
+                        .search(
+                            &prefix,
+                            if filter.is_null() {
+                                None
+                            } else {
+                                Some(&filter)
+                            },
+                            limit,
+                        )
+                        .await
+                })?;
+                items.map(|i| to_dyn(&Value::Array(i))).map_err(Into::into)
+            })
+        },
+    );
+    engine.register_fn(
+        "call_model",
+        |name: &str, messages: Dynamic| -> Result<Dynamic, Box<EvalAltResult>> {
+            with_host(|host| {
+                let models = host.models.clone().ok_or("no models are declared")?;
+                let model = models
+                    .get(name)
+                    .ok_or_else(|| format!("unknown model `{name}`"))?;
+                let msgs = match from_dyn(&messages) {
+                    Value::Array(a) => a,
+                    other => vec![other],
+                };
+                let cancel = host.run.cancel.clone();
+                let out = block_on(host, async move {
+                    model.invoke(&msgs, &[], None, &cancel).await
+                })?;
+                out.map(|m| to_dyn(&m)).map_err(|e| e.to_string().into())
+            })
+        },
+    );
+    engine
+}
+
+/// A compiled script with the engine that runs it.
+pub struct Script {
+    engine: Arc<Engine>,
+    ast: AST,
+    needs_thread: bool,
+    limits: ScriptLimits,
+    models: Option<Arc<ModelRegistry>>,
+}
+
+impl std::fmt::Debug for Script {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Script").finish_non_exhaustive()
+    }
+}
+
+/// A syntax error: message and 1-based line within the script.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScriptSyntaxError {
+    /// What is wrong.
+    pub message: String,
+    /// Line in the script, when known.
+    pub line: Option<usize>,
+}
+
+impl Script {
+    /// Compile source code. Fails with the line of the first syntax error.
+    pub fn compile(
+        source: &str,
+        limits: ScriptLimits,
+        models: Option<Arc<ModelRegistry>>,
+    ) -> Result<Script, ScriptSyntaxError> {
+        let engine = build_engine(limits);
+        let ast = engine.compile(source).map_err(|e| ScriptSyntaxError {
+            message: e.0.to_string(),
+            line: e.1.line(),
+        })?;
+        let needs_thread = ["sleep", "store_", "call_model"]
+            .iter()
+            .any(|f| source.contains(f));
+        Ok(Script {
+            engine: Arc::new(engine),
+            ast,
+            needs_thread,
+            limits,
+            models,
+        })
+    }
+
+    /// Run with `vars` in scope and the task's context, returning the script's value as JSON.
+    pub async fn eval(
+        &self,
+        vars: &[(&str, Value)],
+        ctx: &TaskContext,
+    ) -> Result<Value, NodeError> {
+        let start = ctx.interrupt_counter.load(Ordering::SeqCst);
+        let host = Arc::new(Host {
+            run: ctx.run.clone(),
+            graph_ns: ctx.graph_ns.clone(),
+            task_ns: ctx.task_checkpoint_ns(),
+            resume: ctx
+                .resume
+                .get(start..)
+                .map(<[Value]>::to_vec)
+                .unwrap_or_default(),
+            resume_base: start,
+            counter: AtomicUsize::new(start),
+            models: self.models.clone(),
+            runtime: self.needs_thread.then(tokio::runtime::Handle::current),
+            deadline: Instant::now() + self.limits.max_duration,
+        });
+        let mut scope = Scope::new();
+        scope.push_constant("config", to_dyn(&ctx.run.config));
+        scope.push_constant("context", to_dyn(&ctx.run.context));
+        for (name, v) in vars {
+            scope.push(name.to_string(), to_dyn(v));
+        }
+        let result = if self.needs_thread {
+            let engine = self.engine.clone();
+            let ast = self.ast.clone();
+            let h2 = host.clone();
+            tokio::task::spawn_blocking(move || {
+                HOST.with(|slot| *slot.borrow_mut() = Some(h2));
+                let r = engine.eval_ast_with_scope::<Dynamic>(&mut scope, &ast);
+                HOST.with(|slot| *slot.borrow_mut() = None);
+                r.map(|d| from_dyn(&d)).map_err(|e| *e)
+            })
+            .await
+            .map_err(|e| NodeError::new("ScriptError", format!("script thread failed: {e}")))?
+        } else {
+            HOST.with(|slot| *slot.borrow_mut() = Some(host.clone()));
+            let r = self
+                .engine
+                .eval_ast_with_scope::<Dynamic>(&mut scope, &self.ast);
+            HOST.with(|slot| *slot.borrow_mut() = None);
+            r.map(|d| from_dyn(&d)).map_err(|e| *e)
+        };
+        ctx.interrupt_counter
+            .store(host.counter.load(Ordering::SeqCst), Ordering::SeqCst);
+        result.map_err(script_error)
+    }
+
+    /// Run without a task (custom reducers): host functions that need a run fail.
+    pub(crate) fn eval_detached(&self, vars: &[(&str, Value)]) -> Result<Dynamic, String> {
+        let mut scope = Scope::new();
+        for (name, v) in vars {
+            scope.push(name.to_string(), to_dyn(v));
+        }
+        self.engine
+            .eval_ast_with_scope::<Dynamic>(&mut scope, &self.ast)
+            .map_err(|e| e.to_string())
+    }
+}
+
+fn script_error(e: EvalAltResult) -> NodeError {
+    match e {
+        EvalAltResult::ErrorRuntime(d, pos) => {
+            let v = from_dyn(&d);
+            if let Some(err) = v.get("__error__") {
+                return NodeError::new(
+                    err["error"].as_str().unwrap_or("Error"),
+                    err["message"].as_str().unwrap_or_default(),
+                );
+            }
+            if let Some(i) = v.get("__interrupt__") {
+                return NodeError::Interrupted(vec![Interrupt {
+                    id: i["id"].as_str().unwrap_or_default().to_string(),
+                    value: i["value"].clone(),
+                }]);
+            }
+            if v.get("__cancelled__").is_some() {
+                return NodeError::Cancelled;
+            }
+            let msg = match v {
+                Value::String(s) => s,
+                other => other.to_string(),
+            };
+            NodeError::new("ScriptError", with_line(msg, pos))
+        }
+        EvalAltResult::ErrorTerminated(reason, _) => {
+            if reason.to_string().contains("cancelled") {
+                NodeError::Cancelled
+            } else {
+                NodeError::new("TimeoutError", "the script ran past its time limit")
+            }
+        }
+        EvalAltResult::ErrorTooManyOperations(_) => {
+            NodeError::new("ScriptError", "the script ran past its operation limit")
+        }
+        other => {
+            let pos = other.position();
+            NodeError::new("ScriptError", with_line(other.to_string(), pos))
+        }
+    }
+}
+
+fn with_line(msg: String, pos: Position) -> String {
+    match pos.line() {
+        Some(l) if !msg.contains("line ") => format!("{msg} (script line {l})"),
+        _ => msg,
+    }
+}
+
+/// Read a script's result as a node result: `()` is no update, a map is an update, and
+/// `command(update, goto)` is a Command.
+pub fn to_command(v: Value) -> Result<Command, NodeError> {
+    match v {
+        Value::Null => Ok(Command::none()),
+        Value::Object(mut o) => {
+            if let Some(Value::Object(mut c)) = o.remove("__command__") {
+                let mut cmd = Command::update(c.remove("update").unwrap_or(Value::Null));
+                if c.get("graph").and_then(Value::as_str) == Some("parent") {
+                    cmd.graph = CommandGraph::Parent;
+                }
+                cmd.goto = to_gotos(c.remove("goto").unwrap_or(Value::Null))?;
+                Ok(cmd)
+            } else {
+                Ok(Command::update(Value::Object(o)))
+            }
+        }
+        Value::Array(_) => Ok(Command::update(v)),
+        other => Err(NodeError::invalid_update(format!(
+            "Expected dict, got {other}"
+        ))),
+    }
+}
+
+/// Read a route result: a name, a `send(...)`, or a list of them.
+pub fn to_gotos(v: Value) -> Result<Vec<Goto>, NodeError> {
+    let items = match v {
+        Value::Null => return Ok(Vec::new()),
+        Value::Array(items) => items,
+        other => vec![other],
+    };
+    items
+        .iter()
+        .map(|i| Goto::from_value(i).map_err(|e| NodeError::new("InvalidUpdateError", e)))
+        .collect()
+}

@@ -1,0 +1,145 @@
+//! Tools a model can call: `http` (a request built from the arguments) and `script`.
+
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use crate::context::TaskContext;
+use crate::model::ToolSchema;
+use crate::node::NodeError;
+use crate::script::Script;
+
+/// How a tool runs.
+pub enum ToolImpl {
+    /// A Rhai script with `args` in scope; its value is the result.
+    Script(Arc<Script>),
+    /// An HTTP request. `{name}` in the URL is replaced by the URL-encoded argument; the
+    /// remaining arguments go in the query (GET, DELETE) or the JSON body.
+    Http {
+        /// HTTP method.
+        method: reqwest::Method,
+        /// URL template.
+        url: String,
+        /// Extra headers.
+        headers: Vec<(String, String)>,
+        /// Client.
+        client: reqwest::Client,
+    },
+}
+
+/// A tool.
+pub struct Tool {
+    /// What the model sees.
+    pub schema: ToolSchema,
+    /// How it runs.
+    pub imp: ToolImpl,
+}
+
+fn encode(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                out.push(b as char)
+            }
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+fn plain(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+impl Tool {
+    /// Run with the call's arguments; the result becomes the tool message's content.
+    pub async fn call(&self, args: &Value, ctx: &TaskContext) -> Result<String, NodeError> {
+        match &self.imp {
+            ToolImpl::Script(script) => {
+                let v = script.eval(&[("args", args.clone())], ctx).await?;
+                Ok(plain(&v))
+            }
+            ToolImpl::Http {
+                method,
+                url,
+                headers,
+                client,
+            } => {
+                let mut rest = args.as_object().cloned().unwrap_or_default();
+                let mut target = url.clone();
+                for (k, v) in args.as_object().into_iter().flatten() {
+                    let hole = format!("{{{k}}}");
+                    if target.contains(&hole) {
+                        target = target.replace(&hole, &encode(&plain(v)));
+                        rest.remove(k);
+                    }
+                }
+                let mut req = client.request(method.clone(), &target);
+                for (k, v) in headers {
+                    req = req.header(k, v);
+                }
+                req = if matches!(*method, reqwest::Method::GET | reqwest::Method::DELETE) {
+                    let q: Vec<(String, String)> =
+                        rest.iter().map(|(k, v)| (k.clone(), plain(v))).collect();
+                    req.query(&q)
+                } else {
+                    req.json(&Value::Object(rest))
+                };
+                let fail = |m: String| NodeError::new("ToolException", m);
+                let resp = tokio::select! {
+                    _ = ctx.cancel_token().cancelled() => return Err(NodeError::Cancelled),
+                    r = req.send() => r.map_err(|e| fail(format!("request failed: {e}")))?,
+                };
+                let status = resp.status();
+                let text = resp.text().await.map_err(|e| fail(e.to_string()))?;
+                if !status.is_success() {
+                    return Err(fail(format!("HTTP {status}: {text}")));
+                }
+                Ok(text)
+            }
+        }
+    }
+}
+
+/// Run the tool calls of an AI message concurrently; each becomes a tool message, failures
+/// included (as error tool messages), so one bad call does not crash the run.
+pub async fn run_tool_calls(
+    tools: &[Arc<Tool>],
+    calls: &[Value],
+    ctx: &TaskContext,
+) -> Result<Vec<Value>, NodeError> {
+    let futs = calls.iter().map(|call| async move {
+        let name = call.get("name").and_then(Value::as_str).unwrap_or_default();
+        let id = call.get("id").and_then(Value::as_str).unwrap_or_default();
+        let args = call.get("args").cloned().unwrap_or(json!({}));
+        let result = match tools.iter().find(|t| t.schema.name == name) {
+            None => Err(NodeError::new(
+                "ToolException",
+                format!(
+                    "{name} is not a valid tool, try one of [{}].",
+                    tools
+                        .iter()
+                        .map(|t| t.schema.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )),
+            Some(tool) => tool.call(&args, ctx).await,
+        };
+        match result {
+            Ok(content) => Ok(crate::messages::tool_message(content, id, name, false)),
+            Err(NodeError::Failed { class, message }) => Ok(crate::messages::tool_message(
+                format!("Error: {class}('{message}')\n Please fix your mistakes."),
+                id,
+                name,
+                true,
+            )),
+            Err(other) => Err(other),
+        }
+    });
+    futures::future::join_all(futs).await.into_iter().collect()
+}
