@@ -33,6 +33,9 @@ pub struct RunShared {
     pub cancel: CancellationToken,
     /// Checkpointer of the run, used by subgraphs too.
     pub checkpointer: Option<Arc<dyn Checkpointer>>,
+    /// Ids of messages already streamed (or already in a task's input), run-wide so a
+    /// message streamed inside a subgraph is not streamed again by its parent.
+    pub seen_messages: Mutex<HashSet<String>>,
 }
 
 impl RunShared {
@@ -94,9 +97,6 @@ pub struct TaskContext {
     /// Resume values for this task's interrupts, in the order the interrupts are raised.
     pub(crate) resume: Vec<Value>,
     pub(crate) interrupt_counter: AtomicUsize,
-    /// Ids of messages already streamed (or already in the input), so a node's returned
-    /// messages are not streamed twice.
-    pub(crate) seen_messages: Mutex<HashSet<String>>,
     /// The checkpoint the task's step started from (parent of subgraph checkpoints).
     pub(crate) checkpoint_id: Option<String>,
     /// `parents` metadata of the graph the task belongs to.
@@ -116,7 +116,6 @@ impl TaskContext {
             path: json!(["__pregel_pull", node]),
             resume: Vec::new(),
             interrupt_counter: AtomicUsize::new(0),
-            seen_messages: Mutex::new(HashSet::new()),
             checkpoint_id: None,
             parents: Map::new(),
         }
@@ -212,7 +211,7 @@ impl TaskContext {
             return;
         }
         if let Some(id) = chunk.get("id").and_then(Value::as_str) {
-            if let Ok(mut seen) = self.seen_messages.lock() {
+            if let Ok(mut seen) = self.run.seen_messages.lock() {
                 seen.insert(id.to_string());
             }
         }
@@ -261,7 +260,8 @@ impl TaskContext {
 
     /// Whether a message id was already streamed or came in with the input.
     pub(crate) fn message_seen(&self, id: &str) -> bool {
-        self.seen_messages
+        self.run
+            .seen_messages
             .lock()
             .map(|s| s.contains(id))
             .unwrap_or(false)

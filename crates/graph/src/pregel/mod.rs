@@ -246,6 +246,7 @@ pub async fn run(
         stream_subgraphs: cfg.stream_subgraphs,
         cancel: env.cancel,
         checkpointer: env.checkpointer.clone(),
+        seen_messages: Default::default(),
     });
     let saver = cfg.thread_id.as_ref().and(env.checkpointer);
     let mut lp = Loop {
@@ -256,7 +257,7 @@ pub async fn run(
         thread_id: cfg.thread_id.clone(),
         saver,
         state: LoopState::fresh(graph),
-        step: -1,
+        step: -2,
         checkpoint_id: None,
         parent_id: None,
         parents: Map::new(),
@@ -307,7 +308,7 @@ pub(crate) async fn run_subgraph(
         thread_id,
         saver,
         state: LoopState::fresh(graph),
-        step: -1,
+        step: -2,
         checkpoint_id: None,
         parent_id: None,
         parents,
@@ -884,7 +885,6 @@ impl Loop {
             path,
             resume,
             interrupt_counter: Default::default(),
-            seen_messages: Default::default(),
             checkpoint_id: self.checkpoint_id.clone(),
             parents: self.parents.clone(),
         }
@@ -1033,6 +1033,13 @@ impl Loop {
     /// finished (resume, crash recovery).
     async fn run_step(&mut self, tasks: &[Task]) -> Result<StepResult, LoopError> {
         let state = self.state.state_object(&self.graph);
+        // Every task is announced before any runs, as LangGraph does.
+        for t in tasks {
+            if !task::already_done(self, t) {
+                let input = task::task_input(self, t, &state);
+                payloads::emit_task_start(self, t, &input).await;
+            }
+        }
         let mut futs = Vec::with_capacity(tasks.len());
         for t in tasks {
             futs.push(task::execute(self, t, &state));

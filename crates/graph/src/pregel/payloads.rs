@@ -132,7 +132,27 @@ pub(crate) async fn emit_checkpoint(lp: &Loop, metadata: &Value) {
         .collect();
     let mut task_list: Vec<Value> = tasks
         .iter()
-        .map(|t| json!({"id": t.id, "name": lp.graph.nodes[t.node].name, "interrupts": [], "state": null}))
+        .map(|t| {
+            let interrupts: Vec<Value> = lp
+                .pending
+                .iter()
+                .filter(|w| w.task_id == t.id && w.channel == super::W_INTERRUPT)
+                .flat_map(|w| w.value.as_array().cloned().unwrap_or_default())
+                .map(|i| json!({"value": i.get("value"), "id": i.get("id"), "response_schema": null}))
+                .collect();
+            // A subgraph task points at its own checkpoints.
+            let state = if lp.graph.nodes[t.node].subgraph.is_some() {
+                let ns = if lp.ns_str.is_empty() {
+                    format!("{}:{}", t.name, t.id)
+                } else {
+                    format!("{}|{}:{}", lp.ns_str, t.name, t.id)
+                };
+                json!({"configurable": {"thread_id": lp.thread_id, "checkpoint_ns": ns}})
+            } else {
+                Value::Null
+            };
+            json!({"id": t.id, "name": lp.graph.nodes[t.node].name, "interrupts": interrupts, "state": state})
+        })
         .collect();
     if lp.state.start_input.is_some() {
         let sid = super::task::task_id(id, &lp.ns_str, lp.step + 1, "__start__", "pull");
@@ -165,6 +185,18 @@ pub(crate) async fn emit_checkpoint(lp: &Loop, metadata: &Value) {
     }
     if debug {
         let mut p = payload;
+        // The debug form names a subgraph task's config `checkpoint` instead of `state`.
+        if let Some(Value::Array(ts)) = p.get_mut("tasks") {
+            for t in ts.iter_mut() {
+                if let Value::Object(tm) = t {
+                    if tm.get("state").is_some_and(|s| !s.is_null()) {
+                        if let Some(s) = tm.remove("state") {
+                            tm.insert("checkpoint".into(), s);
+                        }
+                    }
+                }
+            }
+        }
         if let Value::Object(m) = &mut p {
             m.insert(
                 "checkpoint".into(),

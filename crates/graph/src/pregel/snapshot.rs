@@ -65,7 +65,9 @@ impl StateSnapshot {
             "tasks": self.tasks.iter().map(|t| json!({
                 "id": t.id, "name": t.name, "path": t.path, "error": t.error,
                 "interrupts": t.interrupts.iter().map(Interrupt::to_state_json).collect::<Vec<_>>(),
-                "checkpoint": t.checkpoint.as_ref().map(cp), "state": null, "result": t.result,
+                "checkpoint": null,
+                "state": t.checkpoint.as_ref().map(|c| json!({"configurable": {"thread_id": c.thread_id, "checkpoint_ns": c.checkpoint_ns}})),
+                "result": t.result,
             })).collect::<Vec<_>>(),
             "metadata": self.metadata,
             "created_at": self.created_at,
@@ -252,6 +254,7 @@ fn detached_ctx(node: &str) -> TaskContext {
         stream_subgraphs: false,
         cancel: Default::default(),
         checkpointer: None,
+        seen_messages: Default::default(),
     });
     TaskContext::detached(run, node)
 }

@@ -247,6 +247,26 @@ pub(crate) fn pending_from(task_id: &str, writes: &[(String, Value)]) -> Vec<Pen
     out
 }
 
+/// What a task reads: the state, or its `Send` argument.
+pub(crate) fn task_input(lp: &Loop, task: &Task, state: &Value) -> Value {
+    match &task.kind {
+        TaskKind::Pull => state.clone(),
+        TaskKind::Push(i) => lp
+            .state
+            .sends
+            .get(*i)
+            .map(|(_, a)| a.clone())
+            .unwrap_or(Value::Null),
+    }
+}
+
+/// Whether a task already finished in an earlier attempt of this step.
+pub(crate) fn already_done(lp: &Loop, task: &Task) -> bool {
+    lp.pending
+        .iter()
+        .any(|w| w.task_id == task.id && w.channel == W_DONE)
+}
+
 /// Run one task, or reuse its saved writes. Returns the writes and whether they are new.
 pub(crate) async fn execute(
     lp: &Loop,
@@ -295,7 +315,8 @@ pub(crate) async fn execute(
                     .get(k)
                     .is_some_and(|&i| matches!(graph.channels[i].kind, ChannelKind::Messages));
                 if is_msgs {
-                    if let (Some(list), Ok(mut seen)) = (v.as_array(), ctx.seen_messages.lock()) {
+                    if let (Some(list), Ok(mut seen)) = (v.as_array(), ctx.run.seen_messages.lock())
+                    {
                         for msg in list {
                             if let Some(id) = msg.get("id").and_then(Value::as_str) {
                                 seen.insert(id.to_string());
@@ -306,7 +327,6 @@ pub(crate) async fn execute(
             }
         }
     }
-    payloads::emit_task_start(lp, task, &input).await;
     let outcome = run_with_retry(lp, task, input, &ctx).await;
     let outcome = match outcome {
         Ok(cmd) if cmd.graph == CommandGraph::Parent => {
