@@ -1,0 +1,690 @@
+//! Engine semantics on small Rust-built graphs.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use common::Harness;
+use serde_json::{json, Value};
+use spindle_graph::builder::{node_fn, router_fn, GraphBuilder, NodeOptions};
+use spindle_graph::channels::{ChannelKind, ChannelSpec};
+use spindle_graph::checkpoint::{Checkpointer, ListFilter};
+use spindle_graph::context::TaskContext;
+use spindle_graph::node::{Command, CommandGraph, Goto, Node, NodeError, RetryPolicy};
+use spindle_graph::pregel::{fork, get_state, get_state_history, update_state};
+use spindle_graph::{Durability, Graph, NodeSet, RunInput, StreamMode, END, START};
+
+fn push(key: &'static str, v: &'static str) -> Arc<dyn Node> {
+    node_fn(move |_| Ok(Command::update(json!({ key: [v] }))))
+}
+
+fn list_graph(b: GraphBuilder) -> Arc<Graph> {
+    Arc::new(b.compile().unwrap())
+}
+
+fn values(v: Value) -> RunInput {
+    RunInput::Values(v)
+}
+
+fn resume(v: Value) -> RunInput {
+    RunInput::Command {
+        resume: Some(v),
+        update: None,
+        goto: vec![],
+    }
+}
+
+/// A node that asks `n` questions with `interrupt()` and writes the answers.
+struct Asker(usize);
+
+#[async_trait]
+impl Node for Asker {
+    async fn run(&self, _input: Value, ctx: &TaskContext) -> Result<Command, NodeError> {
+        let mut answers = Vec::new();
+        for i in 0..self.0 {
+            answers.push(ctx.interrupt(json!({"q": i}))?);
+        }
+        Ok(Command::update(json!({"log": answers})))
+    }
+}
+
+/// Sleeps, then appends its argument (for Send order tests).
+struct SleepThenAppend;
+
+#[async_trait]
+impl Node for SleepThenAppend {
+    async fn run(&self, input: Value, ctx: &TaskContext) -> Result<Command, NodeError> {
+        let ms = input["ms"].as_u64().unwrap_or(0);
+        ctx.sleep(Duration::from_millis(ms)).await?;
+        Ok(Command::update(json!({"log": [input["id"].clone()]})))
+    }
+}
+
+/// Counts runs; fails the first `fail_times` runs.
+struct Flaky {
+    runs: Arc<AtomicUsize>,
+    fail_times: usize,
+}
+
+#[async_trait]
+impl Node for Flaky {
+    async fn run(&self, _input: Value, _ctx: &TaskContext) -> Result<Command, NodeError> {
+        let n = self.runs.fetch_add(1, Ordering::SeqCst);
+        if n < self.fail_times {
+            return Err(NodeError::new("ConnectionError", format!("attempt {n}")));
+        }
+        Ok(Command::update(json!({"log": ["flaky"]})))
+    }
+}
+
+fn log_channel() -> ChannelSpec {
+    ChannelSpec::new("log", ChannelKind::Append)
+}
+
+#[tokio::test]
+async fn parallel_writes_apply_together_in_node_name_order() {
+    let g = list_graph(
+        GraphBuilder::new("p")
+            .channel(log_channel())
+            .node("b", push("log", "b"))
+            .node("a", push("log", "a"))
+            .edge(START, "b")
+            .edge(START, "a"),
+    );
+    let h = Harness::new();
+    let (out, events) = h
+        .run(
+            &g,
+            Some("t"),
+            values(json!({})),
+            &[StreamMode::Values],
+            |_| {},
+        )
+        .await;
+    assert_eq!(out.unwrap().values, json!({"log": ["a", "b"]}));
+    // One values event for the input, one for the single step that ran both nodes.
+    assert_eq!(events.len(), 2);
+}
+
+#[tokio::test]
+async fn two_writes_to_a_last_value_key_in_one_step_fail() {
+    let g = list_graph(
+        GraphBuilder::new("p")
+            .channel(ChannelSpec::new("x", ChannelKind::LastValue))
+            .node("a", node_fn(|_| Ok(Command::update(json!({"x": 1})))))
+            .node("b", node_fn(|_| Ok(Command::update(json!({"x": 2})))))
+            .edge(START, "a")
+            .edge(START, "b"),
+    );
+    let (out, _) = Harness::new()
+        .run(&g, None, values(json!({})), &[], |_| {})
+        .await;
+    let e = out.unwrap_err();
+    assert_eq!(e.class(), "InvalidUpdateError");
+    assert!(
+        e.message()
+            .contains("At key 'x': Can receive only one value per step"),
+        "{}",
+        e.message()
+    );
+}
+
+#[tokio::test]
+async fn send_results_follow_send_order_not_finish_order() {
+    let g = list_graph(
+        GraphBuilder::new("s")
+            .channel(log_channel())
+            .node("work", Arc::new(SleepThenAppend))
+            .branch(
+                START,
+                router_fn(|_| {
+                    Ok([(1, 30), (2, 1), (3, 15)]
+                        .iter()
+                        .map(|(id, ms)| Goto::Send {
+                            node: "work".into(),
+                            arg: json!({"id": id, "ms": ms}),
+                        })
+                        .collect())
+                }),
+                None,
+                Some(vec!["work".into()]),
+            )
+            .edge("work", END),
+    );
+    let (out, _) = Harness::new()
+        .run(&g, Some("t"), values(json!({})), &[], |_| {})
+        .await;
+    assert_eq!(out.unwrap().values["log"], json!([1, 2, 3]));
+}
+
+#[tokio::test]
+async fn several_interrupts_in_one_node_resume_one_by_one() {
+    let g = list_graph(
+        GraphBuilder::new("i")
+            .channel(log_channel())
+            .node("ask", Arc::new(Asker(2)))
+            .edge(START, "ask")
+            .edge("ask", END),
+    );
+    let h = Harness::new();
+    let (out, _) = h.run(&g, Some("t"), values(json!({})), &[], |_| {}).await;
+    let first = out.unwrap().interrupts;
+    assert_eq!(first[0].value, json!({"q": 0}));
+    let (out, _) = h.run(&g, Some("t"), resume(json!("A")), &[], |_| {}).await;
+    let second = out.unwrap().interrupts;
+    assert_eq!(second[0].value, json!({"q": 1}));
+    assert_ne!(first[0].id, second[0].id, "each interrupt has its own id");
+    let (out, _) = h.run(&g, Some("t"), resume(json!("B")), &[], |_| {}).await;
+    let out = out.unwrap();
+    assert!(out.interrupts.is_empty());
+    assert_eq!(out.values["log"], json!(["A", "B"]));
+}
+
+#[tokio::test]
+async fn parallel_interrupts_resume_by_id() {
+    let g = list_graph(
+        GraphBuilder::new("i")
+            .channel(log_channel())
+            .node("x", Arc::new(Asker(1)))
+            .node("y", Arc::new(Asker(1)))
+            .edge(START, "x")
+            .edge(START, "y"),
+    );
+    let h = Harness::new();
+    let (out, _) = h.run(&g, Some("t"), values(json!({})), &[], |_| {}).await;
+    let ints = out.unwrap().interrupts;
+    assert_eq!(ints.len(), 2);
+    let map = json!({ ints[0].id.clone(): "one", ints[1].id.clone(): "two" });
+    let (out, _) = h.run(&g, Some("t"), resume(map), &[], |_| {}).await;
+    let mut log: Vec<String> = serde_json::from_value(out.unwrap().values["log"].clone()).unwrap();
+    log.sort();
+    assert_eq!(log, ["one", "two"]);
+}
+
+#[tokio::test]
+async fn resume_after_a_failed_step_does_not_rerun_finished_tasks() {
+    let ok_runs = Arc::new(AtomicUsize::new(0));
+    let bad_runs = Arc::new(AtomicUsize::new(0));
+    let g = list_graph(
+        GraphBuilder::new("c")
+            .channel(log_channel())
+            .node(
+                "ok",
+                Arc::new(Flaky {
+                    runs: ok_runs.clone(),
+                    fail_times: 0,
+                }),
+            )
+            .node(
+                "bad",
+                Arc::new(Flaky {
+                    runs: bad_runs.clone(),
+                    fail_times: 1,
+                }),
+            )
+            .edge(START, "ok")
+            .edge(START, "bad"),
+    );
+    let h = Harness::new();
+    let (out, _) = h
+        .run(&g, Some("t"), values(json!({})), &[], |c| {
+            c.durability = Durability::Sync
+        })
+        .await;
+    assert_eq!(out.unwrap_err().class(), "ConnectionError");
+    // The process "restarts": the same thread continues from its last checkpoint.
+    let (out, _) = h.run(&g, Some("t"), RunInput::Continue, &[], |_| {}).await;
+    assert_eq!(out.unwrap().values["log"], json!(["flaky", "flaky"]));
+    assert_eq!(
+        ok_runs.load(Ordering::SeqCst),
+        1,
+        "the finished task kept its saved writes"
+    );
+    assert_eq!(bad_runs.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn retry_policy_retries_listed_errors() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let policy = RetryPolicy {
+        max_attempts: 3,
+        initial_interval: Duration::from_millis(1),
+        ..Default::default()
+    };
+    let g = list_graph(
+        GraphBuilder::new("r")
+            .channel(log_channel())
+            .node_with(
+                "f",
+                Arc::new(Flaky {
+                    runs: runs.clone(),
+                    fail_times: 2,
+                }),
+                NodeOptions {
+                    retry: Some(policy.clone()),
+                    subgraph: None,
+                },
+            )
+            .edge(START, "f"),
+    );
+    let (out, _) = Harness::new()
+        .run(&g, None, values(json!({})), &[], |_| {})
+        .await;
+    assert_eq!(out.unwrap().values["log"], json!(["flaky"]));
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+
+    let runs = Arc::new(AtomicUsize::new(0));
+    let only_value_errors = RetryPolicy {
+        retry_on: vec!["ValueError".into()],
+        ..policy
+    };
+    let g = list_graph(
+        GraphBuilder::new("r")
+            .channel(log_channel())
+            .node_with(
+                "f",
+                Arc::new(Flaky {
+                    runs: runs.clone(),
+                    fail_times: 2,
+                }),
+                NodeOptions {
+                    retry: Some(only_value_errors),
+                    subgraph: None,
+                },
+            )
+            .edge(START, "f"),
+    );
+    let (out, _) = Harness::new()
+        .run(&g, None, values(json!({})), &[], |_| {})
+        .await;
+    assert_eq!(out.unwrap_err().class(), "ConnectionError");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn recursion_limit_stops_endless_loops() {
+    let g = list_graph(
+        GraphBuilder::new("loop")
+            .channel(ChannelSpec::new("n", ChannelKind::Add))
+            .node("a", node_fn(|_| Ok(Command::update(json!({"n": 1})))))
+            .edge(START, "a")
+            .edge("a", "a"),
+    );
+    let (out, _) = Harness::new()
+        .run(&g, Some("t"), values(json!({})), &[], |c| {
+            c.recursion_limit = 5
+        })
+        .await;
+    let e = out.unwrap_err();
+    assert_eq!(e.class(), "GraphRecursionError");
+    assert!(e
+        .message()
+        .starts_with("Recursion limit of 5 reached without hitting a stop condition."));
+}
+
+#[tokio::test]
+async fn cancellation_stops_a_sleeping_node() {
+    let g = common::example("slow");
+    let h = Harness::new();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let c2 = cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        c2.cancel();
+    });
+    let started = std::time::Instant::now();
+    let env = spindle_graph::RunEnv {
+        checkpointer: Some(h.saver.clone()),
+        cancel,
+        ..Default::default()
+    };
+    let cfg = spindle_graph::RunConfig {
+        thread_id: Some("t".into()),
+        ..Default::default()
+    };
+    let out = spindle_graph::pregel::run(&g, values(json!({"delay_ms": 10_000})), cfg, env).await;
+    assert_eq!(out.unwrap_err().class(), "CancelledError");
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[tokio::test]
+async fn static_interrupts_pause_and_continue() {
+    let b = || {
+        GraphBuilder::new("s")
+            .channel(log_channel())
+            .node("a", push("log", "a"))
+            .node("b", push("log", "b"))
+            .edge(START, "a")
+            .edge("a", "b")
+    };
+    let h = Harness::new();
+    let g = list_graph(b().interrupt_before(NodeSet::Some(vec!["b".into()])));
+    let (out, _) = h.run(&g, Some("t1"), values(json!({})), &[], |_| {}).await;
+    let out = out.unwrap();
+    assert_eq!(out.next, ["b"]);
+    assert_eq!(out.values["log"], json!(["a"]));
+    let (out, _) = h.run(&g, Some("t1"), RunInput::Continue, &[], |_| {}).await;
+    assert_eq!(out.unwrap().values["log"], json!(["a", "b"]));
+
+    let g = list_graph(b());
+    let (out, _) = h
+        .run(&g, Some("t2"), values(json!({})), &[], |c| {
+            c.interrupt_after = Some(NodeSet::All)
+        })
+        .await;
+    assert_eq!(out.unwrap().next, ["b"]);
+}
+
+#[tokio::test]
+async fn command_goto_routes_without_edges() {
+    let g = list_graph(
+        GraphBuilder::new("g")
+            .channel(log_channel())
+            .node(
+                "a",
+                node_fn(
+                    |_| Ok(Command::update(json!({"log": ["a"]})).goto(Goto::Node("c".into()))),
+                ),
+            )
+            .node("b", push("log", "b"))
+            .node("c", push("log", "c"))
+            .edge(START, "a"),
+    );
+    let (out, _) = Harness::new()
+        .run(&g, None, values(json!({})), &[], |_| {})
+        .await;
+    assert_eq!(out.unwrap().values["log"], json!(["a", "c"]));
+}
+
+#[tokio::test]
+async fn command_to_parent_updates_the_parent() {
+    let child = Arc::new(
+        GraphBuilder::new("child")
+            .channel(log_channel())
+            .node(
+                "c",
+                node_fn(|_| {
+                    Ok(Command {
+                        update: Some(json!({"log": ["from child"]})),
+                        goto: vec![Goto::Node("after".into())],
+                        graph: CommandGraph::Parent,
+                    })
+                }),
+            )
+            .edge(START, "c")
+            .compile()
+            .unwrap(),
+    );
+    let g = list_graph(
+        GraphBuilder::new("parent")
+            .channel(log_channel())
+            .node_with(
+                "sub",
+                Arc::new(spindle_graph::nodes::SubgraphNode {
+                    graph: child.clone(),
+                    input_map: None,
+                    output_map: None,
+                }),
+                NodeOptions {
+                    retry: None,
+                    subgraph: Some(child),
+                },
+            )
+            .node("after", push("log", "after"))
+            .edge(START, "sub"),
+    );
+    let (out, _) = Harness::new()
+        .run(&g, Some("t"), values(json!({})), &[], |_| {})
+        .await;
+    assert_eq!(out.unwrap().values["log"], json!(["from child", "after"]));
+}
+
+#[tokio::test]
+async fn interrupt_inside_a_subgraph_resumes_there() {
+    let child = Arc::new(
+        GraphBuilder::new("child")
+            .channel(log_channel())
+            .node("before", push("log", "before"))
+            .node("ask", Arc::new(Asker(1)))
+            .edge(START, "before")
+            .edge("before", "ask")
+            .compile()
+            .unwrap(),
+    );
+    let g = list_graph(
+        GraphBuilder::new("parent")
+            .channel(log_channel())
+            .node_with(
+                "sub",
+                Arc::new(spindle_graph::nodes::SubgraphNode {
+                    graph: child.clone(),
+                    input_map: None,
+                    output_map: None,
+                }),
+                NodeOptions {
+                    retry: None,
+                    subgraph: Some(child),
+                },
+            )
+            .edge(START, "sub"),
+    );
+    let h = Harness::new();
+    let (out, _) = h.run(&g, Some("t"), values(json!({})), &[], |_| {}).await;
+    let out = out.unwrap();
+    assert_eq!(out.interrupts.len(), 1);
+    assert_eq!(out.next, ["sub"]);
+    // The subgraph's checkpoints live under `sub:<task id>`.
+    let all = h
+        .saver
+        .list("t", None, &ListFilter::default())
+        .await
+        .unwrap();
+    assert!(all.iter().any(|t| t.at.checkpoint_ns.starts_with("sub:")));
+    let (out, _) = h
+        .run(&g, Some("t"), resume(json!("yes")), &[], |_| {})
+        .await;
+    let out = out.unwrap();
+    assert!(out.interrupts.is_empty());
+    // `before` ran once: the subgraph resumed from its own checkpoint.
+    assert_eq!(out.values["log"], json!(["before", "yes"]));
+}
+
+#[tokio::test]
+async fn update_state_as_node_and_fork() {
+    let g = common::example("chain");
+    let h = Harness::new();
+    let (out, _) = h
+        .run(&g, Some("t"), values(json!({"n": 0})), &[], |_| {})
+        .await;
+    assert_eq!(out.unwrap().values, json!({"n": 3}));
+
+    // Update as `b`: the next node is `c`.
+    let r = update_state(&g, h.saver.as_ref(), "t", None, json!({"n": 10}), Some("b"))
+        .await
+        .unwrap();
+    let s = get_state(&g, h.saver.as_ref(), "t", "", None)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(s.checkpoint.checkpoint_id, r.checkpoint_id);
+    assert_eq!(s.values, json!({"n": 10}));
+    assert_eq!(s.next, ["c"]);
+    assert_eq!(s.metadata["source"], "update");
+    let (out, _) = h.run(&g, Some("t"), RunInput::Continue, &[], |_| {}).await;
+    assert_eq!(out.unwrap().values, json!({"n": 11}));
+
+    // Fork from the checkpoint after `a` and run again from there.
+    let hist = get_state_history(&g, h.saver.as_ref(), "t", "", &ListFilter::default())
+        .await
+        .unwrap();
+    let sources: Vec<_> = hist
+        .iter()
+        .map(|s| s.metadata["source"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        sources,
+        ["loop", "update", "loop", "loop", "loop", "loop", "input"]
+    );
+    let after_a = hist.iter().find(|s| s.next == ["b"]).unwrap();
+    assert_eq!(after_a.values, json!({"n": 1}));
+    let f = fork(&g, h.saver.as_ref(), "t", &after_a.checkpoint.checkpoint_id)
+        .await
+        .unwrap();
+    let fs = get_state(&g, h.saver.as_ref(), "t", "", Some(&f.checkpoint_id))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(fs.metadata["source"], "fork");
+    assert_eq!(
+        fs.parent_checkpoint.unwrap().checkpoint_id,
+        after_a.checkpoint.checkpoint_id
+    );
+    let (out, _) = h
+        .run(&g, Some("t"), RunInput::Continue, &[], |c| {
+            c.checkpoint_id = Some(f.checkpoint_id.clone())
+        })
+        .await;
+    assert_eq!(out.unwrap().values, json!({"n": 3}));
+    // The old branch is intact.
+    let old = get_state(
+        &g,
+        h.saver.as_ref(),
+        "t",
+        "",
+        Some(&hist[0].checkpoint.checkpoint_id),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(old.values, json!({"n": 11}));
+}
+
+#[tokio::test]
+async fn checkpoint_metadata_has_source_step_writes_parents() {
+    let g = common::example("chain");
+    let h = Harness::new();
+    h.run(&g, Some("t"), values(json!({"n": 0})), &[], |c| {
+        c.config = json!({"metadata": {"run_id": "r1"}})
+    })
+    .await
+    .0
+    .unwrap();
+    let hist = h
+        .saver
+        .list("t", Some(""), &ListFilter::default())
+        .await
+        .unwrap();
+    let steps: Vec<i64> = hist
+        .iter()
+        .map(|t| t.metadata["step"].as_i64().unwrap())
+        .collect();
+    assert_eq!(steps, [3, 2, 1, 0, -1]);
+    assert_eq!(hist[0].metadata["writes"], json!({"c": {"n": 3}}));
+    assert_eq!(hist[4].metadata["writes"], json!({"__start__": {"n": 0}}));
+    assert_eq!(hist[0].metadata["parents"], json!({}));
+    assert_eq!(hist[0].metadata["run_id"], "r1");
+    let limited = h
+        .saver
+        .list(
+            "t",
+            Some(""),
+            &ListFilter {
+                before: Some(hist[1].at.checkpoint_id.clone()),
+                limit: Some(2),
+                metadata: Some(json!({"source": "loop"})),
+            },
+        )
+        .await
+        .unwrap();
+    let steps: Vec<i64> = limited
+        .iter()
+        .map(|t| t.metadata["step"].as_i64().unwrap())
+        .collect();
+    assert_eq!(steps, [1, 0]);
+}
+
+#[tokio::test]
+async fn durability_exit_saves_only_the_end() {
+    let g = common::example("chain");
+    let h = Harness::new();
+    h.run(&g, Some("t"), values(json!({"n": 0})), &[], |c| {
+        c.durability = Durability::Exit
+    })
+    .await
+    .0
+    .unwrap();
+    let all = h
+        .saver
+        .list("t", None, &ListFilter::default())
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 1);
+    let s = get_state(&g, h.saver.as_ref(), "t", "", None)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(s.values, json!({"n": 3}));
+    assert!(s.next.is_empty());
+}
+
+#[tokio::test]
+async fn copy_and_delete_threads() {
+    let g = common::example("chain");
+    let h = Harness::new();
+    h.run(&g, Some("a"), values(json!({"n": 0})), &[], |_| {})
+        .await
+        .0
+        .unwrap();
+    h.saver.copy_thread("a", "b").await.unwrap();
+    let s = get_state(&g, h.saver.as_ref(), "b", "", None)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(s.values, json!({"n": 3}));
+    h.saver.delete_thread("a").await.unwrap();
+    assert!(get_state(&g, h.saver.as_ref(), "a", "", None)
+        .await
+        .unwrap()
+        .is_none());
+    assert!(get_state(&g, h.saver.as_ref(), "b", "", None)
+        .await
+        .unwrap()
+        .is_some());
+}
+
+#[tokio::test]
+async fn long_threads_write_only_what_changed() {
+    let g = common::example("echo");
+    let h = Harness::new();
+    let msgs: Vec<Value> = (0..1000).map(|i| json!({"role": if i % 2 == 0 { "user" } else { "assistant" }, "content": format!("message number {i}")})).collect();
+    h.run(&g, Some("t"), values(json!({"messages": msgs})), &[], |c| {
+        c.durability = Durability::Sync
+    })
+    .await
+    .0
+    .unwrap();
+    let before = h.saver.bytes_written();
+    h.run(
+        &g,
+        Some("t"),
+        values(json!({"messages": [{"role": "user", "content": "one more"}]})),
+        &[],
+        |c| c.durability = Durability::Sync,
+    )
+    .await
+    .0
+    .unwrap();
+    let per_turn = h.saver.bytes_written() - before;
+    assert!(
+        per_turn < 8_000,
+        "a turn on a 1,000-message thread wrote {per_turn} bytes"
+    );
+    let s = get_state(&g, h.saver.as_ref(), "t", "", None)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(s.values["messages"].as_array().unwrap().len(), 1003);
+}
