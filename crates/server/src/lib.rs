@@ -1,1 +1,50 @@
+//! Spindle's HTTP API: the routes, their wire types, the error model and the OpenAPI document.
+//!
+//! The wire format (field names, error bodies, SSE framing) lives in this crate only; the
+//! storage and graph crates hand it typed values.
 
+pub mod error;
+pub mod extract;
+pub mod graphs;
+mod openapi;
+pub mod routes;
+pub mod state;
+pub mod wire;
+
+use std::net::SocketAddr;
+
+use axum::Router;
+use tokio::net::TcpListener;
+use tower_http::trace::TraceLayer;
+
+pub use graphs::{default_assistant_id, GraphRegistry};
+pub use state::AppState;
+
+/// The application: every route, the OpenAPI document at `/openapi.json` and its rendering at
+/// `/docs`.
+pub fn app(state: AppState) -> Router {
+    let (router, api) = openapi::router().split_for_parts();
+    router
+        .merge(openapi::docs(api))
+        .fallback(fallback)
+        .layer(TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+async fn fallback(uri: axum::http::Uri) -> error::ApiError {
+    error::ApiError::not_found(format!("No route for {}", uri.path()))
+}
+
+/// Serves `app` on `listener` until `shutdown` resolves, then drains in-flight requests.
+pub async fn serve(
+    listener: TcpListener,
+    state: AppState,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(
+        listener,
+        app(state).into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
+}

@@ -1,1 +1,243 @@
-fn main() {}
+//! The `spindle` binary: command line, configuration and wiring.
+
+mod cli;
+mod config;
+mod graphs;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use spindle_server::AppState;
+use tokio::net::TcpListener;
+use tracing_subscriber::EnvFilter;
+
+use cli::{Cli, Command, DatabaseArgs, ServerArgs};
+use config::LoadedConfig;
+
+const DEFAULT_HOST: &str = "127.0.0.1";
+const DEFAULT_PORT: u16 = 2024;
+const DEFAULT_DATA_DIR: &str = ".spindle";
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging() {
+    let filter = EnvFilter::try_from_env("SPINDLE_LOG")
+        .or_else(|_| EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .init();
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Dev(args) => serve(args, Mode::Dev).await,
+        Command::Serve(args) => serve(args, Mode::Serve).await,
+        Command::Migrate(args) => migrate(args).await,
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Dev,
+    Serve,
+}
+
+/// The database URL: the flag or environment, else the config file, else a SQLite file in the
+/// data folder (which is created).
+fn database_url(args: &DatabaseArgs, config: &LoadedConfig) -> Result<String> {
+    if let Some(url) = args
+        .database_url
+        .clone()
+        .or_else(|| config.file.server.database_url.clone())
+    {
+        return Ok(url);
+    }
+    let data_dir: PathBuf = args
+        .data_dir
+        .clone()
+        .or_else(|| config.file.server.data_dir.clone())
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+    std::fs::create_dir_all(&data_dir)
+        .with_context(|| format!("cannot create the data folder {}", data_dir.display()))?;
+    Ok(data_dir.join("spindle.db").to_string_lossy().into_owned())
+}
+
+/// The URL with any password hidden, for logs.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let credentials = &url[scheme_end + 3..at];
+            match credentials.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme_end + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+async fn serve(args: ServerArgs, mode: Mode) -> Result<()> {
+    let started = Instant::now();
+    let config = LoadedConfig::discover(args.database.config.as_deref())?;
+    if mode == Mode::Serve
+        && args.database.database_url.is_none()
+        && config.file.server.database_url.is_none()
+    {
+        tracing::warn!("no --database-url given: using an embedded SQLite database, which one process at a time can serve");
+    }
+    warn_unused_sections(&config);
+    let url = database_url(&args.database, &config)?;
+    let registry = graphs::load(&config)?;
+    let storage = spindle_storage::connect(&url)
+        .await
+        .with_context(|| format!("cannot open the database {}", redact(&url)))?;
+    graphs::ensure_default_assistants(storage.as_ref(), &registry).await?;
+
+    let host = args
+        .host
+        .or(config.file.server.host.clone())
+        .unwrap_or_else(|| DEFAULT_HOST.into());
+    let port = args
+        .port
+        .or(config.file.server.port)
+        .unwrap_or(DEFAULT_PORT);
+    let listener = TcpListener::bind((host.as_str(), port))
+        .await
+        .with_context(|| format!("cannot listen on {host}:{port}"))?;
+    let addr = listener.local_addr()?;
+
+    let graph_ids: Vec<&str> = registry.ids().collect();
+    println!(
+        "Spindle {} ready in {} ms",
+        env!("CARGO_PKG_VERSION"),
+        started.elapsed().as_millis()
+    );
+    println!("  API:      http://{addr}");
+    println!("  Docs:     http://{addr}/docs");
+    println!(
+        "  Database: {} ({})",
+        redact(&url),
+        storage.backend().as_str()
+    );
+    match &config.path {
+        Some(path) => println!("  Config:   {}", path.display()),
+        None => println!("  Config:   none found; serving the example graphs"),
+    }
+    println!(
+        "  Graphs:   {}",
+        if graph_ids.is_empty() {
+            "none".to_owned()
+        } else {
+            graph_ids.join(", ")
+        }
+    );
+    tracing::info!(%addr, backend = storage.backend().as_str(), graphs = graph_ids.len(), "listening");
+
+    let state = AppState::new(storage, Arc::new(registry));
+    spindle_server::serve(listener, state, shutdown_signal()).await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Sections that later versions read; say so rather than silently ignore them.
+fn warn_unused_sections(config: &LoadedConfig) {
+    let file = &config.file;
+    for (name, section) in [
+        ("store", &file.store),
+        ("auth", &file.auth),
+        ("http", &file.http),
+    ] {
+        if section.is_some() {
+            tracing::warn!(
+                section = name,
+                "this config section is not used by this version of Spindle yet"
+            );
+        }
+    }
+}
+
+async fn migrate(args: DatabaseArgs) -> Result<()> {
+    let config = LoadedConfig::discover(args.config.as_deref())?;
+    let url = database_url(&args, &config)?;
+    let applied = spindle_storage::migrate(&url)
+        .await
+        .with_context(|| format!("cannot migrate the database {}", redact(&url)))?;
+    println!(
+        "{}: applied {applied} migration(s); the schema is up to date",
+        redact(&url)
+    );
+    Ok(())
+}
+
+/// Resolves on Ctrl-C or SIGTERM, so that deploys stop the server cleanly.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+    tracing::info!("shutting down");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_passwords_only() {
+        assert_eq!(
+            redact("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact(".spindle/spindle.db"), ".spindle/spindle.db");
+    }
+
+    #[test]
+    fn database_url_defaults_to_a_file_in_the_data_dir() {
+        let dir = tempfile::tempdir().unwrap();
+        let args = DatabaseArgs {
+            config: None,
+            data_dir: Some(dir.path().join("data")),
+            database_url: None,
+        };
+        let url = database_url(&args, &LoadedConfig::default()).unwrap();
+        assert!(Path::new(&url).starts_with(dir.path().join("data")));
+        assert!(dir.path().join("data").is_dir());
+    }
+}

@@ -1,1 +1,142 @@
+//! Spindle's storage boundary: traits the server calls, and their two backends.
+//!
+//! Every method takes the caller's [`Scope`] (or an [`Owner`] for creations), and every method
+//! that changes state is one database transaction. The backends are [`sqlite::SqliteStorage`]
+//! (embedded, the default for `spindle dev`) and [`postgres::PostgresStorage`] (for several
+//! server processes sharing one database). [`connect`] picks one from a database URL.
 
+mod error;
+mod json_filter;
+pub mod model;
+pub mod postgres;
+mod rows;
+pub mod sqlite;
+#[cfg(feature = "test-util")]
+pub mod test_util;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use uuid::Uuid;
+
+pub use error::{StorageError, StorageResult};
+pub use model::*;
+/// Re-exported so the server can classify database failures without depending on sqlx.
+pub use sqlx::Error as SqlxError;
+
+/// Assistants and their versions.
+#[async_trait]
+pub trait AssistantStore: Send + Sync {
+    /// Creates an assistant at version 1. With [`IfExists::DoNothing`] an existing assistant of
+    /// the same id is returned unchanged; with [`IfExists::Raise`] it is a conflict.
+    async fn create_assistant(
+        &self,
+        owner: Owner<'_>,
+        new: NewAssistant,
+    ) -> StorageResult<Assistant>;
+    async fn get_assistant(&self, scope: &Scope, id: Uuid) -> StorageResult<Assistant>;
+    /// Writes a new version (max + 1) from the current one and makes it current.
+    async fn update_assistant(
+        &self,
+        scope: &Scope,
+        id: Uuid,
+        patch: AssistantPatch,
+    ) -> StorageResult<Assistant>;
+    async fn delete_assistant(&self, scope: &Scope, id: Uuid) -> StorageResult<()>;
+    async fn search_assistants(
+        &self,
+        scope: &Scope,
+        search: AssistantSearch,
+    ) -> StorageResult<Paged<Assistant>>;
+    async fn count_assistants(&self, scope: &Scope, filter: AssistantFilter) -> StorageResult<i64>;
+    /// Versions, newest first, optionally filtered by metadata containment.
+    async fn list_assistant_versions(
+        &self,
+        scope: &Scope,
+        id: Uuid,
+        metadata: Option<JsonObject>,
+        page: Page,
+    ) -> StorageResult<Vec<AssistantVersion>>;
+    /// Pins `version` as the one runs use.
+    async fn set_latest_assistant_version(
+        &self,
+        scope: &Scope,
+        id: Uuid,
+        version: i64,
+    ) -> StorageResult<Assistant>;
+}
+
+/// Threads and their metadata.
+#[async_trait]
+pub trait ThreadStore: Send + Sync {
+    /// Creates an idle thread. With [`IfExists::DoNothing`] an existing thread of the same id is
+    /// returned unchanged; with [`IfExists::Raise`] it is a conflict.
+    async fn create_thread(&self, scope: &Scope, new: NewThread) -> StorageResult<Thread>;
+    async fn get_thread(&self, scope: &Scope, id: Uuid) -> StorageResult<Thread>;
+    /// Merges `metadata` key by key into the thread's metadata.
+    async fn update_thread(
+        &self,
+        scope: &Scope,
+        id: Uuid,
+        metadata: JsonObject,
+    ) -> StorageResult<Thread>;
+    async fn delete_thread(&self, scope: &Scope, id: Uuid) -> StorageResult<()>;
+    async fn search_threads(
+        &self,
+        scope: &Scope,
+        search: ThreadSearch,
+    ) -> StorageResult<Paged<Thread>>;
+    async fn count_threads(&self, scope: &Scope, filter: ThreadFilter) -> StorageResult<i64>;
+    /// Copies a thread (metadata and, once they exist, its checkpoints) to a new idle thread.
+    async fn copy_thread(&self, scope: &Scope, id: Uuid, new_id: Uuid) -> StorageResult<Thread>;
+}
+
+/// Everything the server needs from a database.
+#[async_trait]
+pub trait Storage: AssistantStore + ThreadStore {
+    /// Which backend this is, for logs and `/info`.
+    fn backend(&self) -> Backend;
+    /// Answers whether the database can serve a query right now (for `/ready`).
+    async fn ping(&self) -> StorageResult<()>;
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+impl Backend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Sqlite => "sqlite",
+            Backend::Postgres => "postgres",
+        }
+    }
+}
+
+/// Where a database URL points: PostgreSQL for `postgres://` and `postgresql://`, else SQLite
+/// (a `sqlite:` URL or a plain file path).
+pub fn backend_of(url: &str) -> Backend {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Backend::Postgres
+    } else {
+        Backend::Sqlite
+    }
+}
+
+/// Opens the database at `url` and brings its schema up to date.
+pub async fn connect(url: &str) -> StorageResult<Arc<dyn Storage>> {
+    Ok(match backend_of(url) {
+        Backend::Postgres => Arc::new(postgres::PostgresStorage::connect(url).await?),
+        Backend::Sqlite => Arc::new(sqlite::SqliteStorage::open(url).await?),
+    })
+}
+
+/// Applies pending schema migrations to the database at `url` and returns how many ran.
+pub async fn migrate(url: &str) -> StorageResult<usize> {
+    match backend_of(url) {
+        Backend::Postgres => postgres::PostgresStorage::migrate_only(url).await,
+        Backend::Sqlite => sqlite::SqliteStorage::migrate_only(url).await,
+    }
+}

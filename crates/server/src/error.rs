@@ -1,0 +1,258 @@
+//! The error model. One table ([`ErrorCode`]) maps every error kind to its HTTP status and its
+//! `error` string; every error body is built from it, so a kind cannot answer two ways.
+//!
+//! Two bodies exist, as the interface prescribes: validation failures answer 422 with
+//! `{"detail": [{"loc", "msg", "type", "input"?, "ctx"?}]}`, everything else answers
+//! `{"error", "message", "details"}`.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Serialize;
+use serde_json::{json, Map, Value};
+use spindle_storage::StorageError;
+use utoipa::ToSchema;
+
+/// Every kind of error the API answers with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorCode {
+    /// The resource does not exist, or belongs to another user.
+    NotFound,
+    /// The request collides with the current state (an id that exists, a busy thread).
+    Conflict,
+    /// The body or parameters failed validation (answered with the 422 `detail` list).
+    Validation,
+    /// The request is well-formed but cannot be carried out as asked.
+    InvalidRequest,
+    /// The database cannot be reached.
+    Unavailable,
+    /// A fault of the server; the message is logged, not leaked.
+    Internal,
+}
+
+impl ErrorCode {
+    pub fn status(self) -> StatusCode {
+        match self {
+            ErrorCode::NotFound => StatusCode::NOT_FOUND,
+            ErrorCode::Conflict => StatusCode::CONFLICT,
+            ErrorCode::Validation | ErrorCode::InvalidRequest => StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::Conflict => "conflict",
+            ErrorCode::Validation => "validation_error",
+            ErrorCode::InvalidRequest => "invalid_request",
+            ErrorCode::Unavailable => "unavailable",
+            ErrorCode::Internal => "internal_error",
+        }
+    }
+}
+
+/// One entry of a 422 body: where the problem is, what it is, and its machine-readable type.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct ValidationItem {
+    /// Path to the offending value: `["body", "metadata"]`, `["query", "limit"]`, `["path", "thread_id"]`.
+    #[schema(value_type = Vec<Object>)]
+    pub loc: Vec<Value>,
+    pub msg: String,
+    /// `missing`, `string_type`, `enum`, `string_too_long`, `greater_than_equal`, `json_invalid`, ...
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub input: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub ctx: Option<Map<String, Value>>,
+}
+
+impl ValidationItem {
+    pub fn new(loc: Vec<Value>, kind: &str, msg: impl Into<String>) -> Self {
+        Self {
+            loc,
+            msg: msg.into(),
+            kind: kind.to_owned(),
+            input: None,
+            ctx: None,
+        }
+    }
+
+    pub fn with_input(mut self, input: Value) -> Self {
+        self.input = Some(input);
+        self
+    }
+
+    pub fn with_ctx(mut self, ctx: Value) -> Self {
+        self.ctx = ctx.as_object().cloned();
+        self
+    }
+}
+
+/// The 422 body.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ValidationErrorBody {
+    pub detail: Vec<ValidationItem>,
+}
+
+/// The body of every error other than validation.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorBody {
+    /// The error kind: `not_found`, `conflict`, `invalid_request`, `unavailable`, `internal_error`.
+    pub error: String,
+    pub message: String,
+    #[schema(value_type = Object)]
+    pub details: Map<String, Value>,
+}
+
+#[derive(Debug)]
+pub struct ApiError {
+    code: ErrorCode,
+    message: String,
+    details: Map<String, Value>,
+    validation: Vec<ValidationItem>,
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;
+
+impl ApiError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+            details: Map::new(),
+            validation: Vec::new(),
+        }
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::NotFound, message)
+    }
+
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::Conflict, message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::Internal, message)
+    }
+
+    /// A 422 with the given items.
+    pub fn validation(items: Vec<ValidationItem>) -> Self {
+        let message = items
+            .iter()
+            .map(|item| format!("{}: {}", loc_string(&item.loc), item.msg))
+            .collect::<Vec<_>>()
+            .join("; ");
+        Self {
+            validation: items,
+            ..Self::new(ErrorCode::Validation, message)
+        }
+    }
+
+    /// A 422 about one field.
+    pub fn field(loc: Vec<Value>, kind: &str, msg: impl Into<String>) -> Self {
+        Self::validation(vec![ValidationItem::new(loc, kind, msg)])
+    }
+
+    pub fn with_detail(mut self, key: &str, value: Value) -> Self {
+        self.details.insert(key.to_owned(), value);
+        self
+    }
+
+    pub fn code(&self) -> ErrorCode {
+        self.code
+    }
+
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    pub fn validation_items(&self) -> &[ValidationItem] {
+        &self.validation
+    }
+}
+
+fn loc_string(loc: &[Value]) -> String {
+    loc.iter()
+        .map(|part| match part {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.code.status();
+        match self.code {
+            ErrorCode::Validation => {
+                tracing::debug!(error = %self.message, "request refused by validation");
+                (
+                    status,
+                    Json(ValidationErrorBody {
+                        detail: self.validation,
+                    }),
+                )
+                    .into_response()
+            }
+            ErrorCode::Internal => {
+                tracing::error!(error = %self.message, "internal error");
+                let body = ErrorBody {
+                    error: self.code.name().into(),
+                    message: "internal server error".into(),
+                    details: Map::new(),
+                };
+                (status, Json(body)).into_response()
+            }
+            _ => {
+                let body = ErrorBody {
+                    error: self.code.name().into(),
+                    message: self.message,
+                    details: self.details,
+                };
+                (status, Json(body)).into_response()
+            }
+        }
+    }
+}
+
+impl From<StorageError> for ApiError {
+    fn from(err: StorageError) -> Self {
+        match err {
+            StorageError::NotFound(what) => {
+                ApiError::not_found(format!("{} not found", capitalize(what)))
+            }
+            StorageError::Conflict(msg) => ApiError::conflict(capitalize(&msg)),
+            StorageError::Invalid(msg) => ApiError::new(ErrorCode::InvalidRequest, msg),
+            StorageError::Database(sqlx_err) if is_unavailable(&sqlx_err) => {
+                tracing::error!(error = %sqlx_err, "database unavailable");
+                ApiError::new(ErrorCode::Unavailable, "the database is unavailable")
+            }
+            other => ApiError::internal(other.to_string()),
+        }
+    }
+}
+
+fn is_unavailable(err: &spindle_storage::SqlxError) -> bool {
+    use spindle_storage::SqlxError as E;
+    matches!(err, E::PoolTimedOut | E::PoolClosed | E::Io(_))
+}
+
+fn capitalize(s: &str) -> String {
+    let mut chars = s.chars();
+    match chars.next() {
+        Some(first) => first.to_uppercase().chain(chars).collect(),
+        None => String::new(),
+    }
+}
+
+/// The `details` of a not-found error, naming the resource.
+pub fn not_found_resource(kind: &str, id: impl std::fmt::Display) -> ApiError {
+    ApiError::not_found(format!("{} {id} not found", capitalize(kind)))
+        .with_detail(kind, json!(id.to_string()))
+}

@@ -1,0 +1,420 @@
+//! Extractors that turn a request into typed values or a 422 naming the offending field.
+//!
+//! axum's own `Json` and `Query` answer bad input with plain-text 400/415/422 bodies; these
+//! answer with the interface's `{"detail": [{"loc", "msg", "type", ...}]}` instead, locating
+//! the field through `serde_path_to_error`, then run the type's [`Validate`] rules (lengths,
+//! ranges) that serde cannot express.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer};
+use serde_json::{json, Value};
+
+use crate::error::{ApiError, ValidationItem};
+
+/// Rules a request type checks after it deserialised.
+pub trait Validate {
+    fn validate(&self, _v: &mut Violations) {}
+}
+
+/// Collects validation failures under one location prefix (`body`, `query`).
+pub struct Violations {
+    prefix: &'static str,
+    items: Vec<ValidationItem>,
+}
+
+impl Violations {
+    pub fn new(prefix: &'static str) -> Self {
+        Self {
+            prefix,
+            items: Vec::new(),
+        }
+    }
+
+    fn loc(&self, field: &[&str]) -> Vec<Value> {
+        std::iter::once(self.prefix)
+            .chain(field.iter().copied())
+            .map(|s| Value::String(s.to_owned()))
+            .collect()
+    }
+
+    pub fn push(
+        &mut self,
+        field: &[&str],
+        kind: &str,
+        msg: impl Into<String>,
+        input: Value,
+        ctx: Value,
+    ) {
+        let item = ValidationItem::new(self.loc(field), kind, msg).with_input(input);
+        self.items.push(if ctx.is_null() {
+            item
+        } else {
+            item.with_ctx(ctx)
+        });
+    }
+
+    /// `value` has at most `max` characters.
+    pub fn max_len(&mut self, field: &str, value: Option<&str>, max: usize) {
+        if let Some(s) = value {
+            if s.chars().count() > max {
+                self.push(
+                    &[field],
+                    "string_too_long",
+                    format!("String should have at most {max} characters"),
+                    json!(s),
+                    json!({ "max_length": max }),
+                );
+            }
+        }
+    }
+
+    /// `value` lies within `min..=max`.
+    pub fn range(&mut self, field: &str, value: Option<i64>, min: i64, max: Option<i64>) {
+        let Some(n) = value else { return };
+        if n < min {
+            self.push(
+                &[field],
+                "greater_than_equal",
+                format!("Input should be greater than or equal to {min}"),
+                json!(n),
+                json!({ "ge": min }),
+            );
+        } else if let Some(max) = max.filter(|max| n > *max) {
+            self.push(
+                &[field],
+                "less_than_equal",
+                format!("Input should be less than or equal to {max}"),
+                json!(n),
+                json!({ "le": max }),
+            );
+        }
+    }
+
+    pub fn into_result(self) -> Result<(), ApiError> {
+        if self.items.is_empty() {
+            Ok(())
+        } else {
+            Err(ApiError::validation(self.items))
+        }
+    }
+}
+
+/// A JSON body. An empty body reads as `{}`, since clients send none to endpoints whose fields
+/// are all optional.
+pub struct ApiJson<T>(pub T);
+
+impl<S, T> FromRequest<S> for ApiJson<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned + Validate,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = Bytes::from_request(req, state)
+            .await
+            .map_err(|e| ApiError::field(vec![json!("body")], "body_read", e.body_text()))?;
+        parse_body(&bytes).map(ApiJson)
+    }
+}
+
+/// Deserialises and validates a JSON body.
+pub fn parse_body<T: DeserializeOwned + Validate>(bytes: &[u8]) -> Result<T, ApiError> {
+    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        bytes
+    };
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value: T =
+        serde_path_to_error::deserialize(&mut de).map_err(|err| body_error(bytes, err))?;
+    de.end().map_err(|err| json_invalid(&err))?;
+    let mut violations = Violations::new("body");
+    value.validate(&mut violations);
+    violations.into_result()?;
+    Ok(value)
+}
+
+fn body_error(bytes: &[u8], err: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
+    let inner = err.inner();
+    if inner.is_syntax() || inner.is_eof() {
+        return json_invalid(inner);
+    }
+    let mut loc = vec![json!("body")];
+    loc.extend(path_segments(err.path()));
+    let input = serde_json::from_slice::<Value>(bytes)
+        .ok()
+        .and_then(|doc| lookup(&doc, &loc[1..]).cloned());
+    ApiError::validation(vec![describe(
+        loc,
+        &strip_position(&inner.to_string()),
+        input,
+    )])
+}
+
+fn json_invalid(err: &serde_json::Error) -> ApiError {
+    ApiError::validation(vec![ValidationItem::new(
+        vec![json!("body"), json!(err.column())],
+        "json_invalid",
+        format!("Invalid JSON: {}", strip_position(&err.to_string())),
+    )
+    .with_ctx(json!({ "line": err.line(), "column": err.column() }))])
+}
+
+/// A query string, parsed with repeated keys allowed (`?namespace=a&namespace=b`).
+pub struct ApiQuery<T>(pub T);
+
+impl<S, T> FromRequestParts<S> for ApiQuery<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned + Validate,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let query = parts.uri.query().unwrap_or_default();
+        let de = serde_html_form::Deserializer::from_bytes(query.as_bytes());
+        let value: T = serde_path_to_error::deserialize(de).map_err(|err| {
+            let mut loc = vec![json!("query")];
+            loc.extend(path_segments(err.path()));
+            ApiError::validation(vec![describe(loc, &err.inner().to_string(), None)])
+        })?;
+        let mut violations = Violations::new("query");
+        value.validate(&mut violations);
+        violations.into_result()?;
+        Ok(ApiQuery(value))
+    }
+}
+
+fn path_segments(path: &serde_path_to_error::Path) -> Vec<Value> {
+    use serde_path_to_error::Segment;
+    path.iter()
+        .filter_map(|segment| match segment {
+            Segment::Seq { index } => Some(json!(index)),
+            Segment::Map { key } => Some(json!(key)),
+            Segment::Enum { variant } => Some(json!(variant)),
+            Segment::Unknown => None,
+        })
+        .collect()
+}
+
+fn lookup<'a>(doc: &'a Value, loc: &[Value]) -> Option<&'a Value> {
+    loc.iter().try_fold(doc, |node, part| match part {
+        Value::String(key) => node.get(key.as_str()),
+        Value::Number(n) => node.get(n.as_u64()? as usize),
+        _ => None,
+    })
+}
+
+/// serde_json appends " at line L column C"; the location is already in `loc`.
+fn strip_position(msg: &str) -> String {
+    match msg.rfind(" at line ") {
+        Some(at) => msg[..at].to_owned(),
+        None => msg.to_owned(),
+    }
+}
+
+/// Turns a serde message into a validation item with a pydantic-like `type`.
+fn describe(mut loc: Vec<Value>, msg: &str, input: Option<Value>) -> ValidationItem {
+    if let Some(field) = between(msg, "missing field `", "`") {
+        loc.push(json!(field));
+        return ValidationItem::new(loc, "missing", "Field required");
+    }
+    let item = if let Some(rest) = msg.strip_prefix("unknown variant `") {
+        let expected = rest
+            .split_once(", expected ")
+            .map(|(_, e)| e)
+            .unwrap_or_default();
+        ValidationItem::new(loc, "enum", format!("Input should be {expected}"))
+            .with_ctx(json!({ "expected": expected }))
+    } else if msg.starts_with("invalid type:") {
+        let expected = msg
+            .rsplit_once(", expected ")
+            .map(|(_, e)| e)
+            .unwrap_or_default();
+        ValidationItem::new(
+            loc,
+            type_kind(expected),
+            format!("Input should be {expected}"),
+        )
+    } else if msg.starts_with("unknown field `") {
+        ValidationItem::new(loc, "extra_forbidden", msg.to_owned())
+    } else if msg.contains("UUID") || msg.contains("uuid") {
+        ValidationItem::new(
+            loc,
+            "uuid_parsing",
+            format!("Input should be a valid UUID: {msg}"),
+        )
+    } else if msg.contains("invalid digit") || msg.contains("number") {
+        ValidationItem::new(
+            loc,
+            "int_parsing",
+            "Input should be a valid integer".to_owned(),
+        )
+    } else {
+        ValidationItem::new(loc, "value_error", msg.to_owned())
+    };
+    match input {
+        Some(input) => item.with_input(input),
+        None => item,
+    }
+}
+
+fn type_kind(expected: &str) -> &'static str {
+    let e = expected.to_ascii_lowercase();
+    if e.contains("string") || e.contains("uuid") {
+        "string_type"
+    } else if e.contains("map") || e.contains("struct") || e.contains("object") {
+        "dict_type"
+    } else if e.contains("sequence") || e.contains("array") || e.contains("list") {
+        "list_type"
+    } else if e.contains("bool") {
+        "bool_type"
+    } else if e.contains("integer") || e.contains("i64") || e.contains("u32") || e.contains("i32") {
+        "int_type"
+    } else if e.contains("f64") || e.contains("float") {
+        "float_type"
+    } else {
+        "type_error"
+    }
+}
+
+fn between<'a>(s: &'a str, start: &str, end: &str) -> Option<&'a str> {
+    let rest = &s[s.find(start)? + start.len()..];
+    Some(&rest[..rest.find(end)?])
+}
+
+/// A field of a partial update: left out, set to null, or set to a value. (`Option<Option<T>>`
+/// cannot tell the first two apart without help, and the rules differ: a null `name` is
+/// refused, a null `description` clears it.)
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum Patch<T> {
+    #[default]
+    Absent,
+    Null,
+    Value(T),
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Patch<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Ok(match Option::<T>::deserialize(deserializer)? {
+            Some(value) => Patch::Value(value),
+            None => Patch::Null,
+        })
+    }
+}
+
+impl<T> Patch<T> {
+    pub fn is_absent(&self) -> bool {
+        matches!(self, Patch::Absent)
+    }
+
+    pub fn as_value(&self) -> Option<&T> {
+        match self {
+            Patch::Value(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorCode;
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Body {
+        #[allow(dead_code)]
+        name: String,
+        #[serde(default)]
+        #[allow(dead_code)]
+        nested: Option<Inner>,
+        #[serde(default)]
+        limit: Option<i64>,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[allow(dead_code)]
+    struct Inner {
+        mode: Mode,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    enum Mode {
+        Raise,
+        DoNothing,
+    }
+
+    impl Validate for Body {
+        fn validate(&self, v: &mut Violations) {
+            v.range("limit", self.limit, 1, Some(1000));
+        }
+    }
+
+    fn items(body: &str) -> Vec<ValidationItem> {
+        let err = parse_body::<Body>(body.as_bytes()).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Validation);
+        err.validation_items().to_vec()
+    }
+
+    #[test]
+    fn names_the_missing_field() {
+        let items = items(r#"{"limit": 3}"#);
+        assert_eq!(items[0].loc, vec![json!("body"), json!("name")]);
+        assert_eq!(items[0].kind, "missing");
+    }
+
+    #[test]
+    fn names_a_nested_enum_field_with_its_input() {
+        let items = items(r#"{"name": "x", "nested": {"mode": "bogus"}}"#);
+        assert_eq!(
+            items[0].loc,
+            vec![json!("body"), json!("nested"), json!("mode")]
+        );
+        assert_eq!(items[0].kind, "enum");
+        assert_eq!(items[0].input, Some(json!("bogus")));
+    }
+
+    #[test]
+    fn names_a_wrong_type() {
+        let items = items(r#"{"name": 5}"#);
+        assert_eq!(items[0].loc, vec![json!("body"), json!("name")]);
+        assert_eq!(items[0].kind, "string_type");
+        assert_eq!(items[0].input, Some(json!(5)));
+    }
+
+    #[test]
+    fn malformed_json_is_json_invalid() {
+        assert_eq!(items(r#"{"name": "#)[0].kind, "json_invalid");
+        assert_eq!(items(r#"{"name": "x"} trailing"#)[0].kind, "json_invalid");
+    }
+
+    #[test]
+    fn range_rules_run_after_deserialising() {
+        let items = items(r#"{"name": "x", "limit": 0}"#);
+        assert_eq!(items[0].loc, vec![json!("body"), json!("limit")]);
+        assert_eq!(items[0].kind, "greater_than_equal");
+    }
+
+    #[test]
+    fn patch_tells_absent_from_null() {
+        #[derive(Deserialize)]
+        struct P {
+            #[serde(default)]
+            a: Patch<String>,
+            #[serde(default)]
+            b: Patch<String>,
+            #[serde(default)]
+            c: Patch<String>,
+        }
+        let p: P = serde_json::from_str(r#"{"b": null, "c": "v"}"#).unwrap();
+        assert_eq!(p.a, Patch::Absent);
+        assert_eq!(p.b, Patch::Null);
+        assert_eq!(p.c, Patch::Value("v".into()));
+    }
+}

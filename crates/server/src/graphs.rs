@@ -1,0 +1,76 @@
+//! The graphs this server can run, by graph id, and the assistant ids derived from them.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use spindle_graph::Graph;
+use uuid::Uuid;
+
+/// Namespace of the default assistants' ids: `uuid5(NAMESPACE, graph_id)`, as LangGraph
+/// Platform computes them, so clients that hard-code those ids keep working.
+pub const ASSISTANT_NAMESPACE: Uuid = Uuid::from_u128(0x6ba7b821_9dad_11d1_80b4_00c04fd430c8);
+
+/// The id of the assistant created for `graph_id` at start-up.
+pub fn default_assistant_id(graph_id: &str) -> Uuid {
+    Uuid::new_v5(&ASSISTANT_NAMESPACE, graph_id.as_bytes())
+}
+
+#[derive(Default)]
+pub struct GraphRegistry {
+    graphs: BTreeMap<String, Arc<Graph>>,
+}
+
+impl GraphRegistry {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn insert(&mut self, graph_id: impl Into<String>, graph: Graph) {
+        self.graphs.insert(graph_id.into(), Arc::new(graph));
+    }
+
+    pub fn get(&self, graph_id: &str) -> Option<&Arc<Graph>> {
+        self.graphs.get(graph_id)
+    }
+
+    pub fn contains(&self, graph_id: &str) -> bool {
+        self.graphs.contains_key(graph_id)
+    }
+
+    /// Graph ids in a stable (sorted) order.
+    pub fn ids(&self) -> impl Iterator<Item = &str> {
+        self.graphs.keys().map(String::as_str)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.graphs.is_empty()
+    }
+
+    /// The assistant id a path or body names: a UUID as given, or a graph id mapped to the
+    /// graph's default assistant. `None` when it is neither.
+    pub fn resolve_assistant_id(&self, id: &str) -> Option<Uuid> {
+        match Uuid::parse_str(id) {
+            Ok(uuid) => Some(uuid),
+            Err(_) if self.contains(id) => Some(default_assistant_id(id)),
+            Err(_) => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_assistant_ids_match_langgraph_platform() {
+        // Ids the reference server gives its default assistants.
+        assert_eq!(
+            default_assistant_id("echo").to_string(),
+            "046b5dc7-2108-582c-9c6c-31d556d138f0"
+        );
+        assert_eq!(
+            default_assistant_id("agent").to_string(),
+            "fe096781-5601-53d2-b2f6-0d3403f7e9ca"
+        );
+    }
+}

@@ -1,0 +1,5 @@
+//! HTTP routes, one module per resource.
+
+pub mod assistants;
+pub mod system;
+pub mod threads;

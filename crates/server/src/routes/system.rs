@@ -1,0 +1,91 @@
+//! Health, readiness and service information.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use serde::Serialize;
+use serde_json::{json, Value};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::error::ErrorBody;
+use crate::state::AppState;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(ok))
+        .routes(routes!(health))
+        .routes(routes!(live))
+        .routes(routes!(ready))
+        .routes(routes!(info))
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct Ok {
+    pub ok: bool,
+}
+
+/// The process answers HTTP (what LangGraph clients probe).
+#[utoipa::path(get, path = "/ok", tag = "system", responses((status = 200, body = Ok)))]
+async fn ok() -> Json<Ok> {
+    Json(Ok { ok: true })
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct Health {
+    pub status: &'static str,
+}
+
+/// The process is up.
+#[utoipa::path(get, path = "/health", tag = "system", responses((status = 200, body = Health)))]
+async fn health() -> Json<Health> {
+    Json(Health { status: "healthy" })
+}
+
+/// Liveness probe: the process is not wedged.
+#[utoipa::path(get, path = "/live", tag = "system", responses((status = 200, body = Health)))]
+async fn live() -> Json<Health> {
+    Json(Health { status: "alive" })
+}
+
+/// Readiness probe: the database answers a query.
+#[utoipa::path(get, path = "/ready", tag = "system",
+    responses((status = 200, description = "ready", body = Object), (status = 503, description = "the database does not answer", body = ErrorBody)))]
+async fn ready(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
+    let backend = state.storage.backend().as_str();
+    match state.storage.ping().await {
+        Ok(()) => (
+            StatusCode::OK,
+            Json(json!({"status": "ready", "database": backend})),
+        ),
+        Err(err) => {
+            tracing::warn!(error = %err, "readiness check failed");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(json!({
+                    "error": "unavailable",
+                    "message": format!("the {backend} database does not answer"),
+                    "details": {"database": backend},
+                })),
+            )
+        }
+    }
+}
+
+/// The server's version and which features it serves.
+#[utoipa::path(get, path = "/info", tag = "system", responses((status = 200, body = Object)))]
+async fn info(State(state): State<AppState>) -> Json<Value> {
+    Json(json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "server": "spindle",
+        "database": state.storage.backend().as_str(),
+        "graphs": state.graphs.ids().collect::<Vec<_>>(),
+        "flags": {
+            "assistants": true,
+            "crons": false,
+            "store": false,
+            "langsmith": false,
+        },
+    }))
+}

@@ -1,0 +1,117 @@
+//! Wire pieces shared by several resources: enums as the interface spells them, paging,
+//! field selection and the pagination headers.
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use spindle_storage::{IfExists, Page, SortOrder};
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use crate::error::ApiError;
+use crate::extract::Violations;
+
+pub type JsonObject = Map<String, Value>;
+
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, ToSchema, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum IfExistsWire {
+    #[default]
+    Raise,
+    DoNothing,
+}
+
+impl From<IfExistsWire> for IfExists {
+    fn from(w: IfExistsWire) -> Self {
+        match w {
+            IfExistsWire::Raise => IfExists::Raise,
+            IfExistsWire::DoNothing => IfExists::DoNothing,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SortOrderWire {
+    Asc,
+    Desc,
+}
+
+impl From<SortOrderWire> for SortOrder {
+    fn from(w: SortOrderWire) -> Self {
+        match w {
+            SortOrderWire::Asc => SortOrder::Asc,
+            SortOrderWire::Desc => SortOrder::Desc,
+        }
+    }
+}
+
+pub const DEFAULT_LIMIT: i64 = 10;
+pub const MAX_LIMIT: i64 = 1000;
+
+/// Checks `limit` (1 to 1000) and `offset` (at least 0).
+pub fn validate_page(v: &mut Violations, limit: Option<i64>, offset: Option<i64>) {
+    v.range("limit", limit, 1, Some(MAX_LIMIT));
+    v.range("offset", offset, 0, None);
+}
+
+pub fn page(limit: Option<i64>, offset: Option<i64>) -> Page {
+    Page {
+        limit: limit.unwrap_or(DEFAULT_LIMIT),
+        offset: offset.unwrap_or(0),
+    }
+}
+
+/// `X-Pagination-Total` (the number of matches across all pages) and, when more pages follow,
+/// `X-Pagination-Next` (the offset of the next page).
+pub fn pagination_headers(page: &Page, returned: usize, total: i64) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        HeaderName::from_static("x-pagination-total"),
+        HeaderValue::from(total),
+    );
+    let next = page.offset + returned as i64;
+    if returned > 0 && next < total {
+        headers.insert(
+            HeaderName::from_static("x-pagination-next"),
+            HeaderValue::from(next),
+        );
+    }
+    headers
+}
+
+/// Keeps only the selected top-level fields of each item, when a selection was given.
+pub fn select_fields<T: Serialize, F: Serialize>(
+    items: Vec<T>,
+    select: Option<&[F]>,
+) -> Result<Vec<Value>, ApiError> {
+    let keep: Option<Vec<String>> = select.map(|fields| {
+        fields
+            .iter()
+            .filter_map(|f| serde_json::to_value(f).ok()?.as_str().map(str::to_owned))
+            .collect()
+    });
+    items
+        .into_iter()
+        .map(|item| {
+            let mut value =
+                serde_json::to_value(item).map_err(|e| ApiError::internal(e.to_string()))?;
+            if let (Some(keep), Value::Object(map)) = (&keep, &mut value) {
+                map.retain(|key, _| keep.iter().any(|k| k == key));
+            }
+            Ok(value)
+        })
+        .collect()
+}
+
+/// A path segment that must be a UUID; a 422 naming `["path", name]` otherwise.
+pub fn path_uuid(name: &str, raw: &str) -> Result<Uuid, ApiError> {
+    Uuid::parse_str(raw).map_err(|e| {
+        ApiError::validation(vec![crate::error::ValidationItem::new(
+            vec![Value::from("path"), Value::from(name)],
+            "uuid_parsing",
+            format!("Input should be a valid UUID: {e}"),
+        )
+        .with_input(Value::from(raw))])
+    })
+}

@@ -1,0 +1,63 @@
+//! The command line. Every flag can also come from an environment variable; settings left
+//! unset fall back to the config file, then to the defaults.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "spindle",
+    version,
+    about = "Spindle: a self-hosted agent run server that speaks the LangGraph agent-server API.",
+    long_about = "Spindle: a self-hosted agent run server that speaks the LangGraph agent-server API.\n\n\
+                  Point the official LangGraph clients (langgraph-sdk, @langchain/langgraph-sdk) at it.\n\
+                  `spindle dev` needs nothing else; `spindle serve` runs on PostgreSQL for several processes.",
+    after_help = "Examples:\n  spindle dev\n  spindle serve --database-url postgres://user@db/spindle --host 0.0.0.0 --port 8000\n  spindle migrate --database-url postgres://user@db/spindle"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a development server: an embedded SQLite database under --data-dir and the example
+    /// graphs when no config file is found.
+    Dev(ServerArgs),
+    /// Run a production server on the database given by --database-url (PostgreSQL for several
+    /// processes, or a SQLite file).
+    Serve(ServerArgs),
+    /// Apply pending schema migrations to the database and exit.
+    Migrate(DatabaseArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ServerArgs {
+    /// Address to listen on [default: 127.0.0.1]
+    #[arg(long, env = "SPINDLE_HOST")]
+    pub host: Option<String>,
+
+    /// Port to listen on [default: 2024]
+    #[arg(long, env = "SPINDLE_PORT")]
+    pub port: Option<u16>,
+
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct DatabaseArgs {
+    /// Config file (graphs and settings). When not given, ./spindle.json is used, else a
+    /// ./langgraph.json or ./aegra.json in the same format.
+    #[arg(long, env = "SPINDLE_CONFIG")]
+    pub config: Option<PathBuf>,
+
+    /// Folder of the embedded database [default: .spindle]
+    #[arg(long, env = "SPINDLE_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+
+    /// Database: `postgres://...`, or a SQLite path or `sqlite:` URL [default: <data-dir>/spindle.db]
+    #[arg(long, env = "SPINDLE_DATABASE_URL")]
+    pub database_url: Option<String>,
+}

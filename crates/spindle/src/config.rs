@@ -1,0 +1,136 @@
+//! The config file: `spindle.json`, or a `langgraph.json` / `aegra.json` read the same way.
+//!
+//! ```json
+//! {
+//!   "graphs": { "echo": "./graphs/echo.yaml" },
+//!   "server": { "host": "0.0.0.0", "port": 8000, "database_url": "postgres://...", "data_dir": ".spindle" },
+//!   "store": {}, "auth": {}, "http": {}
+//! }
+//! ```
+//! Graph paths are relative to the config file's folder. Keys that LangGraph's format has
+//! and Spindle does not use (`dependencies`, `python_version`, `env`, ...) are ignored.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+use serde_json::Value;
+
+/// File names looked for in the working folder, in order, when `--config` is not given.
+pub const CONFIG_CANDIDATES: [&str; 3] = ["spindle.json", "langgraph.json", "aegra.json"];
+
+#[derive(Debug, Default, Deserialize)]
+pub struct ConfigFile {
+    /// Graph id -> graph file (`./graphs/echo.yaml`), relative to the config file.
+    #[serde(default)]
+    pub graphs: BTreeMap<String, String>,
+    #[serde(default)]
+    pub server: ServerSection,
+    /// Long-term store settings (read by the store).
+    #[serde(default)]
+    pub store: Option<Value>,
+    /// Authentication settings (read by the auth layer).
+    #[serde(default)]
+    pub auth: Option<Value>,
+    /// HTTP settings (CORS, limits).
+    #[serde(default)]
+    pub http: Option<Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSection {
+    pub host: Option<String>,
+    pub port: Option<u16>,
+    pub database_url: Option<String>,
+    pub data_dir: Option<PathBuf>,
+}
+
+/// A config file and the folder its relative paths start from.
+#[derive(Debug, Default)]
+pub struct LoadedConfig {
+    pub path: Option<PathBuf>,
+    pub file: ConfigFile,
+}
+
+impl LoadedConfig {
+    /// Reads `explicit` when given (it must exist), else the first candidate file present in
+    /// the working folder, else nothing.
+    pub fn discover(explicit: Option<&Path>) -> Result<Self> {
+        let path = match explicit {
+            Some(path) => Some(path.to_path_buf()),
+            None => CONFIG_CANDIDATES
+                .iter()
+                .map(PathBuf::from)
+                .find(|p| p.is_file()),
+        };
+        match path {
+            Some(path) => Self::read(&path),
+            None => Ok(Self::default()),
+        }
+    }
+
+    fn read(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read config file {}", path.display()))?;
+        let file: ConfigFile = serde_json::from_str(&text)
+            .with_context(|| format!("config file {} is not valid", path.display()))?;
+        if let Some(bad) = file.graphs.keys().find(|id| id.is_empty()) {
+            bail!("config file {}: graph id {bad:?} is empty", path.display());
+        }
+        Ok(Self {
+            path: Some(path.to_path_buf()),
+            file,
+        })
+    }
+
+    /// A graph path from the file, resolved against the file's folder.
+    pub fn resolve(&self, relative: &str) -> PathBuf {
+        let base = self
+            .path
+            .as_deref()
+            .and_then(Path::parent)
+            .unwrap_or_else(|| Path::new("."));
+        base.join(relative)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_langgraph_json_and_ignores_its_python_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("langgraph.json");
+        std::fs::write(
+            &path,
+            r#"{"dependencies": ["."], "graphs": {"echo": "./graphs/echo.yaml"}, "env": ".env"}"#,
+        )
+        .unwrap();
+        let config = LoadedConfig::discover(Some(&path)).unwrap();
+        assert_eq!(config.file.graphs["echo"], "./graphs/echo.yaml");
+        assert_eq!(
+            config.resolve("./graphs/echo.yaml"),
+            dir.path().join("./graphs/echo.yaml")
+        );
+    }
+
+    #[test]
+    fn names_the_file_when_it_is_invalid() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("spindle.json");
+        std::fs::write(&path, r#"{"graphs": 5}"#).unwrap();
+        let err = LoadedConfig::discover(Some(&path)).unwrap_err();
+        assert!(format!("{err:#}").contains("spindle.json"), "{err:#}");
+    }
+
+    #[test]
+    fn refuses_unknown_server_settings() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("spindle.json");
+        std::fs::write(&path, r#"{"server": {"prot": 1}}"#).unwrap();
+        assert!(LoadedConfig::discover(Some(&path)).is_err());
+    }
+}

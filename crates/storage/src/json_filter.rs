@@ -1,0 +1,246 @@
+//! JSON containment filters (PostgreSQL's `jsonb @>`) translated to SQLite's JSON functions.
+//!
+//! PostgreSQL answers `column @> filter` natively. SQLite has no containment operator, so the
+//! filter is unrolled into `json_type`/`json_extract` tests on the column, one per leaf, with
+//! `EXISTS (... json_each ...)` for arrays (an array contains another when each element of the
+//! filter is contained in some element of the column's array). Paths are built in SQL from
+//! bound fragments, so nothing from the filter is ever spliced into the query text.
+
+use serde_json::Value;
+use sqlx::{QueryBuilder, Sqlite};
+
+/// Appends a boolean SQL expression: "`column` contains `filter`" with jsonb semantics.
+pub(crate) fn push_sqlite_contains(
+    qb: &mut QueryBuilder<'_, Sqlite>,
+    column: &str,
+    filter: &Value,
+) {
+    let mut aliases = 0;
+    qb.push("(");
+    push_contains(qb, column, PathExpr::Root, filter, &mut aliases);
+    qb.push(")");
+}
+
+/// An SQL expression that evaluates to a JSON path into the column.
+#[derive(Clone)]
+enum PathExpr {
+    /// `'$'`.
+    Root,
+    /// A parent path with one object key appended (bound, quoted).
+    Key(Box<PathExpr>, String),
+    /// The `fullkey` of a `json_each` row, i.e. the path of one array element.
+    Element(String),
+}
+
+impl PathExpr {
+    fn push(&self, qb: &mut QueryBuilder<'_, Sqlite>) {
+        match self {
+            PathExpr::Root => {
+                qb.push("'$'");
+            }
+            PathExpr::Key(parent, key) => {
+                qb.push("(");
+                parent.push(qb);
+                qb.push(" || ").push_bind(quoted_label(key)).push(")");
+            }
+            PathExpr::Element(alias) => {
+                qb.push(alias.as_str()).push(".fullkey");
+            }
+        }
+    }
+}
+
+/// `."key"`: a path step to an object key. A quoted label may hold dots and brackets, but it
+/// ends at the first `"` even after a backslash; SQLite does unescape JSON escapes in it, so
+/// quotes are written as `\u0022` and backslashes doubled.
+fn quoted_label(key: &str) -> String {
+    let mut label = String::with_capacity(key.len() + 3);
+    label.push_str(".\"");
+    for c in key.chars() {
+        match c {
+            '"' => label.push_str("\\u0022"),
+            '\\' => label.push_str("\\\\"),
+            c => label.push(c),
+        }
+    }
+    label.push('"');
+    label
+}
+
+fn push_json_type(qb: &mut QueryBuilder<'_, Sqlite>, column: &str, path: &PathExpr) {
+    qb.push("json_type(").push(column).push(", ");
+    path.push(qb);
+    qb.push(")");
+}
+
+fn push_contains(
+    qb: &mut QueryBuilder<'_, Sqlite>,
+    column: &str,
+    path: PathExpr,
+    filter: &Value,
+    aliases: &mut usize,
+) {
+    match filter {
+        Value::Object(map) if map.is_empty() => {
+            push_json_type(qb, column, &path);
+            qb.push(" = 'object'");
+        }
+        Value::Object(map) => {
+            for (i, (key, value)) in map.iter().enumerate() {
+                if i > 0 {
+                    qb.push(" AND ");
+                }
+                let child = PathExpr::Key(Box::new(path.clone()), key.clone());
+                push_contains(qb, column, child, value, aliases);
+            }
+        }
+        Value::Array(items) => {
+            push_json_type(qb, column, &path);
+            qb.push(" = 'array'");
+            for item in items {
+                *aliases += 1;
+                let alias = format!("je{aliases}");
+                qb.push(" AND EXISTS (SELECT 1 FROM json_each(")
+                    .push(column)
+                    .push(", ");
+                path.push(qb);
+                qb.push(") AS ").push(alias.as_str()).push(" WHERE ");
+                push_contains(qb, column, PathExpr::Element(alias.clone()), item, aliases);
+                qb.push(")");
+            }
+        }
+        Value::String(s) => {
+            qb.push("(");
+            push_json_type(qb, column, &path);
+            qb.push(" = 'text' AND json_extract(")
+                .push(column)
+                .push(", ");
+            path.push(qb);
+            qb.push(") = ").push_bind(s.clone()).push(")");
+        }
+        Value::Number(n) => {
+            qb.push("(");
+            push_json_type(qb, column, &path);
+            qb.push(" IN ('integer', 'real') AND json_extract(")
+                .push(column)
+                .push(", ");
+            path.push(qb);
+            qb.push(") = ");
+            match n.as_i64() {
+                Some(i) => qb.push_bind(i),
+                None => qb.push_bind(n.as_f64().unwrap_or(f64::NAN)),
+            };
+            qb.push(")");
+        }
+        Value::Bool(b) => {
+            push_json_type(qb, column, &path);
+            qb.push(if *b { " = 'true'" } else { " = 'false'" });
+        }
+        Value::Null => {
+            push_json_type(qb, column, &path);
+            qb.push(" = 'null'");
+        }
+    }
+}
+
+/// jsonb containment in Rust, the specification the SQL above must agree with.
+#[cfg(test)]
+pub(crate) fn contains(doc: &Value, filter: &Value) -> bool {
+    match (doc, filter) {
+        (Value::Object(d), Value::Object(f)) => f
+            .iter()
+            .all(|(k, fv)| d.get(k).is_some_and(|dv| contains(dv, fv))),
+        (Value::Array(d), Value::Array(f)) => {
+            f.iter().all(|fv| d.iter().any(|dv| contains(dv, fv)))
+        }
+        (Value::Number(a), Value::Number(b)) => a.as_f64() == b.as_f64(),
+        (a, b) => a == b,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use sqlx::sqlite::SqlitePoolOptions;
+    use sqlx::Row;
+
+    async fn sqlite_contains(doc: &Value, filter: &Value) -> bool {
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect("sqlite::memory:")
+            .await
+            .unwrap();
+        let mut qb = QueryBuilder::<Sqlite>::new("SELECT ");
+        qb.push("CASE WHEN ");
+        push_sqlite_contains(&mut qb, "doc", filter);
+        qb.push(" THEN 1 ELSE 0 END AS hit FROM (SELECT ")
+            .push_bind(doc.to_string())
+            .push(" AS doc)");
+        let row = qb.build().fetch_one(&pool).await.unwrap();
+        row.get::<i64, _>("hit") == 1
+    }
+
+    #[tokio::test]
+    async fn sqlite_translation_agrees_with_jsonb_semantics() {
+        let doc = json!({
+            "name": "a.b", "n": 3, "f": 1.5, "ok": true, "none": null,
+            "tags": ["x", "y", {"k": 1}],
+            "nested": {"deep": {"v": "w"}, "list": [[1, 2], [3]]},
+            "dot.key": "d",
+            "q\"uote": {"in": ["a", {"b\\s": true}]},
+            "back\\slash": 2,
+            "\\u0022": "six characters",
+            "line\nbreak": 1,
+            "[0]": "brackets",
+            "": "empty",
+        });
+        let cases = [
+            json!({}),
+            json!({"name": "a.b"}),
+            json!({"name": "a"}),
+            json!({"n": 3}),
+            json!({"n": 3.0}),
+            json!({"n": "3"}),
+            json!({"f": 1.5}),
+            json!({"ok": true}),
+            json!({"ok": false}),
+            json!({"ok": 1}),
+            json!({"none": null}),
+            json!({"missing": null}),
+            json!({"tags": ["y"]}),
+            json!({"tags": ["y", "x"]}),
+            json!({"tags": ["z"]}),
+            json!({"tags": [{"k": 1}]}),
+            json!({"tags": [{"k": 2}]}),
+            json!({"tags": []}),
+            json!({"nested": {"deep": {"v": "w"}}}),
+            json!({"nested": {"deep": {}}}),
+            json!({"nested": {"deep": {"v": "x"}}}),
+            json!({"nested": {"list": [[2]]}}),
+            json!({"nested": {"list": [[4]]}}),
+            json!({"dot.key": "d"}),
+            json!({"q\"uote": {"in": ["a"]}}),
+            json!({"q\"uote": {"in": [{"b\\s": true}]}}),
+            json!({"q\"uote": {"in": [{"b\\s": false}]}}),
+            json!({"q\"uote": {}}),
+            json!({"back\\slash": 2}),
+            json!({"back\\slash": 3}),
+            json!({"\\u0022": "six characters"}),
+            json!({"\"": "six characters"}),
+            json!({"line\nbreak": 1}),
+            json!({"[0]": "brackets"}),
+            json!({"": "empty"}),
+            json!({"": "full"}),
+            json!({"name": "a.b", "n": 3, "ok": true}),
+            json!({"name": "a.b", "n": 4}),
+        ];
+        for filter in cases {
+            assert_eq!(
+                sqlite_contains(&doc, &filter).await,
+                contains(&doc, &filter),
+                "filter {filter}"
+            );
+        }
+    }
+}

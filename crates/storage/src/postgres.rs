@@ -1,0 +1,514 @@
+//! The shared backend: PostgreSQL, for several server processes on one database.
+//!
+//! JSON lives in `jsonb`, so metadata filters are `@>` containment backed by GIN indexes.
+//! Writes that read before they write lock the row (`FOR UPDATE`) so concurrent processes
+//! serialise on it.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::Utc;
+use serde_json::Value;
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::types::Json;
+use sqlx::{PgConnection, Postgres, QueryBuilder};
+use uuid::Uuid;
+
+use crate::error::conflict_if_taken;
+use crate::model::*;
+use crate::rows::{
+    AssistantRow, AssistantVersionRow, ThreadRow, ASSISTANT_COLUMNS, THREAD_COLUMNS,
+    VERSION_COLUMNS,
+};
+use crate::{AssistantStore, Backend, Storage, StorageError, StorageResult, ThreadStore};
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
+
+pub struct PostgresStorage {
+    pool: PgPool,
+}
+
+async fn pool(url: &str) -> StorageResult<PgPool> {
+    Ok(PgPoolOptions::new()
+        .max_connections(16)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect(url)
+        .await?)
+}
+
+impl PostgresStorage {
+    /// Connects and applies pending migrations (under PostgreSQL's advisory lock, so several
+    /// processes starting at once do not race).
+    pub async fn connect(url: &str) -> StorageResult<Self> {
+        let pool = pool(url).await?;
+        MIGRATOR.run(&pool).await?;
+        Ok(Self { pool })
+    }
+
+    /// Wraps an existing pool (tests share one per database).
+    pub async fn from_pool(pool: PgPool) -> StorageResult<Self> {
+        MIGRATOR.run(&pool).await?;
+        Ok(Self { pool })
+    }
+
+    pub async fn migrate_only(url: &str) -> StorageResult<usize> {
+        let pool = pool(url).await?;
+        let applied: Vec<i64> =
+            match sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
+                .fetch_all(&pool)
+                .await
+            {
+                Ok(versions) => versions,
+                // No migrations table yet: nothing has been applied.
+                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P01") => Vec::new(),
+                Err(e) => return Err(e.into()),
+            };
+        let pending = MIGRATOR
+            .iter()
+            .filter(|m| !applied.contains(&m.version))
+            .count();
+        MIGRATOR.run(&pool).await?;
+        pool.close().await;
+        Ok(pending)
+    }
+}
+
+fn push_visible(qb: &mut QueryBuilder<'_, Postgres>, scope: &Scope) {
+    qb.push("(user_id = ")
+        .push_bind(scope.user_id.clone())
+        .push(" OR user_id IS NULL)");
+}
+
+async fn fetch_assistant(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: Uuid,
+    lock: bool,
+) -> StorageResult<Option<Assistant>> {
+    let sql = format!(
+        "SELECT {ASSISTANT_COLUMNS} FROM assistants WHERE assistant_id = $1 AND (user_id = $2 OR user_id IS NULL){}",
+        if lock { " FOR UPDATE" } else { "" }
+    );
+    let row: Option<AssistantRow<Uuid>> = sqlx::query_as(&sql)
+        .bind(id)
+        .bind(&scope.user_id)
+        .fetch_optional(conn)
+        .await?;
+    Ok(row.map(Assistant::from))
+}
+
+async fn insert_version(
+    conn: &mut PgConnection,
+    id: Uuid,
+    version: &AssistantVersion,
+) -> StorageResult<()> {
+    let f = &version.fields;
+    sqlx::query(
+        "INSERT INTO assistant_versions (assistant_id, version, graph_id, name, description, config, \
+         context, metadata, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+    )
+    .bind(id)
+    .bind(version.version)
+    .bind(&f.graph_id)
+    .bind(&f.name)
+    .bind(&f.description)
+    .bind(Json(&f.config))
+    .bind(Json(&f.context))
+    .bind(Json(&f.metadata))
+    .bind(version.created_at)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+async fn set_current(
+    conn: &mut PgConnection,
+    id: Uuid,
+    version: i64,
+    fields: &AssistantFields,
+) -> StorageResult<Assistant> {
+    let sql = format!(
+        "UPDATE assistants SET graph_id = $2, name = $3, description = $4, config = $5, context = $6, \
+         metadata = $7, version = $8, updated_at = $9 WHERE assistant_id = $1 RETURNING {ASSISTANT_COLUMNS}"
+    );
+    let row: AssistantRow<Uuid> = sqlx::query_as(&sql)
+        .bind(id)
+        .bind(&fields.graph_id)
+        .bind(&fields.name)
+        .bind(&fields.description)
+        .bind(Json(&fields.config))
+        .bind(Json(&fields.context))
+        .bind(Json(&fields.metadata))
+        .bind(version)
+        .bind(Utc::now())
+        .fetch_one(conn)
+        .await?;
+    Ok(row.into())
+}
+
+fn push_assistant_filter(
+    qb: &mut QueryBuilder<'_, Postgres>,
+    scope: &Scope,
+    filter: &AssistantFilter,
+) {
+    qb.push(" WHERE ");
+    push_visible(qb, scope);
+    if let Some(graph_id) = &filter.graph_id {
+        qb.push(" AND graph_id = ").push_bind(graph_id.clone());
+    }
+    if let Some(name) = &filter.name {
+        qb.push(" AND strpos(lower(name), lower(")
+            .push_bind(name.clone())
+            .push(")) > 0");
+    }
+    if let Some(metadata) = &filter.metadata {
+        qb.push(" AND metadata @> ")
+            .push_bind(Json(Value::Object(metadata.clone())));
+    }
+}
+
+fn push_thread_filter(qb: &mut QueryBuilder<'_, Postgres>, scope: &Scope, filter: &ThreadFilter) {
+    qb.push(" WHERE ");
+    push_visible(qb, scope);
+    if let Some(ids) = &filter.ids {
+        qb.push(" AND thread_id = ANY(")
+            .push_bind(ids.clone())
+            .push(")");
+    }
+    if let Some(status) = filter.status {
+        qb.push(" AND status = ").push_bind(status.as_str());
+    }
+    if let Some(metadata) = &filter.metadata {
+        qb.push(" AND metadata @> ")
+            .push_bind(Json(Value::Object(metadata.clone())));
+    }
+    if let Some(values) = &filter.values {
+        qb.push(" AND state_values @> ")
+            .push_bind(Json(Value::Object(values.clone())));
+    }
+}
+
+#[async_trait]
+impl AssistantStore for PostgresStorage {
+    async fn create_assistant(
+        &self,
+        owner: Owner<'_>,
+        new: NewAssistant,
+    ) -> StorageResult<Assistant> {
+        let mut tx = self.pool.begin().await?;
+        let now = Utc::now();
+        let f = &new.fields;
+        let sql = format!(
+            "INSERT INTO assistants (assistant_id, user_id, graph_id, name, description, config, context, \
+             metadata, version, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 1, $9, $9) \
+             ON CONFLICT (assistant_id) DO NOTHING RETURNING {ASSISTANT_COLUMNS}"
+        );
+        let inserted: Option<AssistantRow<Uuid>> = sqlx::query_as(&sql)
+            .bind(new.assistant_id)
+            .bind(owner.user_id())
+            .bind(&f.graph_id)
+            .bind(&f.name)
+            .bind(&f.description)
+            .bind(Json(&f.config))
+            .bind(Json(&f.context))
+            .bind(Json(&f.metadata))
+            .bind(now)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some(inserted) = inserted else {
+            let scope = Scope::new(owner.user_id().unwrap_or_default());
+            let existing = fetch_assistant(&mut tx, &scope, new.assistant_id, false).await?;
+            return match (new.if_exists, existing) {
+                (IfExists::DoNothing, Some(existing)) => Ok(existing),
+                _ => Err(StorageError::Conflict(format!(
+                    "assistant {} already exists",
+                    new.assistant_id
+                ))),
+            };
+        };
+        let version = AssistantVersion {
+            assistant_id: new.assistant_id,
+            version: 1,
+            fields: new.fields,
+            created_at: now,
+        };
+        insert_version(&mut tx, new.assistant_id, &version).await?;
+        tx.commit().await?;
+        Ok(inserted.into())
+    }
+
+    async fn get_assistant(&self, scope: &Scope, id: Uuid) -> StorageResult<Assistant> {
+        let mut conn = self.pool.acquire().await?;
+        fetch_assistant(&mut conn, scope, id, false)
+            .await?
+            .ok_or(StorageError::NotFound("assistant"))
+    }
+
+    async fn update_assistant(
+        &self,
+        scope: &Scope,
+        id: Uuid,
+        patch: AssistantPatch,
+    ) -> StorageResult<Assistant> {
+        let mut tx = self.pool.begin().await?;
+        let current = fetch_assistant(&mut tx, scope, id, true)
+            .await?
+            .ok_or(StorageError::NotFound("assistant"))?;
+        let latest: i64 = sqlx::query_scalar(
+            "SELECT MAX(version) FROM assistant_versions WHERE assistant_id = $1",
+        )
+        .bind(id)
+        .fetch_one(&mut *tx)
+        .await?;
+        let version = AssistantVersion {
+            assistant_id: id,
+            version: latest + 1,
+            fields: patch.apply(&current.fields),
+            created_at: Utc::now(),
+        };
+        insert_version(&mut tx, id, &version).await?;
+        let updated = set_current(&mut tx, id, version.version, &version.fields).await?;
+        tx.commit().await?;
+        Ok(updated)
+    }
+
+    async fn delete_assistant(&self, scope: &Scope, id: Uuid) -> StorageResult<()> {
+        let done = sqlx::query(
+            "DELETE FROM assistants WHERE assistant_id = $1 AND (user_id = $2 OR user_id IS NULL)",
+        )
+        .bind(id)
+        .bind(&scope.user_id)
+        .execute(&self.pool)
+        .await?;
+        if done.rows_affected() == 0 {
+            return Err(StorageError::NotFound("assistant"));
+        }
+        Ok(())
+    }
+
+    async fn search_assistants(
+        &self,
+        scope: &Scope,
+        search: AssistantSearch,
+    ) -> StorageResult<Paged<Assistant>> {
+        let mut qb = QueryBuilder::new(format!("SELECT {ASSISTANT_COLUMNS} FROM assistants"));
+        push_assistant_filter(&mut qb, scope, &search.filter);
+        let order = search.sort_order.sql();
+        qb.push(format!(
+            " ORDER BY {} {order}, assistant_id {order} LIMIT ",
+            search.sort_by.column()
+        ))
+        .push_bind(search.page.limit)
+        .push(" OFFSET ")
+        .push_bind(search.page.offset);
+        let rows: Vec<AssistantRow<Uuid>> = qb.build_query_as().fetch_all(&self.pool).await?;
+        let total = self.count_assistants(scope, search.filter).await?;
+        Ok(Paged {
+            items: rows.into_iter().map(Assistant::from).collect(),
+            total,
+        })
+    }
+
+    async fn count_assistants(&self, scope: &Scope, filter: AssistantFilter) -> StorageResult<i64> {
+        let mut qb = QueryBuilder::new("SELECT COUNT(*) FROM assistants");
+        push_assistant_filter(&mut qb, scope, &filter);
+        Ok(qb.build_query_scalar().fetch_one(&self.pool).await?)
+    }
+
+    async fn list_assistant_versions(
+        &self,
+        scope: &Scope,
+        id: Uuid,
+        metadata: Option<JsonObject>,
+        page: Page,
+    ) -> StorageResult<Vec<AssistantVersion>> {
+        self.get_assistant(scope, id).await?;
+        let mut qb = QueryBuilder::new(format!(
+            "SELECT {VERSION_COLUMNS} FROM assistant_versions WHERE assistant_id = "
+        ));
+        qb.push_bind(id);
+        if let Some(metadata) = metadata {
+            qb.push(" AND metadata @> ")
+                .push_bind(Json(Value::Object(metadata)));
+        }
+        qb.push(" ORDER BY version DESC LIMIT ")
+            .push_bind(page.limit)
+            .push(" OFFSET ")
+            .push_bind(page.offset);
+        let rows: Vec<AssistantVersionRow<Uuid>> =
+            qb.build_query_as().fetch_all(&self.pool).await?;
+        Ok(rows.into_iter().map(AssistantVersion::from).collect())
+    }
+
+    async fn set_latest_assistant_version(
+        &self,
+        scope: &Scope,
+        id: Uuid,
+        version: i64,
+    ) -> StorageResult<Assistant> {
+        let mut tx = self.pool.begin().await?;
+        fetch_assistant(&mut tx, scope, id, true)
+            .await?
+            .ok_or(StorageError::NotFound("assistant"))?;
+        let sql = format!("SELECT {VERSION_COLUMNS} FROM assistant_versions WHERE assistant_id = $1 AND version = $2");
+        let row: Option<AssistantVersionRow<Uuid>> = sqlx::query_as(&sql)
+            .bind(id)
+            .bind(version)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let target =
+            AssistantVersion::from(row.ok_or(StorageError::NotFound("assistant version"))?);
+        let updated = set_current(&mut tx, id, version, &target.fields).await?;
+        tx.commit().await?;
+        Ok(updated)
+    }
+}
+
+async fn fetch_thread(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: Uuid,
+) -> StorageResult<Option<Thread>> {
+    let sql = format!("SELECT {THREAD_COLUMNS} FROM threads WHERE thread_id = $1 AND (user_id = $2 OR user_id IS NULL)");
+    let row: Option<ThreadRow<Uuid>> = sqlx::query_as(&sql)
+        .bind(id)
+        .bind(&scope.user_id)
+        .fetch_optional(conn)
+        .await?;
+    row.map(Thread::try_from).transpose()
+}
+
+#[async_trait]
+impl ThreadStore for PostgresStorage {
+    async fn create_thread(&self, scope: &Scope, new: NewThread) -> StorageResult<Thread> {
+        let mut conn = self.pool.acquire().await?;
+        let sql = format!(
+            "INSERT INTO threads (thread_id, user_id, metadata, created_at, updated_at, state_updated_at) \
+             VALUES ($1, $2, $3, $4, $4, $4) ON CONFLICT (thread_id) DO NOTHING RETURNING {THREAD_COLUMNS}"
+        );
+        let inserted: Option<ThreadRow<Uuid>> = sqlx::query_as(&sql)
+            .bind(new.thread_id)
+            .bind(&scope.user_id)
+            .bind(Json(&new.metadata))
+            .bind(Utc::now())
+            .fetch_optional(&mut *conn)
+            .await?;
+        if let Some(row) = inserted {
+            return Thread::try_from(row);
+        }
+        match (
+            new.if_exists,
+            fetch_thread(&mut conn, scope, new.thread_id).await?,
+        ) {
+            (IfExists::DoNothing, Some(existing)) => Ok(existing),
+            _ => Err(StorageError::Conflict(format!(
+                "thread {} already exists",
+                new.thread_id
+            ))),
+        }
+    }
+
+    async fn get_thread(&self, scope: &Scope, id: Uuid) -> StorageResult<Thread> {
+        let mut conn = self.pool.acquire().await?;
+        fetch_thread(&mut conn, scope, id)
+            .await?
+            .ok_or(StorageError::NotFound("thread"))
+    }
+
+    async fn update_thread(
+        &self,
+        scope: &Scope,
+        id: Uuid,
+        metadata: JsonObject,
+    ) -> StorageResult<Thread> {
+        // jsonb `||` is a shallow merge that keeps nulls, as LangGraph's metadata merge does.
+        let sql = format!(
+            "UPDATE threads SET metadata = metadata || $3, updated_at = $4 \
+             WHERE thread_id = $1 AND (user_id = $2 OR user_id IS NULL) RETURNING {THREAD_COLUMNS}"
+        );
+        let row: Option<ThreadRow<Uuid>> = sqlx::query_as(&sql)
+            .bind(id)
+            .bind(&scope.user_id)
+            .bind(Json(Value::Object(metadata)))
+            .bind(Utc::now())
+            .fetch_optional(&self.pool)
+            .await?;
+        Thread::try_from(row.ok_or(StorageError::NotFound("thread"))?)
+    }
+
+    async fn delete_thread(&self, scope: &Scope, id: Uuid) -> StorageResult<()> {
+        let done = sqlx::query(
+            "DELETE FROM threads WHERE thread_id = $1 AND (user_id = $2 OR user_id IS NULL)",
+        )
+        .bind(id)
+        .bind(&scope.user_id)
+        .execute(&self.pool)
+        .await?;
+        if done.rows_affected() == 0 {
+            return Err(StorageError::NotFound("thread"));
+        }
+        Ok(())
+    }
+
+    async fn search_threads(
+        &self,
+        scope: &Scope,
+        search: ThreadSearch,
+    ) -> StorageResult<Paged<Thread>> {
+        let mut qb = QueryBuilder::new(format!("SELECT {THREAD_COLUMNS} FROM threads"));
+        push_thread_filter(&mut qb, scope, &search.filter);
+        let order = search.sort_order.sql();
+        qb.push(format!(
+            " ORDER BY {} {order}, thread_id {order} LIMIT ",
+            search.sort_by.column()
+        ))
+        .push_bind(search.page.limit)
+        .push(" OFFSET ")
+        .push_bind(search.page.offset);
+        let rows: Vec<ThreadRow<Uuid>> = qb.build_query_as().fetch_all(&self.pool).await?;
+        let total = self.count_threads(scope, search.filter).await?;
+        Ok(Paged {
+            items: rows
+                .into_iter()
+                .map(Thread::try_from)
+                .collect::<StorageResult<_>>()?,
+            total,
+        })
+    }
+
+    async fn count_threads(&self, scope: &Scope, filter: ThreadFilter) -> StorageResult<i64> {
+        let mut qb = QueryBuilder::new("SELECT COUNT(*) FROM threads");
+        push_thread_filter(&mut qb, scope, &filter);
+        Ok(qb.build_query_scalar().fetch_one(&self.pool).await?)
+    }
+
+    async fn copy_thread(&self, scope: &Scope, id: Uuid, new_id: Uuid) -> StorageResult<Thread> {
+        let sql = format!(
+            "INSERT INTO threads (thread_id, user_id, status, metadata, config, state_values, interrupts, error, \
+             created_at, updated_at, state_updated_at) \
+             SELECT $3, user_id, 'idle', metadata, config, state_values, '{{}}', NULL, $4, $4, $4 \
+             FROM threads WHERE thread_id = $1 AND (user_id = $2 OR user_id IS NULL) RETURNING {THREAD_COLUMNS}"
+        );
+        let row: Option<ThreadRow<Uuid>> = sqlx::query_as(&sql)
+            .bind(id)
+            .bind(&scope.user_id)
+            .bind(new_id)
+            .bind(Utc::now())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| conflict_if_taken(e, || format!("thread {new_id} already exists")))?;
+        Thread::try_from(row.ok_or(StorageError::NotFound("thread"))?)
+    }
+}
+
+#[async_trait]
+impl Storage for PostgresStorage {
+    fn backend(&self) -> Backend {
+        Backend::Postgres
+    }
+
+    async fn ping(&self) -> StorageResult<()> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+}

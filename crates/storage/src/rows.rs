@@ -1,0 +1,142 @@
+//! Row shapes shared by both backends. They differ only in how an id column decodes
+//! (PostgreSQL `UUID`, SQLite `TEXT`), hence the `Id` parameter.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::types::Json;
+use uuid::Uuid;
+
+use crate::model::{
+    Assistant, AssistantFields, AssistantVersion, JsonObject, Thread, ThreadStatus,
+};
+use crate::{StorageError, StorageResult};
+
+/// An id as a backend decodes it.
+pub(crate) trait IntoUuid {
+    fn into_uuid(self) -> Uuid;
+}
+
+impl IntoUuid for Uuid {
+    fn into_uuid(self) -> Uuid {
+        self
+    }
+}
+
+impl IntoUuid for uuid::fmt::Hyphenated {
+    fn into_uuid(self) -> Uuid {
+        uuid::fmt::Hyphenated::into_uuid(self)
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub(crate) struct AssistantRow<Id> {
+    assistant_id: Id,
+    user_id: Option<String>,
+    graph_id: String,
+    name: String,
+    description: Option<String>,
+    config: Json<JsonObject>,
+    context: Json<JsonObject>,
+    metadata: Json<JsonObject>,
+    version: i64,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+}
+
+impl<Id: IntoUuid> From<AssistantRow<Id>> for Assistant {
+    fn from(row: AssistantRow<Id>) -> Self {
+        Assistant {
+            assistant_id: row.assistant_id.into_uuid(),
+            user_id: row.user_id,
+            version: row.version,
+            fields: AssistantFields {
+                graph_id: row.graph_id,
+                name: row.name,
+                description: row.description,
+                config: row.config.0,
+                context: row.context.0,
+                metadata: row.metadata.0,
+            },
+            created_at: row.created_at,
+            updated_at: row.updated_at,
+        }
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub(crate) struct AssistantVersionRow<Id> {
+    assistant_id: Id,
+    version: i64,
+    graph_id: String,
+    name: String,
+    description: Option<String>,
+    config: Json<JsonObject>,
+    context: Json<JsonObject>,
+    metadata: Json<JsonObject>,
+    created_at: DateTime<Utc>,
+}
+
+impl<Id: IntoUuid> From<AssistantVersionRow<Id>> for AssistantVersion {
+    fn from(row: AssistantVersionRow<Id>) -> Self {
+        AssistantVersion {
+            assistant_id: row.assistant_id.into_uuid(),
+            version: row.version,
+            fields: AssistantFields {
+                graph_id: row.graph_id,
+                name: row.name,
+                description: row.description,
+                config: row.config.0,
+                context: row.context.0,
+                metadata: row.metadata.0,
+            },
+            created_at: row.created_at,
+        }
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub(crate) struct ThreadRow<Id> {
+    thread_id: Id,
+    user_id: Option<String>,
+    status: String,
+    metadata: Json<JsonObject>,
+    config: Json<JsonObject>,
+    state_values: Option<Json<Value>>,
+    interrupts: Json<JsonObject>,
+    error: Option<Json<Value>>,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+    state_updated_at: DateTime<Utc>,
+}
+
+impl<Id: IntoUuid> TryFrom<ThreadRow<Id>> for Thread {
+    type Error = StorageError;
+
+    fn try_from(row: ThreadRow<Id>) -> StorageResult<Self> {
+        let status = ThreadStatus::parse(&row.status).ok_or_else(|| {
+            StorageError::Corrupt(format!("unknown thread status {:?}", row.status))
+        })?;
+        Ok(Thread {
+            thread_id: row.thread_id.into_uuid(),
+            user_id: row.user_id,
+            status,
+            metadata: row.metadata.0,
+            config: row.config.0,
+            values: row.state_values.map(|v| v.0),
+            interrupts: row.interrupts.0,
+            error: row.error.map(|v| v.0),
+            created_at: row.created_at,
+            updated_at: row.updated_at,
+            state_updated_at: row.state_updated_at,
+        })
+    }
+}
+
+pub(crate) const ASSISTANT_COLUMNS: &str = "assistant_id, user_id, graph_id, name, description, \
+     config, context, metadata, version, created_at, updated_at";
+
+pub(crate) const VERSION_COLUMNS: &str = "assistant_id, version, graph_id, name, description, \
+     config, context, metadata, created_at";
+
+pub(crate) const THREAD_COLUMNS: &str = "thread_id, user_id, status, metadata, config, \
+     state_values, interrupts, error, created_at, updated_at, state_updated_at";

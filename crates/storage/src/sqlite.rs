@@ -1,0 +1,580 @@
+//! The embedded backend: one SQLite file in WAL mode.
+//!
+//! SQLite allows one writer at a time. Rather than letting several connections race for the
+//! write lock (and sleep in the busy handler), every write goes through a pool of exactly one
+//! connection, so writers queue in memory; reads use their own pool and run concurrently.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::Utc;
+use serde_json::Value;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+use sqlx::types::Json;
+use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
+use uuid::fmt::Hyphenated;
+use uuid::Uuid;
+
+use crate::error::conflict_if_taken;
+use crate::json_filter::push_sqlite_contains;
+use crate::model::*;
+use crate::rows::{
+    AssistantRow, AssistantVersionRow, ThreadRow, ASSISTANT_COLUMNS, THREAD_COLUMNS,
+    VERSION_COLUMNS,
+};
+use crate::{AssistantStore, Backend, Storage, StorageError, StorageResult, ThreadStore};
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
+
+pub struct SqliteStorage {
+    read: SqlitePool,
+    write: SqlitePool,
+}
+
+fn hyph(id: Uuid) -> Hyphenated {
+    id.hyphenated()
+}
+
+/// Accepts `sqlite://path`, `sqlite:path` and a plain file path.
+fn connect_options(url: &str) -> StorageResult<SqliteConnectOptions> {
+    let options = if url.starts_with("sqlite:") {
+        SqliteConnectOptions::from_str(url)?
+    } else {
+        SqliteConnectOptions::new().filename(url)
+    };
+    Ok(options
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        // In WAL mode NORMAL loses nothing when the process crashes; only a power loss can
+        // drop the last commits.
+        .synchronous(SqliteSynchronous::Normal)
+        .busy_timeout(Duration::from_secs(10))
+        .foreign_keys(true))
+}
+
+impl SqliteStorage {
+    /// Opens (creating if needed) the database file and applies pending migrations.
+    pub async fn open(url: &str) -> StorageResult<Self> {
+        let options = connect_options(url)?;
+        let write = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options.clone())
+            .await?;
+        MIGRATOR.run(&write).await?;
+        let read = SqlitePoolOptions::new()
+            .max_connections(8)
+            .connect_with(options.read_only(true))
+            .await?;
+        Ok(Self { read, write })
+    }
+
+    pub async fn migrate_only(url: &str) -> StorageResult<usize> {
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(connect_options(url)?)
+            .await?;
+        let applied = pending_count(&pool).await?;
+        MIGRATOR.run(&pool).await?;
+        pool.close().await;
+        Ok(applied)
+    }
+}
+
+async fn pending_count(pool: &SqlitePool) -> StorageResult<usize> {
+    let table_exists: Option<i64> = sqlx::query_scalar(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'",
+    )
+    .fetch_optional(pool)
+    .await?;
+    let applied: Vec<i64> = if table_exists.is_some() {
+        sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
+            .fetch_all(pool)
+            .await?
+    } else {
+        Vec::new()
+    };
+    Ok(MIGRATOR
+        .iter()
+        .filter(|m| !applied.contains(&m.version))
+        .count())
+}
+
+/// `user_id = scope OR user_id IS NULL`: the caller's resources and the shared ones.
+fn push_visible(qb: &mut QueryBuilder<'_, Sqlite>, scope: &Scope) {
+    qb.push("(user_id = ")
+        .push_bind(scope.user_id.clone())
+        .push(" OR user_id IS NULL)");
+}
+
+async fn fetch_assistant(
+    conn: &mut SqliteConnection,
+    scope: &Scope,
+    id: Uuid,
+) -> StorageResult<Option<Assistant>> {
+    let sql = format!(
+        "SELECT {ASSISTANT_COLUMNS} FROM assistants WHERE assistant_id = $1 AND (user_id = $2 OR user_id IS NULL)"
+    );
+    let row: Option<AssistantRow<Hyphenated>> = sqlx::query_as(&sql)
+        .bind(hyph(id))
+        .bind(&scope.user_id)
+        .fetch_optional(conn)
+        .await?;
+    Ok(row.map(Assistant::from))
+}
+
+async fn insert_version(
+    conn: &mut SqliteConnection,
+    id: Uuid,
+    version: &AssistantVersion,
+) -> StorageResult<()> {
+    let f = &version.fields;
+    sqlx::query(
+        "INSERT INTO assistant_versions (assistant_id, version, graph_id, name, description, config, \
+         context, metadata, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+    )
+    .bind(hyph(id))
+    .bind(version.version)
+    .bind(&f.graph_id)
+    .bind(&f.name)
+    .bind(&f.description)
+    .bind(Json(&f.config))
+    .bind(Json(&f.context))
+    .bind(Json(&f.metadata))
+    .bind(version.created_at)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Makes `fields` at `version` the assistant's current configuration.
+async fn set_current(
+    conn: &mut SqliteConnection,
+    id: Uuid,
+    version: i64,
+    fields: &AssistantFields,
+) -> StorageResult<()> {
+    sqlx::query(
+        "UPDATE assistants SET graph_id = $2, name = $3, description = $4, config = $5, context = $6, \
+         metadata = $7, version = $8, updated_at = $9 WHERE assistant_id = $1",
+    )
+    .bind(hyph(id))
+    .bind(&fields.graph_id)
+    .bind(&fields.name)
+    .bind(&fields.description)
+    .bind(Json(&fields.config))
+    .bind(Json(&fields.context))
+    .bind(Json(&fields.metadata))
+    .bind(version)
+    .bind(Utc::now())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+fn push_assistant_filter(
+    qb: &mut QueryBuilder<'_, Sqlite>,
+    scope: &Scope,
+    filter: &AssistantFilter,
+) {
+    qb.push(" WHERE ");
+    push_visible(qb, scope);
+    if let Some(graph_id) = &filter.graph_id {
+        qb.push(" AND graph_id = ").push_bind(graph_id.clone());
+    }
+    if let Some(name) = &filter.name {
+        qb.push(" AND instr(lower(name), lower(")
+            .push_bind(name.clone())
+            .push(")) > 0");
+    }
+    if let Some(metadata) = &filter.metadata {
+        qb.push(" AND ");
+        push_sqlite_contains(qb, "metadata", &Value::Object(metadata.clone()));
+    }
+}
+
+fn push_thread_filter(qb: &mut QueryBuilder<'_, Sqlite>, scope: &Scope, filter: &ThreadFilter) {
+    qb.push(" WHERE ");
+    push_visible(qb, scope);
+    if let Some(ids) = &filter.ids {
+        qb.push(" AND thread_id IN (");
+        let mut list = qb.separated(", ");
+        for id in ids {
+            list.push_bind(hyph(*id));
+        }
+        // `IN ()` is a syntax error; an empty id list matches nothing.
+        if ids.is_empty() {
+            list.push("NULL");
+        }
+        qb.push(")");
+    }
+    if let Some(status) = filter.status {
+        qb.push(" AND status = ").push_bind(status.as_str());
+    }
+    if let Some(metadata) = &filter.metadata {
+        qb.push(" AND ");
+        push_sqlite_contains(qb, "metadata", &Value::Object(metadata.clone()));
+    }
+    if let Some(values) = &filter.values {
+        qb.push(" AND state_values IS NOT NULL AND ");
+        push_sqlite_contains(qb, "state_values", &Value::Object(values.clone()));
+    }
+}
+
+async fn count_with(mut qb: QueryBuilder<'_, Sqlite>, pool: &SqlitePool) -> StorageResult<i64> {
+    Ok(qb.build_query_scalar().fetch_one(pool).await?)
+}
+
+#[async_trait]
+impl AssistantStore for SqliteStorage {
+    async fn create_assistant(
+        &self,
+        owner: Owner<'_>,
+        new: NewAssistant,
+    ) -> StorageResult<Assistant> {
+        let mut tx = self.write.begin().await?;
+        let existing: Option<(Option<String>,)> =
+            sqlx::query_as("SELECT user_id FROM assistants WHERE assistant_id = $1")
+                .bind(hyph(new.assistant_id))
+                .fetch_optional(&mut *tx)
+                .await?;
+        if let Some((existing_owner,)) = existing {
+            let visible = existing_owner.is_none() || existing_owner.as_deref() == owner.user_id();
+            if new.if_exists == IfExists::DoNothing && visible {
+                let scope = Scope::new(owner.user_id().unwrap_or_default());
+                return fetch_assistant(&mut tx, &scope, new.assistant_id)
+                    .await?
+                    .ok_or(StorageError::NotFound("assistant"));
+            }
+            return Err(StorageError::Conflict(format!(
+                "assistant {} already exists",
+                new.assistant_id
+            )));
+        }
+        let now = Utc::now();
+        let f = &new.fields;
+        sqlx::query(
+            "INSERT INTO assistants (assistant_id, user_id, graph_id, name, description, config, context, \
+             metadata, version, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 1, $9, $9)",
+        )
+        .bind(hyph(new.assistant_id))
+        .bind(owner.user_id())
+        .bind(&f.graph_id)
+        .bind(&f.name)
+        .bind(&f.description)
+        .bind(Json(&f.config))
+        .bind(Json(&f.context))
+        .bind(Json(&f.metadata))
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        let version = AssistantVersion {
+            assistant_id: new.assistant_id,
+            version: 1,
+            fields: new.fields.clone(),
+            created_at: now,
+        };
+        insert_version(&mut tx, new.assistant_id, &version).await?;
+        tx.commit().await?;
+        Ok(Assistant {
+            assistant_id: new.assistant_id,
+            user_id: owner.user_id().map(str::to_owned),
+            version: 1,
+            fields: new.fields,
+            created_at: now,
+            updated_at: now,
+        })
+    }
+
+    async fn get_assistant(&self, scope: &Scope, id: Uuid) -> StorageResult<Assistant> {
+        let mut conn = self.read.acquire().await?;
+        fetch_assistant(&mut conn, scope, id)
+            .await?
+            .ok_or(StorageError::NotFound("assistant"))
+    }
+
+    async fn update_assistant(
+        &self,
+        scope: &Scope,
+        id: Uuid,
+        patch: AssistantPatch,
+    ) -> StorageResult<Assistant> {
+        let mut tx = self.write.begin().await?;
+        let current = fetch_assistant(&mut tx, scope, id)
+            .await?
+            .ok_or(StorageError::NotFound("assistant"))?;
+        let latest: i64 = sqlx::query_scalar(
+            "SELECT MAX(version) FROM assistant_versions WHERE assistant_id = $1",
+        )
+        .bind(hyph(id))
+        .fetch_one(&mut *tx)
+        .await?;
+        let version = AssistantVersion {
+            assistant_id: id,
+            version: latest + 1,
+            fields: patch.apply(&current.fields),
+            created_at: Utc::now(),
+        };
+        insert_version(&mut tx, id, &version).await?;
+        set_current(&mut tx, id, version.version, &version.fields).await?;
+        let updated = fetch_assistant(&mut tx, scope, id)
+            .await?
+            .ok_or(StorageError::NotFound("assistant"))?;
+        tx.commit().await?;
+        Ok(updated)
+    }
+
+    async fn delete_assistant(&self, scope: &Scope, id: Uuid) -> StorageResult<()> {
+        let done = sqlx::query(
+            "DELETE FROM assistants WHERE assistant_id = $1 AND (user_id = $2 OR user_id IS NULL)",
+        )
+        .bind(hyph(id))
+        .bind(&scope.user_id)
+        .execute(&self.write)
+        .await?;
+        if done.rows_affected() == 0 {
+            return Err(StorageError::NotFound("assistant"));
+        }
+        Ok(())
+    }
+
+    async fn search_assistants(
+        &self,
+        scope: &Scope,
+        search: AssistantSearch,
+    ) -> StorageResult<Paged<Assistant>> {
+        let mut qb = QueryBuilder::new(format!("SELECT {ASSISTANT_COLUMNS} FROM assistants"));
+        push_assistant_filter(&mut qb, scope, &search.filter);
+        let order = search.sort_order.sql();
+        qb.push(format!(
+            " ORDER BY {} {order}, assistant_id {order} LIMIT ",
+            search.sort_by.column()
+        ))
+        .push_bind(search.page.limit)
+        .push(" OFFSET ")
+        .push_bind(search.page.offset);
+        let rows: Vec<AssistantRow<Hyphenated>> = qb.build_query_as().fetch_all(&self.read).await?;
+        let total = self.count_assistants(scope, search.filter).await?;
+        Ok(Paged {
+            items: rows.into_iter().map(Assistant::from).collect(),
+            total,
+        })
+    }
+
+    async fn count_assistants(&self, scope: &Scope, filter: AssistantFilter) -> StorageResult<i64> {
+        let mut qb = QueryBuilder::new("SELECT COUNT(*) FROM assistants");
+        push_assistant_filter(&mut qb, scope, &filter);
+        count_with(qb, &self.read).await
+    }
+
+    async fn list_assistant_versions(
+        &self,
+        scope: &Scope,
+        id: Uuid,
+        metadata: Option<JsonObject>,
+        page: Page,
+    ) -> StorageResult<Vec<AssistantVersion>> {
+        self.get_assistant(scope, id).await?;
+        let mut qb = QueryBuilder::new(format!(
+            "SELECT {VERSION_COLUMNS} FROM assistant_versions WHERE assistant_id = "
+        ));
+        qb.push_bind(hyph(id));
+        if let Some(metadata) = metadata {
+            qb.push(" AND ");
+            push_sqlite_contains(&mut qb, "metadata", &Value::Object(metadata));
+        }
+        qb.push(" ORDER BY version DESC LIMIT ")
+            .push_bind(page.limit)
+            .push(" OFFSET ")
+            .push_bind(page.offset);
+        let rows: Vec<AssistantVersionRow<Hyphenated>> =
+            qb.build_query_as().fetch_all(&self.read).await?;
+        Ok(rows.into_iter().map(AssistantVersion::from).collect())
+    }
+
+    async fn set_latest_assistant_version(
+        &self,
+        scope: &Scope,
+        id: Uuid,
+        version: i64,
+    ) -> StorageResult<Assistant> {
+        let mut tx = self.write.begin().await?;
+        fetch_assistant(&mut tx, scope, id)
+            .await?
+            .ok_or(StorageError::NotFound("assistant"))?;
+        let sql = format!("SELECT {VERSION_COLUMNS} FROM assistant_versions WHERE assistant_id = $1 AND version = $2");
+        let row: Option<AssistantVersionRow<Hyphenated>> = sqlx::query_as(&sql)
+            .bind(hyph(id))
+            .bind(version)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let target =
+            AssistantVersion::from(row.ok_or(StorageError::NotFound("assistant version"))?);
+        set_current(&mut tx, id, version, &target.fields).await?;
+        let updated = fetch_assistant(&mut tx, scope, id)
+            .await?
+            .ok_or(StorageError::NotFound("assistant"))?;
+        tx.commit().await?;
+        Ok(updated)
+    }
+}
+
+async fn fetch_thread(
+    conn: &mut SqliteConnection,
+    scope: &Scope,
+    id: Uuid,
+) -> StorageResult<Option<Thread>> {
+    let sql = format!("SELECT {THREAD_COLUMNS} FROM threads WHERE thread_id = $1 AND (user_id = $2 OR user_id IS NULL)");
+    let row: Option<ThreadRow<Hyphenated>> = sqlx::query_as(&sql)
+        .bind(hyph(id))
+        .bind(&scope.user_id)
+        .fetch_optional(conn)
+        .await?;
+    row.map(Thread::try_from).transpose()
+}
+
+#[async_trait]
+impl ThreadStore for SqliteStorage {
+    async fn create_thread(&self, scope: &Scope, new: NewThread) -> StorageResult<Thread> {
+        let mut tx = self.write.begin().await?;
+        let now = Utc::now();
+        let inserted = sqlx::query(
+            "INSERT INTO threads (thread_id, user_id, metadata, created_at, updated_at, state_updated_at) \
+             VALUES ($1, $2, $3, $4, $4, $4) ON CONFLICT (thread_id) DO NOTHING",
+        )
+        .bind(hyph(new.thread_id))
+        .bind(&scope.user_id)
+        .bind(Json(&new.metadata))
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        let thread = fetch_thread(&mut tx, scope, new.thread_id).await?;
+        let thread = match (inserted.rows_affected(), new.if_exists, thread) {
+            (1, _, Some(thread)) | (_, IfExists::DoNothing, Some(thread)) => thread,
+            _ => {
+                return Err(StorageError::Conflict(format!(
+                    "thread {} already exists",
+                    new.thread_id
+                )))
+            }
+        };
+        tx.commit().await?;
+        Ok(thread)
+    }
+
+    async fn get_thread(&self, scope: &Scope, id: Uuid) -> StorageResult<Thread> {
+        let mut conn = self.read.acquire().await?;
+        fetch_thread(&mut conn, scope, id)
+            .await?
+            .ok_or(StorageError::NotFound("thread"))
+    }
+
+    async fn update_thread(
+        &self,
+        scope: &Scope,
+        id: Uuid,
+        metadata: JsonObject,
+    ) -> StorageResult<Thread> {
+        let mut tx = self.write.begin().await?;
+        let mut thread = fetch_thread(&mut tx, scope, id)
+            .await?
+            .ok_or(StorageError::NotFound("thread"))?;
+        // A shallow merge, like jsonb `||`: a key's new value replaces the old one whole and
+        // null is kept as a value. (SQLite's json_patch would merge deeply and delete nulls.)
+        thread.metadata.extend(metadata);
+        thread.updated_at = Utc::now();
+        sqlx::query("UPDATE threads SET metadata = $2, updated_at = $3 WHERE thread_id = $1")
+            .bind(hyph(id))
+            .bind(Json(&thread.metadata))
+            .bind(thread.updated_at)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(thread)
+    }
+
+    async fn delete_thread(&self, scope: &Scope, id: Uuid) -> StorageResult<()> {
+        let done = sqlx::query(
+            "DELETE FROM threads WHERE thread_id = $1 AND (user_id = $2 OR user_id IS NULL)",
+        )
+        .bind(hyph(id))
+        .bind(&scope.user_id)
+        .execute(&self.write)
+        .await?;
+        if done.rows_affected() == 0 {
+            return Err(StorageError::NotFound("thread"));
+        }
+        Ok(())
+    }
+
+    async fn search_threads(
+        &self,
+        scope: &Scope,
+        search: ThreadSearch,
+    ) -> StorageResult<Paged<Thread>> {
+        let mut qb = QueryBuilder::new(format!("SELECT {THREAD_COLUMNS} FROM threads"));
+        push_thread_filter(&mut qb, scope, &search.filter);
+        let order = search.sort_order.sql();
+        qb.push(format!(
+            " ORDER BY {} {order}, thread_id {order} LIMIT ",
+            search.sort_by.column()
+        ))
+        .push_bind(search.page.limit)
+        .push(" OFFSET ")
+        .push_bind(search.page.offset);
+        let rows: Vec<ThreadRow<Hyphenated>> = qb.build_query_as().fetch_all(&self.read).await?;
+        let total = self.count_threads(scope, search.filter).await?;
+        Ok(Paged {
+            items: rows
+                .into_iter()
+                .map(Thread::try_from)
+                .collect::<StorageResult<_>>()?,
+            total,
+        })
+    }
+
+    async fn count_threads(&self, scope: &Scope, filter: ThreadFilter) -> StorageResult<i64> {
+        let mut qb = QueryBuilder::new("SELECT COUNT(*) FROM threads");
+        push_thread_filter(&mut qb, scope, &filter);
+        count_with(qb, &self.read).await
+    }
+
+    async fn copy_thread(&self, scope: &Scope, id: Uuid, new_id: Uuid) -> StorageResult<Thread> {
+        let mut tx = self.write.begin().await?;
+        let copied = sqlx::query(
+            "INSERT INTO threads (thread_id, user_id, status, metadata, config, state_values, interrupts, error, \
+             created_at, updated_at, state_updated_at) \
+             SELECT $3, user_id, 'idle', metadata, config, state_values, '{}', NULL, $4, $4, $4 \
+             FROM threads WHERE thread_id = $1 AND (user_id = $2 OR user_id IS NULL)",
+        )
+        .bind(hyph(id))
+        .bind(&scope.user_id)
+        .bind(hyph(new_id))
+        .bind(Utc::now())
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| conflict_if_taken(e, || format!("thread {new_id} already exists")))?;
+        if copied.rows_affected() == 0 {
+            return Err(StorageError::NotFound("thread"));
+        }
+        let thread = fetch_thread(&mut tx, scope, new_id)
+            .await?
+            .ok_or(StorageError::NotFound("thread"))?;
+        tx.commit().await?;
+        Ok(thread)
+    }
+}
+
+#[async_trait]
+impl Storage for SqliteStorage {
+    fn backend(&self) -> Backend {
+        Backend::Sqlite
+    }
+
+    async fn ping(&self) -> StorageResult<()> {
+        sqlx::query("SELECT 1").execute(&self.read).await?;
+        Ok(())
+    }
+}

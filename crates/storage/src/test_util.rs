@@ -1,0 +1,358 @@
+//! Test helpers: isolated databases of both backends, for this crate's tests and for crates
+//! that test against real storage. Enabled by the `test-util` feature.
+//!
+//! SQLite always runs, on a fresh file in a temporary directory. PostgreSQL runs when
+//! [`POSTGRES_URL_ENV`] names a server; each database is then a fresh schema of it (reached
+//! through `search_path`), dropped again by [`TestDatabase::remove`] or when the
+//! [`TestDatabase`] is dropped, even if the test panicked. When the variable is unset the
+//! PostgreSQL variant is skipped, and a banner on stderr says so; set
+//! [`REQUIRE_POSTGRES_ENV`] to make that a failure (CI).
+//!
+//! ```no_run
+//! use spindle_storage::test_util::for_each_backend;
+//! use spindle_storage::Scope;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! // In a `#[tokio::test]`:
+//! for_each_backend(|db| async move {
+//!     let threads = db.storage().count_threads(&Scope::local(), Default::default()).await;
+//!     // A failed assertion is reported with the backend's name.
+//!     assert_eq!(threads.unwrap(), 0);
+//! })
+//! .await;
+//! # }
+//! ```
+
+use std::future::Future;
+use std::io::Write;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::{Arc, Once};
+use std::time::Duration;
+
+use chrono::Utc;
+use serde_json::Value;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
+use sqlx::types::Json;
+use sqlx::{Connection, PgConnection};
+use tempfile::TempDir;
+use uuid::Uuid;
+
+use crate::model::ThreadStatus;
+use crate::postgres::PostgresStorage;
+use crate::sqlite::SqliteStorage;
+use crate::{Backend, Storage};
+
+/// The PostgreSQL server tests use, e.g. `postgres://postgres@127.0.0.1:5432/test`.
+pub const POSTGRES_URL_ENV: &str = "SPINDLE_TEST_POSTGRES_URL";
+/// When set (to anything but `0`), a missing [`POSTGRES_URL_ENV`] fails the tests.
+pub const REQUIRE_POSTGRES_ENV: &str = "SPINDLE_TEST_REQUIRE_POSTGRES";
+
+/// An empty, isolated database: nothing migrated yet.
+pub struct TestDatabase {
+    backend: Backend,
+    url: String,
+    place: Place,
+    removed: bool,
+}
+
+enum Place {
+    Sqlite { path: PathBuf, _dir: TempDir },
+    Postgres { base_url: String, schema: String },
+}
+
+impl TestDatabase {
+    /// A fresh SQLite file in a new temporary directory.
+    pub fn sqlite() -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("spindle-storage-test-")
+            .tempdir()
+            .expect("create a temporary directory");
+        let path = dir.path().join("spindle.db");
+        Self {
+            backend: Backend::Sqlite,
+            url: path.to_str().expect("temporary path is UTF-8").to_owned(),
+            place: Place::Sqlite { path, _dir: dir },
+            removed: false,
+        }
+    }
+
+    /// A fresh schema on the PostgreSQL server at `base_url`.
+    pub async fn postgres(base_url: &str) -> Self {
+        let schema = format!("spindle_test_{}", Uuid::new_v4().simple());
+        let mut conn = PgConnection::connect(base_url)
+            .await
+            .unwrap_or_else(|e| panic!("{POSTGRES_URL_ENV}={base_url}: cannot connect: {e}"));
+        sqlx::query(&format!("CREATE SCHEMA \"{schema}\""))
+            .execute(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("create schema {schema}: {e}"));
+        let _ = conn.close().await;
+        // The application name marks the schema's sessions, so that removing the schema can
+        // end them first (see `drop_schema`).
+        let separator = if base_url.contains('?') { '&' } else { '?' };
+        Self {
+            backend: Backend::Postgres,
+            url: format!(
+                "{base_url}{separator}options[search_path]={schema}&application_name={schema}"
+            ),
+            place: Place::Postgres {
+                base_url: base_url.to_owned(),
+                schema,
+            },
+            removed: false,
+        }
+    }
+
+    /// SQLite, then PostgreSQL if [`POSTGRES_URL_ENV`] is set (see the module docs).
+    pub async fn all() -> Vec<Self> {
+        let mut all = vec![Self::sqlite()];
+        if let Some(url) = postgres_url() {
+            all.push(Self::postgres(&url).await);
+        }
+        all
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// A URL that reaches exactly this database, for [`crate::connect`] and [`crate::migrate`].
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Opens the storage (which applies the migrations).
+    pub async fn open(&self) -> TestDb {
+        let (storage, raw): (Arc<dyn Storage>, Raw) = match &self.place {
+            Place::Sqlite { path, .. } => {
+                let storage = SqliteStorage::open(&self.url)
+                    .await
+                    .expect("open SQLite storage");
+                let options = SqliteConnectOptions::new()
+                    .filename(path)
+                    .busy_timeout(Duration::from_secs(10));
+                let raw = SqlitePoolOptions::new()
+                    .max_connections(1)
+                    .connect_with(options)
+                    .await
+                    .expect("open SQLite side connection");
+                (Arc::new(storage), Raw::Sqlite(raw))
+            }
+            Place::Postgres { base_url, schema } => {
+                let options = PgConnectOptions::from_str(base_url)
+                    .expect("parse the PostgreSQL URL")
+                    .options([("search_path", schema.as_str())])
+                    .application_name(schema);
+                let pool = PgPoolOptions::new()
+                    .max_connections(4)
+                    .connect_with(options)
+                    .await
+                    .expect("connect to PostgreSQL");
+                let storage = PostgresStorage::from_pool(pool.clone())
+                    .await
+                    .expect("open PostgreSQL storage");
+                (Arc::new(storage), Raw::Postgres(pool))
+            }
+        };
+        TestDb {
+            storage,
+            raw,
+            backend: self.backend,
+            url: self.url.clone(),
+        }
+    }
+
+    /// Removes the database. Dropping does it too, but must block the thread to do it.
+    pub async fn remove(mut self) {
+        self.removed = true;
+        if let Place::Postgres { base_url, schema } = &self.place {
+            if let Err(e) = drop_schema(base_url, schema).await {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "warning: could not drop test schema {schema}: {e}"
+                );
+            }
+        }
+    }
+}
+
+/// Ends the sessions still using `schema`, then drops it.
+///
+/// A session can hold locks on the schema's tables: a transaction dropped on an error path is
+/// rolled back only when its pooled connection is next tested, by a task of the runtime that
+/// ran the test, and that runtime may be gone or blocked by now.
+async fn drop_schema(base_url: &str, schema: &str) -> Result<(), sqlx::Error> {
+    let mut conn = PgConnection::connect(base_url).await?;
+    sqlx::query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE application_name = $1 AND pid <> pg_backend_pid()",
+    )
+    .bind(schema)
+    .execute(&mut conn)
+    .await?;
+    sqlx::query(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+        .execute(&mut conn)
+        .await?;
+    conn.close().await
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        let Place::Postgres { base_url, schema } = &self.place else {
+            return;
+        };
+        if self.removed {
+            return;
+        }
+        // Maybe inside a runtime, maybe unwinding: nothing can be awaited here, but a runtime
+        // of its own on its own thread can.
+        let (base_url, schema) = (base_url.clone(), schema.clone());
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            runtime
+                .block_on(drop_schema(&base_url, &schema))
+                .map_err(|e| format!("{schema}: {e}"))
+        })
+        .join();
+        match dropped {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                let _ = writeln!(std::io::stderr(), "warning: could not drop test schema {e}");
+            }
+            Err(_) => {
+                let _ = writeln!(std::io::stderr(), "warning: could not drop a test schema");
+            }
+        }
+    }
+}
+
+/// An isolated database with the storage open on it.
+pub struct TestDb {
+    storage: Arc<dyn Storage>,
+    raw: Raw,
+    backend: Backend,
+    url: String,
+}
+
+/// A connection beside the storage, for setting up state no storage method writes yet.
+enum Raw {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+impl TestDb {
+    pub fn storage(&self) -> &dyn Storage {
+        &*self.storage
+    }
+
+    pub fn storage_arc(&self) -> Arc<dyn Storage> {
+        self.storage.clone()
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.backend.as_str()
+    }
+
+    /// A URL that reaches this database, for [`crate::connect`] and [`crate::migrate`].
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Sets what runs will write one day: a thread's status and the values of its latest
+    /// checkpoint (and `state_updated_at` to now).
+    pub async fn set_thread_state(&self, id: Uuid, status: ThreadStatus, values: Option<Value>) {
+        const SQL: &str = "UPDATE threads SET status = $2, state_values = $3, state_updated_at = $4 WHERE thread_id = $1";
+        let done = match &self.raw {
+            Raw::Sqlite(pool) => sqlx::query(SQL)
+                .bind(id.hyphenated())
+                .bind(status.as_str())
+                .bind(values.map(Json))
+                .bind(Utc::now())
+                .execute(pool)
+                .await
+                .expect("set thread state")
+                .rows_affected(),
+            Raw::Postgres(pool) => sqlx::query(SQL)
+                .bind(id)
+                .bind(status.as_str())
+                .bind(values.map(Json))
+                .bind(Utc::now())
+                .execute(pool)
+                .await
+                .expect("set thread state")
+                .rows_affected(),
+        };
+        assert_eq!(done, 1, "set_thread_state: no thread {id}");
+    }
+}
+
+/// The PostgreSQL URL to test against, or `None` after saying loudly that it is skipped.
+pub fn postgres_url() -> Option<String> {
+    match std::env::var(POSTGRES_URL_ENV) {
+        Ok(url) if !url.trim().is_empty() => Some(url),
+        _ => {
+            if std::env::var(REQUIRE_POSTGRES_ENV).is_ok_and(|v| v != "0") {
+                panic!("{REQUIRE_POSTGRES_ENV} is set but {POSTGRES_URL_ENV} is not");
+            }
+            static BANNER: Once = Once::new();
+            BANNER.call_once(|| {
+                // Straight to the process's stderr: libtest captures `eprintln!`.
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "\n*** SKIPPED: the PostgreSQL variants of the storage tests did not run, because \
+                     {POSTGRES_URL_ENV} is not set. Only SQLite was tested. Set it, e.g. \
+                     {POSTGRES_URL_ENV}=postgres://postgres@127.0.0.1:5432/test ***\n"
+                );
+            });
+            None
+        }
+    }
+}
+
+/// Runs `test` once per backend (see [`TestDatabase::all`]), each on a fresh database. Every
+/// backend runs even if an earlier one failed; then the failures are reported together, each
+/// prefixed with its backend's name.
+pub async fn for_each_backend<F, Fut>(test: F)
+where
+    F: Fn(TestDb) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let mut failures = Vec::new();
+    for database in TestDatabase::all().await {
+        let name = database.backend().as_str();
+        let db = database.open().await;
+        // A task, so that a panic is caught and labelled instead of ending the loop.
+        let outcome = tokio::spawn(test(db)).await;
+        database.remove().await;
+        if let Err(e) = outcome {
+            let message = if e.is_panic() {
+                let payload = e.into_panic();
+                payload
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                    .unwrap_or_else(|| "(non-string panic)".to_owned())
+            } else {
+                e.to_string()
+            };
+            failures.push(format!("[{name}] {message}"));
+        }
+    }
+    if !failures.is_empty() {
+        panic!(
+            "failed on {} backend(s):\n{}",
+            failures.len(),
+            failures.join("\n")
+        );
+    }
+}
