@@ -247,10 +247,19 @@ pub fn add_messages(left: &mut Vec<Value>, right: &Value) -> Result<MergeDelta, 
         incoming.drain(..=pos);
         delta.cleared = true;
     }
+    // Index only the ids being written: one allocation-free pass over a long history.
+    let wanted: std::collections::HashSet<String> = incoming
+        .iter()
+        .filter_map(|m| message_id(m).map(str::to_string))
+        .collect();
     let mut index: std::collections::HashMap<String, usize> = left
         .iter()
         .enumerate()
-        .filter_map(|(i, m)| message_id(m).map(|id| (id.to_string(), i)))
+        .filter_map(|(i, m)| {
+            message_id(m)
+                .filter(|id| wanted.contains(*id))
+                .map(|id| (id.to_string(), i))
+        })
         .collect();
     let mut removed: Vec<usize> = Vec::new();
     for m in incoming {

@@ -1,6 +1,6 @@
 //! Channel values as stored: a full value, or a delta on top of an earlier version.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -99,34 +99,63 @@ pub fn materialize(
         Some(other) => vec![other],
         None => Vec::new(),
     };
-    for delta in chain.into_iter().rev() {
-        match delta {
-            BlobValue::Append { items, .. } => list.extend(items),
-            BlobValue::Upsert { items, removed, .. } => apply_upsert(&mut list, items, &removed),
-            _ => {}
-        }
-    }
-    Ok(Some(Value::Array(list)))
-}
-
-fn apply_upsert(list: &mut Vec<Value>, items: Vec<Value>, removed: &[String]) {
-    let mut index: HashMap<String, usize> = list
+    // Only the ids the deltas touch are looked up, in one pass over the list without
+    // allocating: loading a long thread must not cost a hash-map entry per message.
+    let touched: HashSet<&str> = chain
         .iter()
-        .enumerate()
-        .filter_map(|(i, m)| message_id(m).map(|id| (id.to_string(), i)))
+        .flat_map(|d| match d {
+            BlobValue::Upsert { items, removed, .. } => items
+                .iter()
+                .filter_map(message_id)
+                .chain(removed.iter().map(String::as_str))
+                .collect::<Vec<_>>(),
+            _ => Vec::new(),
+        })
         .collect();
-    for m in items {
-        match message_id(&m).and_then(|id| index.get(id).copied()) {
-            Some(i) => list[i] = m,
-            None => {
-                if let Some(id) = message_id(&m) {
-                    index.insert(id.to_string(), list.len());
-                }
-                list.push(m);
+    let mut index: HashMap<String, usize> = HashMap::new();
+    if !touched.is_empty() {
+        for (i, m) in list.iter().enumerate() {
+            if let Some(id) = message_id(m).filter(|id| touched.contains(id)) {
+                index.insert(id.to_string(), i);
             }
         }
     }
-    if !removed.is_empty() {
-        list.retain(|m| !message_id(m).is_some_and(|id| removed.iter().any(|r| r == id)));
+    let mut removed_any = false;
+    for delta in chain.iter().rev() {
+        match delta {
+            BlobValue::Append { items, .. } => {
+                for m in items {
+                    if let Some(id) = message_id(m).filter(|id| touched.contains(id)) {
+                        index.insert(id.to_string(), list.len());
+                    }
+                    list.push(m.clone());
+                }
+            }
+            BlobValue::Upsert { items, removed, .. } => {
+                for m in items {
+                    match message_id(m).and_then(|id| index.get(id).copied()) {
+                        Some(i) => list[i] = m.clone(),
+                        None => {
+                            if let Some(id) = message_id(m) {
+                                index.insert(id.to_string(), list.len());
+                            }
+                            list.push(m.clone());
+                        }
+                    }
+                }
+                for r in removed {
+                    if let Some(i) = index.remove(r.as_str()) {
+                        // Marked now, dropped at the end, so later indexes stay valid.
+                        list[i] = Value::Null;
+                        removed_any = true;
+                    }
+                }
+            }
+            _ => {}
+        }
     }
+    if removed_any {
+        list.retain(|m| !m.is_null());
+    }
+    Ok(Some(Value::Array(list)))
 }

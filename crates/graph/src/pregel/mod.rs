@@ -432,11 +432,11 @@ impl Loop {
             }
             return Ok(false);
         };
-        self.state = LoopState::from_checkpoint(&self.graph, &t.checkpoint);
         self.step = t.metadata.get("step").and_then(Value::as_i64).unwrap_or(-1);
         self.checkpoint_id = Some(t.checkpoint.id.clone());
         self.parent_id = t.parent_id.clone();
         self.pending = t.pending_writes;
+        self.state = LoopState::take_checkpoint(&self.graph, t.checkpoint);
         Ok(true)
     }
 
@@ -507,8 +507,7 @@ impl Loop {
         if self.checkpoint_id.is_none() {
             return;
         }
-        let values = self.state.project(&self.graph, &self.graph.output_keys);
-        self.run.emit(&self.ns, StreamMode::Values, values).await;
+        self.emit_values().await;
         if self.run.wants(StreamMode::Checkpoints, &self.ns)
             || self.run.wants(StreamMode::Debug, &self.ns)
         {
@@ -768,7 +767,13 @@ impl Loop {
         goto: Vec<Goto>,
         follow_start_edges: bool,
     ) -> Result<(), LoopError> {
-        let base = self.state.state_object(&self.graph);
+        let slot = self.graph.nodes.len();
+        // The state is only needed when `__start__` has conditional edges.
+        let base = if follow_start_edges && !self.graph.out_branches[slot].is_empty() {
+            self.state.state_object(&self.graph)
+        } else {
+            Value::Null
+        };
         let mut routed = Vec::new();
         if follow_start_edges {
             let ctx = self.task_context(
@@ -778,16 +783,9 @@ impl Loop {
                 json!(["__pregel_pull", START]),
                 Vec::new(),
             );
-            routed = task::route(
-                &self.graph,
-                self.graph.nodes.len(),
-                &base,
-                &writes,
-                &[],
-                &ctx,
-            )
-            .await
-            .map_err(|e| LoopError::Run(RunError::from_node(e)))?;
+            routed = task::route(&self.graph, slot, &base, &writes, &[], &ctx)
+                .await
+                .map_err(|e| LoopError::Run(RunError::from_node(e)))?;
         }
         for g in goto {
             routed.extend(
@@ -800,8 +798,7 @@ impl Loop {
         let version = self.state.next_version();
         self.step += 1;
         let (blobs, updated) = self.apply_all(&[all], version)?;
-        let values = self.state.project(&self.graph, &self.graph.output_keys);
-        self.run.emit(&self.ns, StreamMode::Values, values).await;
+        self.emit_values().await;
         let source = if follow_start_edges { "loop" } else { "update" };
         let meta_writes = if follow_start_edges {
             Value::Null
@@ -980,8 +977,7 @@ impl Loop {
             self.step += 1;
             steps_run += 1;
             let (blobs, updated) = self.apply_all(&per_task, version)?;
-            let values = self.state.project(&self.graph, &self.graph.output_keys);
-            self.run.emit(&self.ns, StreamMode::Values, values).await;
+            self.emit_values().await;
             let meta_writes = payloads::writes_metadata(&self.graph, &tasks, &result.done);
             self.put_checkpoint("loop", meta_writes, blobs, updated)
                 .await?;
@@ -1034,7 +1030,9 @@ impl Loop {
     async fn run_step(&mut self, tasks: &[Task]) -> Result<StepResult, LoopError> {
         let state = self.state.state_object(&self.graph);
         // Every task is announced before any runs, as LangGraph does.
-        for t in tasks {
+        let announce = self.run.wants(StreamMode::Tasks, &self.ns)
+            || self.run.wants(StreamMode::Debug, &self.ns);
+        for t in tasks.iter().filter(|_| announce) {
             if !task::already_done(self, t) {
                 let input = task::task_input(self, t, &state);
                 payloads::emit_task_start(self, t, &input).await;
@@ -1076,6 +1074,14 @@ impl Loop {
         }
         self.save_writes(to_save).await?;
         Ok(result)
+    }
+
+    /// The `values` event; the state is only copied when someone listens.
+    async fn emit_values(&self) {
+        if self.run.wants(StreamMode::Values, &self.ns) {
+            let values = self.state.project(&self.graph, &self.graph.output_keys);
+            self.run.emit(&self.ns, StreamMode::Values, values).await;
+        }
     }
 
     async fn emit_checkpoint(&self, metadata: &Value) {

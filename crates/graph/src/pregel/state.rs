@@ -51,6 +51,22 @@ impl LoopState {
         }
     }
 
+    /// Restore from a checkpoint, taking its values instead of copying them.
+    pub fn take_checkpoint(graph: &Graph, mut cp: Checkpoint) -> Self {
+        let mut values: Vec<Option<Value>> = graph
+            .channels
+            .iter()
+            .map(|ch| cp.channel_values.remove(&ch.name))
+            .collect();
+        let mut s = LoopState::from_checkpoint(graph, &cp);
+        for (i, v) in values.iter_mut().enumerate() {
+            if s.versions[i] > 0 {
+                s.values[i] = v.take();
+            }
+        }
+        s
+    }
+
     /// Restore from a checkpoint (values materialised).
     pub fn from_checkpoint(graph: &Graph, cp: &Checkpoint) -> Self {
         let mut s = LoopState::fresh(graph);
@@ -189,9 +205,10 @@ impl LoopState {
         self.max_version
     }
 
-    /// A checkpoint of this state (values included; savers keep them in blobs).
+    /// A checkpoint of this state. Values are not copied in: they travel as blobs, and
+    /// copying a long history at every step is what this design avoids.
     pub fn to_checkpoint(&self, graph: &Graph, id: String, updated: Vec<String>) -> Checkpoint {
-        let mut channel_values = BTreeMap::new();
+        let channel_values = BTreeMap::new();
         let mut channel_versions = BTreeMap::new();
         let mut delta_depths = BTreeMap::new();
         for (i, ch) in graph.channels.iter().enumerate() {
@@ -199,9 +216,6 @@ impl LoopState {
                 channel_versions.insert(ch.name.clone(), self.versions[i]);
                 if self.depths[i] > 0 {
                     delta_depths.insert(ch.name.clone(), self.depths[i]);
-                }
-                if let Some(v) = &self.values[i] {
-                    channel_values.insert(ch.name.clone(), v.clone());
                 }
             }
         }
@@ -219,23 +233,9 @@ impl LoopState {
         }
         if self.sends_version > 0 {
             channel_versions.insert(TASKS.to_string(), self.sends_version);
-            if !self.sends.is_empty() {
-                channel_values.insert(
-                    TASKS.to_string(),
-                    Value::Array(
-                        self.sends
-                            .iter()
-                            .map(|(n, a)| serde_json::json!({"node": n, "arg": a}))
-                            .collect(),
-                    ),
-                );
-            }
         }
         if self.start_version > 0 {
             channel_versions.insert(START_INPUT.to_string(), self.start_version);
-            if let Some(v) = &self.start_input {
-                channel_values.insert(START_INPUT.to_string(), v.clone());
-            }
         }
         Checkpoint {
             v: 1,

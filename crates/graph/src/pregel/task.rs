@@ -432,9 +432,17 @@ async fn run_with_retry(
     ctx: &TaskContext,
 ) -> Result<Command, NodeError> {
     let def = &lp.graph.nodes[task.node];
+    let max_attempts = def.retry.as_ref().map_or(1, |p| p.max_attempts.max(1));
     let mut attempt = 1u32;
+    let mut input = Some(input);
     loop {
-        let fut = def.runner.run(input.clone(), ctx);
+        // Only keep a copy of the input when another attempt may need it.
+        let this = if attempt < max_attempts {
+            input.clone().unwrap_or(Value::Null)
+        } else {
+            input.take().unwrap_or(Value::Null)
+        };
+        let fut = def.runner.run(this, ctx);
         let out = tokio::select! {
             _ = lp.run.cancel.cancelled() => Err(NodeError::Cancelled),
             r = fut => r,
