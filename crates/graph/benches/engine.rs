@@ -101,7 +101,7 @@ fn long_thread(c: &mut Criterion) {
         .build()
         .expect("runtime");
     let g = yaml_graph("echo");
-    let template = Arc::new(InMemoryCheckpointer::new());
+    let template = Arc::new(InMemoryCheckpointer::counting_bytes());
     let history: Vec<Value> = (0..1000)
         .map(|i| {
             json!({"role": if i % 2 == 0 { "user" } else { "assistant" },

@@ -342,7 +342,13 @@ impl GraphBuilder {
         for (i, b) in self.branches.iter().enumerate() {
             out_branches[slot(&b.source)].push(i);
         }
+        let trigger_names = self
+            .nodes
+            .iter()
+            .map(|n| format!("branch:to:{}", n.name))
+            .collect();
         Ok(Graph {
+            trigger_names,
             name: self.name,
             description: self.description,
             input_keys: self.input_keys.unwrap_or_else(|| all_keys.clone()),

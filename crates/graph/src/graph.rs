@@ -131,6 +131,8 @@ pub struct Graph {
     /// Per node (and `START` at index `nodes.len()`): fixed targets and branch indices.
     pub(crate) out_edges: Vec<Vec<String>>,
     pub(crate) out_branches: Vec<Vec<usize>>,
+    /// `branch:to:<node>` per node, made once instead of at every checkpoint.
+    pub(crate) trigger_names: Vec<String>,
     pub(crate) interrupt_before: NodeSet,
     pub(crate) interrupt_after: NodeSet,
     pub(crate) input_keys: Vec<String>,
@@ -217,6 +219,7 @@ impl Graph {
             branches: self.branches.clone(),
             out_edges: self.out_edges.clone(),
             out_branches: self.out_branches.clone(),
+            trigger_names: self.trigger_names.clone(),
             interrupt_before: before.unwrap_or_else(|| self.interrupt_before.clone()),
             interrupt_after: after.unwrap_or_else(|| self.interrupt_after.clone()),
             input_keys: self.input_keys.clone(),

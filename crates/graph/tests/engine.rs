@@ -688,3 +688,19 @@ async fn long_threads_write_only_what_changed() {
         .unwrap();
     assert_eq!(s.values["messages"].as_array().unwrap().len(), 1003);
 }
+
+#[test]
+fn graphs_and_runs_can_move_between_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>(_: &T) {}
+    send_sync::<Graph>();
+    send_sync::<spindle_graph::checkpoint::InMemoryCheckpointer>();
+    let g = common::example("echo");
+    let fut = spindle_graph::pregel::run(
+        &g,
+        RunInput::Continue,
+        Default::default(),
+        Default::default(),
+    );
+    send(&fut);
+}

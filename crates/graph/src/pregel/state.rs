@@ -78,12 +78,12 @@ impl LoopState {
             }
         }
         for (i, n) in graph.nodes.iter().enumerate() {
-            let key = format!("{BRANCH_TO}{}", n.name);
-            s.trig[i] = cp.channel_versions.get(&key).copied().unwrap_or(0);
+            let key = &graph.trigger_names[i];
+            s.trig[i] = cp.channel_versions.get(key).copied().unwrap_or(0);
             s.seen[i] = cp
                 .versions_seen
                 .get(&n.name)
-                .and_then(|m| m.get(&key))
+                .and_then(|m| m.get(key))
                 .copied()
                 .unwrap_or(0);
         }
@@ -221,7 +221,7 @@ impl LoopState {
         }
         let mut versions_seen = BTreeMap::new();
         for (i, n) in graph.nodes.iter().enumerate() {
-            let key = format!("{BRANCH_TO}{}", n.name);
+            let key = graph.trigger_names[i].clone();
             if self.trig[i] > 0 {
                 channel_versions.insert(key.clone(), self.trig[i]);
             }
