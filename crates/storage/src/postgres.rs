@@ -73,6 +73,15 @@ impl PostgresStorage {
     }
 }
 
+/// Text sorts by byte order (`COLLATE "C"`), as SQLite does, so both backends page alike
+/// whatever the database's locale.
+fn byte_order(column: &str) -> String {
+    match column {
+        "name" | "graph_id" | "status" => format!("{column} COLLATE \"C\""),
+        other => other.to_owned(),
+    }
+}
+
 fn push_visible(qb: &mut QueryBuilder<'_, Postgres>, scope: &Scope) {
     qb.push("(user_id = ")
         .push_bind(scope.user_id.clone())
@@ -296,7 +305,7 @@ impl AssistantStore for PostgresStorage {
         let order = search.sort_order.sql();
         qb.push(format!(
             " ORDER BY {} {order}, assistant_id {order} LIMIT ",
-            search.sort_by.column()
+            byte_order(search.sort_by.column())
         ))
         .push_bind(search.page.limit)
         .push(" OFFSET ")
@@ -460,7 +469,7 @@ impl ThreadStore for PostgresStorage {
         let order = search.sort_order.sql();
         qb.push(format!(
             " ORDER BY {} {order}, thread_id {order} LIMIT ",
-            search.sort_by.column()
+            byte_order(search.sort_by.column())
         ))
         .push_bind(search.page.limit)
         .push(" OFFSET ")

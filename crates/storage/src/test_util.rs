@@ -271,7 +271,8 @@ impl TestDb {
     /// Sets what runs will write one day: a thread's status and the values of its latest
     /// checkpoint (and `state_updated_at` to now).
     pub async fn set_thread_state(&self, id: Uuid, status: ThreadStatus, values: Option<Value>) {
-        const SQL: &str = "UPDATE threads SET status = $2, state_values = $3, state_updated_at = $4 WHERE thread_id = $1";
+        const SQL: &str = "UPDATE threads SET status = $2, state_values = $3, \
+                           state_updated_at = $4 WHERE thread_id = $1";
         let done = match &self.raw {
             Raw::Sqlite(pool) => sqlx::query(SQL)
                 .bind(id.hyphenated())

@@ -1,0 +1,9 @@
+//! Storage behaviour, run on every backend (see `spindle_storage::test_util`).
+//!
+//! `cargo test -p spindle-storage` runs SQLite; set `SPINDLE_TEST_POSTGRES_URL` to run
+//! PostgreSQL too.
+
+mod assistants;
+mod common;
+mod migrations;
+mod threads;
