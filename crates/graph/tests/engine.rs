@@ -704,3 +704,51 @@ fn graphs_and_runs_can_move_between_threads() {
     );
     send(&fut);
 }
+
+#[tokio::test]
+async fn the_in_memory_checkpointer_passes_the_conformance_suite() {
+    let saver = spindle_graph::checkpoint::InMemoryCheckpointer::new();
+    spindle_graph::checkpoint::conformance::check(&saver)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn static_interrupt_inside_a_subgraph_pauses_the_parent() {
+    let child = Arc::new(
+        GraphBuilder::new("child")
+            .channel(log_channel())
+            .node("x", push("log", "x"))
+            .node("y", push("log", "y"))
+            .edge(START, "x")
+            .edge("x", "y")
+            .interrupt_before(NodeSet::Some(vec!["y".into()]))
+            .compile()
+            .unwrap(),
+    );
+    let g = list_graph(
+        GraphBuilder::new("parent")
+            .channel(log_channel())
+            .node_with(
+                "sub",
+                Arc::new(spindle_graph::nodes::SubgraphNode {
+                    graph: child.clone(),
+                    input_map: None,
+                    output_map: None,
+                }),
+                NodeOptions {
+                    retry: None,
+                    subgraph: Some(child),
+                },
+            )
+            .edge(START, "sub"),
+    );
+    let h = Harness::new();
+    let (out, _) = h.run(&g, Some("t"), values(json!({})), &[], |_| {}).await;
+    let out = out.unwrap();
+    assert_eq!(out.next, ["sub"]);
+    let (out, _) = h.run(&g, Some("t"), RunInput::Continue, &[], |_| {}).await;
+    let out = out.unwrap();
+    assert!(out.next.is_empty());
+    assert_eq!(out.values["log"], json!(["x", "y"]));
+}

@@ -6,8 +6,19 @@
 //! in blobs keyed by `(channel, version)`, and a step writes blobs only for the channels it
 //! changed. List channels store a delta (the appended or merged items) on top of an earlier
 //! version, with a full copy every [`blob::FULL_EVERY`] versions to bound the replay on load.
+//!
+//! Implementing [`Checkpointer`] over a database:
+//! - keep the checkpoint (serialised [`Checkpoint`], `channel_values` empty), its metadata and
+//!   parent id per `(thread_id, checkpoint_ns, checkpoint_id)`; ids sort by time;
+//! - keep blobs per `(thread_id, checkpoint_ns, channel, version)` as serialised [`BlobValue`];
+//!   a version is never rewritten with other content, so inserts can ignore conflicts;
+//! - keep pending writes per `(thread_id, checkpoint_ns, checkpoint_id)` in order;
+//! - on load, rebuild each channel in `channel_versions` with [`blob::materialize`], skipping
+//!   trigger channels ([`is_trigger_channel`]) which have versions but no blobs;
+//! - prove it with [`conformance::check`].
 
 pub mod blob;
+pub mod conformance;
 pub mod memory;
 
 use std::collections::BTreeMap;
