@@ -55,9 +55,59 @@ fn plain(v: &Value) -> String {
     }
 }
 
+/// Check arguments against the tool's schema: required keys and the basic type of each
+/// declared property. Models get this wrong often enough that the error message should say
+/// what is wrong, so the model can correct itself.
+fn check_args(schema: &Value, args: &Value) -> Result<(), String> {
+    let Some(obj) = args.as_object() else {
+        return Err(format!("arguments must be an object, got {args}"));
+    };
+    for req in schema
+        .get("required")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        if let Some(k) = req.as_str() {
+            if !obj.contains_key(k) {
+                return Err(format!("missing required argument `{k}`"));
+            }
+        }
+    }
+    let props = schema.get("properties").and_then(Value::as_object);
+    for (k, v) in obj {
+        let Some(t) = props
+            .and_then(|p| p.get(k))
+            .and_then(|p| p.get("type"))
+            .and_then(Value::as_str)
+        else {
+            continue;
+        };
+        let ok = match t {
+            "string" => v.is_string(),
+            "integer" => v.is_i64() || v.is_u64(),
+            "number" => v.is_number(),
+            "boolean" => v.is_boolean(),
+            "object" => v.is_object(),
+            "array" => v.is_array(),
+            _ => true,
+        };
+        if !ok {
+            return Err(format!("argument `{k}` must be of type {t}, got {v}"));
+        }
+    }
+    Ok(())
+}
+
 impl Tool {
     /// Run with the call's arguments; the result becomes the tool message's content.
     pub async fn call(&self, args: &Value, ctx: &TaskContext) -> Result<String, NodeError> {
+        check_args(&self.schema.parameters, args).map_err(|m| {
+            NodeError::new(
+                "ToolException",
+                format!("invalid arguments for `{}`: {m}", self.schema.name),
+            )
+        })?;
         match &self.imp {
             ToolImpl::Script(script) => {
                 let v = script.eval(&[("args", args.clone())], ctx).await?;

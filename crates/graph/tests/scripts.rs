@@ -281,3 +281,50 @@ edges:
     assert_eq!(g.default_context(), json!({"user": "anon"}));
     let _: Value = s.context_schema;
 }
+
+#[tokio::test]
+async fn bad_tool_arguments_become_error_messages() {
+    let g = graph(
+        r#"
+state: {messages: messages}
+models:
+  m:
+    provider: scripted
+    responses:
+      - {content: "", tool_calls: [{name: add, args: {a: "two"}, id: t1}]}
+      - "sorry"
+tools:
+  add:
+    kind: script
+    parameters: {type: object, properties: {a: {type: integer}, b: {type: integer}}, required: [a, b]}
+    code: "args.a + args.b"
+nodes:
+  model: {kind: model, model: m, tools: [add]}
+  tools: {kind: tools, tools: [add]}
+edges:
+  - {from: START, to: model}
+  - {from: model, route: tools_condition, to: [tools, END]}
+  - {from: tools, to: model}
+"#,
+    );
+    let (out, _) = Harness::new()
+        .run(
+            &g,
+            None,
+            RunInput::Values(json!({"messages": ["hi"]})),
+            &[],
+            |_| {},
+        )
+        .await;
+    let v = out.unwrap().values;
+    let tool = &v["messages"][2];
+    assert_eq!(tool["status"], "error");
+    assert!(
+        tool["content"]
+            .as_str()
+            .unwrap()
+            .contains("missing required argument `b`"),
+        "{tool}"
+    );
+    assert_eq!(texts(&v).last().unwrap(), "sorry");
+}
