@@ -265,3 +265,104 @@ async fn approval_streams_match_reference_across_resume() {
     }
     assert_eq!(got.len(), expected.len());
 }
+
+/// Thread state and history as the server would return them, compared with the reference.
+fn state_view(v: &Value) -> Value {
+    let mut v = v.clone();
+    if let Some(Value::Object(md)) = v.get_mut("metadata") {
+        md.retain(|k, _| ["source", "step", "parents"].contains(&k.as_str()));
+    }
+    norm(&v)
+}
+
+async fn compare_state(id: &str, input: Value, resume: Option<Value>) {
+    let h = Harness::new();
+    let g = example(id);
+    let _ = h
+        .run(&g, Some(THREAD), RunInput::Values(input), &[], |_| {})
+        .await;
+    let f = fixture(id);
+    let (state_key, history_key) = match resume {
+        Some(r) => {
+            h.run(
+                &g,
+                Some(THREAD),
+                RunInput::Command {
+                    resume: Some(r),
+                    update: None,
+                    goto: vec![],
+                },
+                &[],
+                |_| {},
+            )
+            .await
+            .0
+            .unwrap();
+            ("resume_state", "resume_history")
+        }
+        None => ("state", "history"),
+    };
+    let ours = spindle_graph::pregel::get_state(&g, h.saver.as_ref(), THREAD, "", None)
+        .await
+        .unwrap()
+        .unwrap()
+        .to_json();
+    assert_eq!(state_view(&ours), state_view(&f[state_key]), "{id}: state");
+    let hist = spindle_graph::pregel::get_state_history(
+        &g,
+        h.saver.as_ref(),
+        THREAD,
+        "",
+        &Default::default(),
+    )
+    .await
+    .unwrap();
+    let ours: Vec<Value> = hist.iter().map(|s| state_view(&s.to_json())).collect();
+    let theirs: Vec<Value> = f[history_key]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(state_view)
+        .collect();
+    for (i, (o, t)) in ours.iter().zip(theirs.iter()).enumerate() {
+        assert_eq!(o, t, "{id}: history[{i}]");
+    }
+    assert_eq!(ours.len(), theirs.len(), "{id}: history length");
+}
+
+#[tokio::test]
+async fn thread_state_and_history_match_reference() {
+    compare_state(
+        "echo",
+        json!({"messages": [{"role": "user", "content": "hi"}]}),
+        None,
+    )
+    .await;
+    compare_state("chain", json!({"n": 0}), None).await;
+    compare_state(
+        "agent",
+        json!({"messages": [{"role": "user", "content": "add 2 and 3"}]}),
+        None,
+    )
+    .await;
+    compare_state("fanout", json!({"items": ["a", "b", "c"]}), None).await;
+    compare_state(
+        "nested",
+        json!({"messages": [{"role": "user", "content": "hi"}]}),
+        None,
+    )
+    .await;
+    compare_state("fail", json!({"n": 0}), None).await;
+    compare_state(
+        "approval",
+        json!({"messages": [{"role": "user", "content": "go"}]}),
+        None,
+    )
+    .await;
+    compare_state(
+        "approval",
+        json!({"messages": [{"role": "user", "content": "go"}]}),
+        Some(json!("yes")),
+    )
+    .await;
+}

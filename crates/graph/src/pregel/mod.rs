@@ -736,6 +736,16 @@ impl Loop {
                 writes.push((k.clone(), v.clone()));
             }
         }
+        // Saved like any task's writes, so history shows the input as the start task's result.
+        let start_id = task::task_id(
+            self.checkpoint_id.as_deref().unwrap_or_default(),
+            &self.ns_str,
+            self.step + 1,
+            START,
+            "pull",
+        );
+        self.save_writes(task::pending_from(&start_id, &writes))
+            .await?;
         let writes = task::normalise_writes(&self.graph, writes)
             .map_err(|e| LoopError::Run(RunError::from_node(e)))?;
         let goto = Vec::new();

@@ -65,8 +65,8 @@ impl StateSnapshot {
             "tasks": self.tasks.iter().map(|t| json!({
                 "id": t.id, "name": t.name, "path": t.path, "error": t.error,
                 "interrupts": t.interrupts.iter().map(Interrupt::to_state_json).collect::<Vec<_>>(),
-                "checkpoint": null,
-                "state": t.checkpoint.as_ref().map(|c| json!({"configurable": {"thread_id": c.thread_id, "checkpoint_ns": c.checkpoint_ns}})),
+                "checkpoint": t.checkpoint.as_ref().map(|c| json!({"thread_id": c.thread_id, "checkpoint_ns": c.checkpoint_ns})),
+                "state": null,
                 "result": t.result,
             })).collect::<Vec<_>>(),
             "metadata": self.metadata,
@@ -107,10 +107,12 @@ fn snapshot(graph: &Graph, t: &CheckpointTuple) -> StateSnapshot {
                 .iter()
                 .filter(|w| w.task_id == task.id)
                 .collect();
-            let error = writes
-                .iter()
-                .find(|w| w.channel == W_ERROR)
-                .map(|w| w.value.clone());
+            // Thread state shows errors as Python's repr does: `ValueError('boom')`.
+            let error = writes.iter().find(|w| w.channel == W_ERROR).map(|w| {
+                let class = w.value["error"].as_str().unwrap_or("Error");
+                let message = w.value["message"].as_str().unwrap_or_default();
+                json!(format!("{class}('{}')", message.replace('\'', "\\'")))
+            });
             let interrupts = writes
                 .iter()
                 .find(|w| w.channel == W_INTERRUPT)
@@ -149,6 +151,20 @@ fn snapshot(graph: &Graph, t: &CheckpointTuple) -> StateSnapshot {
     let mut next: Vec<String> = tasks.iter().map(|t| t.name.clone()).collect();
     if state.start_input.is_some() {
         let id = super::task::task_id(&t.checkpoint.id, ns, step + 1, START, "pull");
+        let writes: Vec<_> = t
+            .pending_writes
+            .iter()
+            .filter(|w| w.task_id == id)
+            .collect();
+        let result = writes.iter().any(|w| w.channel == W_DONE).then(|| {
+            Value::Object(
+                writes
+                    .iter()
+                    .filter(|w| !w.channel.starts_with("__"))
+                    .map(|w| (w.channel.clone(), w.value.clone()))
+                    .collect(),
+            )
+        });
         next.insert(0, START.into());
         tasks.insert(
             0,
@@ -159,7 +175,7 @@ fn snapshot(graph: &Graph, t: &CheckpointTuple) -> StateSnapshot {
                 error: None,
                 interrupts: Vec::new(),
                 checkpoint: None,
-                result: None,
+                result,
             },
         );
     }
