@@ -366,3 +366,130 @@ async fn thread_state_and_history_match_reference() {
     )
     .await;
 }
+
+fn brief(s: &Value) -> Value {
+    json!([
+        s["metadata"]["source"],
+        s["metadata"]["step"],
+        s["next"],
+        norm(&s["values"])
+    ])
+}
+
+#[tokio::test]
+async fn state_edits_and_time_travel_match_reference() {
+    let f = fixture("state_edits");
+    let h = Harness::new();
+    let g = example("chain");
+    h.run(
+        &g,
+        Some("c"),
+        RunInput::Values(json!({"n": 0})),
+        &[],
+        |_| {},
+    )
+    .await
+    .0
+    .unwrap();
+    spindle_graph::pregel::update_state(
+        &g,
+        h.saver.as_ref(),
+        "c",
+        None,
+        json!({"n": 10}),
+        Some("b"),
+    )
+    .await
+    .unwrap();
+    let s = spindle_graph::pregel::get_state(&g, h.saver.as_ref(), "c", "", None)
+        .await
+        .unwrap()
+        .unwrap()
+        .to_json();
+    assert_eq!(
+        state_view(&s)["tasks"],
+        state_view(&f["chain_after_update"])["tasks"]
+    );
+    assert_eq!(brief(&s), brief(&f["chain_after_update"]));
+    let (out, _) = h.run(&g, Some("c"), RunInput::Continue, &[], |_| {}).await;
+    assert_eq!(out.unwrap().values, f["chain_continue"]);
+
+    let g = example("approval");
+    h.run(
+        &g,
+        Some("a"),
+        RunInput::Values(json!({"messages": [{"role": "user", "content": "go"}]})),
+        &[],
+        |_| {},
+    )
+    .await
+    .0
+    .unwrap();
+    spindle_graph::pregel::update_state(
+        &g,
+        h.saver.as_ref(),
+        "a",
+        None,
+        json!({"messages": [{"role": "user", "content": "extra"}]}),
+        None,
+    )
+    .await
+    .unwrap();
+    let s = spindle_graph::pregel::get_state(&g, h.saver.as_ref(), "a", "", None)
+        .await
+        .unwrap()
+        .unwrap()
+        .to_json();
+    assert_eq!(brief(&s), brief(&f["approval_after_update"]));
+
+    let g = example("chain");
+    h.run(
+        &g,
+        Some("t"),
+        RunInput::Values(json!({"n": 0})),
+        &[],
+        |_| {},
+    )
+    .await
+    .0
+    .unwrap();
+    let hist = spindle_graph::pregel::get_state_history(
+        &g,
+        h.saver.as_ref(),
+        "t",
+        "",
+        &Default::default(),
+    )
+    .await
+    .unwrap();
+    let after_a = hist
+        .iter()
+        .find(|s| s.next == ["b"])
+        .unwrap()
+        .checkpoint
+        .checkpoint_id
+        .clone();
+    let (out, _) = h
+        .run(&g, Some("t"), RunInput::Continue, &[], |c| {
+            c.checkpoint_id = Some(after_a)
+        })
+        .await;
+    assert_eq!(out.unwrap().values, f["travel_result"]);
+    let hist = spindle_graph::pregel::get_state_history(
+        &g,
+        h.saver.as_ref(),
+        "t",
+        "",
+        &Default::default(),
+    )
+    .await
+    .unwrap();
+    let ours: Vec<Value> = hist.iter().map(|s| brief(&s.to_json())).collect();
+    let theirs: Vec<Value> = f["travel_history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(brief)
+        .collect();
+    assert_eq!(ours, theirs);
+}

@@ -493,9 +493,16 @@ impl Loop {
             }
             RunInput::Continue => {
                 if forked {
+                    // Time travel: like LangGraph, branch off with a `fork` checkpoint (a copy
+                    // one step later) and run the old checkpoint's next tasks from there.
                     self.pending.clear();
+                    self.emit_values().await;
+                    self.step += 1;
+                    self.put_checkpoint("fork", Value::Null, Vec::new(), Vec::new())
+                        .await?;
+                } else {
+                    self.emit_resume_start().await;
                 }
-                self.emit_resume_start().await;
                 skip_interrupt_before = true;
             }
         }

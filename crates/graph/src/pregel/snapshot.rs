@@ -404,8 +404,9 @@ fn node_err(e: NodeError) -> UpdateError {
     })
 }
 
-/// Copy a checkpoint as the new head of its thread (source `fork`), so a run continues from
-/// it while the later history stays listed.
+/// Copy a checkpoint as the new head of its thread (source `fork`, one step later, as
+/// LangGraph's time travel does), so a run continues from it while the later history stays
+/// listed. The copy points at the same channel versions, so it writes no blobs.
 pub async fn fork(
     graph: &Graph,
     saver: &dyn Checkpointer,
@@ -416,39 +417,16 @@ pub async fn fork(
         .get_tuple(thread_id, "", Some(checkpoint_id))
         .await?
         .ok_or_else(|| UpdateError::Invalid("checkpoint not found".into()))?;
-    let mut state = LoopState::from_checkpoint(graph, &t.checkpoint);
-    // Fresh versions so the copy owns complete blobs.
-    let version = state.next_version();
-    let mut blobs = Vec::new();
-    for (i, ch) in graph.channels.iter().enumerate() {
-        if state.versions[i] > 0 {
-            state.versions[i] = version;
-            state.depths[i] = 0;
-            blobs.push(crate::checkpoint::ChannelBlob {
-                channel: ch.name.clone(),
-                version,
-                value: match &state.values[i] {
-                    Some(v) => crate::checkpoint::BlobValue::Full { value: v.clone() },
-                    None => crate::checkpoint::BlobValue::Empty,
-                },
-            });
-        }
-    }
-    if state.sends_version > 0 {
-        state.sends_version = version;
-        blobs.push(state.bookkeeping_blob(super::state::TASKS));
-    }
-    if state.start_version > 0 {
-        state.start_version = version;
-        blobs.push(state.bookkeeping_blob(super::state::START_INPUT));
-    }
+    let state = LoopState::from_checkpoint(graph, &t.checkpoint);
     let id = new_checkpoint_id();
     let cp = state.to_checkpoint(graph, id.clone(), Vec::new());
     let mut md = match &t.metadata {
         Value::Object(m) => m.clone(),
         _ => Map::new(),
     };
+    let step = md.get("step").and_then(Value::as_i64).unwrap_or(-1);
     md.insert("source".into(), json!("fork"));
+    md.insert("step".into(), json!(step + 1));
     md.insert("writes".into(), Value::Null);
     saver
         .put(
@@ -457,7 +435,7 @@ pub async fn fork(
             &cp,
             &Value::Object(md),
             Some(checkpoint_id),
-            &blobs,
+            &[],
         )
         .await?;
     Ok(CheckpointRef {
