@@ -752,3 +752,41 @@ async fn static_interrupt_inside_a_subgraph_pauses_the_parent() {
     assert!(out.next.is_empty());
     assert_eq!(out.values["log"], json!(["x", "y"]));
 }
+
+#[tokio::test]
+async fn a_run_that_died_after_its_input_checkpoint_resumes_with_the_input() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c2 = calls.clone();
+    let g = list_graph(
+        GraphBuilder::new("g")
+            .channel(log_channel())
+            .node("a", push("log", "a"))
+            .branch(
+                START,
+                router_fn(move |_| {
+                    // The first attempt dies while routing from `__start__`.
+                    if c2.fetch_add(1, Ordering::SeqCst) == 0 {
+                        Err(NodeError::new("SystemExit", "worker died"))
+                    } else {
+                        Ok(vec![Goto::Node("a".into())])
+                    }
+                }),
+                None,
+                Some(vec!["a".into()]),
+            ),
+    );
+    let h = Harness::new();
+    let (out, _) = h
+        .run(&g, Some("t"), values(json!({"log": ["input"]})), &[], |c| {
+            c.durability = Durability::Sync
+        })
+        .await;
+    assert_eq!(out.unwrap_err().class(), "SystemExit");
+    let s = get_state(&g, h.saver.as_ref(), "t", "", None)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(s.next, ["__start__"]);
+    let (out, _) = h.run(&g, Some("t"), RunInput::Continue, &[], |_| {}).await;
+    assert_eq!(out.unwrap().values["log"], json!(["input", "a"]));
+}

@@ -237,8 +237,19 @@ pub async fn run(
     cfg: RunConfig,
     env: RunEnv,
 ) -> Result<RunOutcome, RunError> {
+    // Subgraphs find their thread in `configurable.thread_id`, as LangGraph nodes do.
+    let mut config = match cfg.config.clone() {
+        Value::Object(m) => Value::Object(m),
+        _ => json!({}),
+    };
+    if let (Some(t), Value::Object(m)) = (&cfg.thread_id, &mut config) {
+        let conf = m.entry("configurable").or_insert_with(|| json!({}));
+        if let Value::Object(c) = conf {
+            c.entry("thread_id").or_insert_with(|| json!(t));
+        }
+    }
     let shared = Arc::new(RunShared {
-        config: cfg.config.clone(),
+        config,
         context: cfg.context.clone(),
         store: env.store,
         sink: env.sink,
@@ -505,6 +516,11 @@ impl Loop {
                 }
                 skip_interrupt_before = true;
             }
+        }
+        // A run that died between its input checkpoint and the start step left the input
+        // waiting in `__start__`: consume it now.
+        if self.state.start_input.is_some() {
+            self.start_step().await?;
         }
         self.steps(skip_interrupt_before).await
     }

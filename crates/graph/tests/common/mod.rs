@@ -41,7 +41,6 @@ impl Harness {
         let mut cfg = RunConfig {
             thread_id: thread.map(str::to_string),
             stream_modes: modes.to_vec(),
-            config: serde_json::json!({"configurable": {"thread_id": thread}}),
             ..Default::default()
         };
         tweak(&mut cfg);
