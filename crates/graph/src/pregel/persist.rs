@@ -1,0 +1,133 @@
+//! Saving what the loop produces: checkpoints, pending writes, and the durability modes.
+
+use serde_json::{json, Map, Value};
+
+use super::state::{START_INPUT, TASKS};
+use super::{Durability, Loop, LoopError, RunError};
+use crate::checkpoint::{new_checkpoint_id, ChannelBlob, CheckpointError, PendingWrite};
+
+impl Loop {
+    pub(super) async fn save_writes(&mut self, writes: Vec<PendingWrite>) -> Result<(), LoopError> {
+        if writes.is_empty() || self.durability == Durability::Exit {
+            return Ok(());
+        }
+        let (Some(saver), Some(cid)) = (self.saver.clone(), self.checkpoint_id.clone()) else {
+            return Ok(());
+        };
+        self.flush().await?;
+        saver
+            .put_writes(self.thread(), &self.ns_str, &cid, &writes)
+            .await?;
+        Ok(())
+    }
+
+    /// Wait for an asynchronous checkpoint write still in flight.
+    pub(super) async fn flush(&mut self) -> Result<(), LoopError> {
+        if let Some(h) = self.inflight.take() {
+            h.await
+                .map_err(|e| RunError::Checkpoint(CheckpointError::Backend(e.to_string())))??;
+        }
+        Ok(())
+    }
+
+    pub(super) fn base_metadata(&self, source: &str, writes: Value) -> Value {
+        let mut m = match self.run.config.get("metadata") {
+            Some(Value::Object(m)) => m.clone(),
+            _ => Map::new(),
+        };
+        m.insert("source".into(), json!(source));
+        m.insert("step".into(), json!(self.step));
+        m.insert("parents".into(), Value::Object(self.parents.clone()));
+        m.insert("writes".into(), writes);
+        Value::Object(m)
+    }
+
+    /// Save a new checkpoint of the current state and stream it.
+    pub(super) async fn put_checkpoint(
+        &mut self,
+        source: &str,
+        writes_meta: Value,
+        mut blobs: Vec<ChannelBlob>,
+        updated: Vec<String>,
+    ) -> Result<(), LoopError> {
+        let id = new_checkpoint_id();
+        let checkpoint = self.state.to_checkpoint(&self.graph, id.clone(), updated);
+        let metadata = self.base_metadata(source, writes_meta);
+        let parent = self.checkpoint_id.replace(id);
+        self.parent_id = parent.clone();
+        self.pending.clear();
+        if let Some(saver) = self.saver.clone() {
+            match self.durability {
+                Durability::Exit => {
+                    for b in &blobs {
+                        self.exit_channels.insert(b.channel.clone());
+                    }
+                }
+                Durability::Sync | Durability::Async => {
+                    self.flush().await?;
+                    let thread = self.thread().to_string();
+                    let ns = self.ns_str.clone();
+                    let cp = checkpoint.clone();
+                    let md = metadata.clone();
+                    if self.durability == Durability::Sync {
+                        saver
+                            .put(&thread, &ns, &cp, &md, parent.as_deref(), &blobs)
+                            .await?;
+                    } else {
+                        let blobs = std::mem::take(&mut blobs);
+                        self.inflight = Some(tokio::spawn(async move {
+                            saver
+                                .put(&thread, &ns, &cp, &md, parent.as_deref(), &blobs)
+                                .await
+                        }));
+                    }
+                }
+            }
+        }
+        self.emit_checkpoint(&metadata).await;
+        Ok(())
+    }
+
+    /// Under `Durability::Exit`, write the final checkpoint with full copies of every channel
+    /// that changed during the run (intermediate deltas were never saved).
+    pub(super) async fn save_exit(&mut self) -> Result<(), LoopError> {
+        if self.durability != Durability::Exit || self.exit_channels.is_empty() {
+            return Ok(());
+        }
+        let Some(saver) = self.saver.clone() else {
+            return Ok(());
+        };
+        let mut blobs = Vec::new();
+        for name in std::mem::take(&mut self.exit_channels) {
+            if name == TASKS || name == START_INPUT {
+                blobs.push(self.state.bookkeeping_blob(&name));
+                continue;
+            }
+            if let Some(&i) = self.graph.channel_index.get(&name) {
+                self.state.depths[i] = 0;
+                blobs.push(ChannelBlob {
+                    channel: name,
+                    version: self.state.versions[i],
+                    value: match &self.state.values[i] {
+                        Some(v) => crate::checkpoint::BlobValue::Full { value: v.clone() },
+                        None => crate::checkpoint::BlobValue::Empty,
+                    },
+                });
+            }
+        }
+        let id = self.checkpoint_id.clone().unwrap_or_else(new_checkpoint_id);
+        let cp = self.state.to_checkpoint(&self.graph, id, Vec::new());
+        let md = self.base_metadata("loop", Value::Null);
+        saver
+            .put(
+                self.thread(),
+                &self.ns_str,
+                &cp,
+                &md,
+                self.parent_id.as_deref(),
+                &blobs,
+            )
+            .await?;
+        Ok(())
+    }
+}
