@@ -24,6 +24,8 @@ pub enum ErrorCode {
     Validation,
     /// The request is well-formed but cannot be carried out as asked.
     InvalidRequest,
+    /// The body is larger than the server accepts.
+    PayloadTooLarge,
     /// The database cannot be reached.
     Unavailable,
     /// A fault of the server; the message is logged, not leaked.
@@ -36,6 +38,7 @@ impl ErrorCode {
             ErrorCode::NotFound => StatusCode::NOT_FOUND,
             ErrorCode::Conflict => StatusCode::CONFLICT,
             ErrorCode::Validation | ErrorCode::InvalidRequest => StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -47,6 +50,7 @@ impl ErrorCode {
             ErrorCode::Conflict => "conflict",
             ErrorCode::Validation => "validation_error",
             ErrorCode::InvalidRequest => "invalid_request",
+            ErrorCode::PayloadTooLarge => "payload_too_large",
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::Internal => "internal_error",
         }
@@ -108,8 +112,13 @@ pub struct ErrorBody {
     pub details: Map<String, Value>,
 }
 
+/// An error on its way to becoming a response. Boxed so that `Result<T, ApiError>` stays
+/// one pointer wide on the happy path.
 #[derive(Debug)]
-pub struct ApiError {
+pub struct ApiError(Box<ErrorParts>);
+
+#[derive(Debug)]
+struct ErrorParts {
     code: ErrorCode,
     message: String,
     details: Map<String, Value>,
@@ -120,12 +129,12 @@ pub type ApiResult<T> = Result<T, ApiError>;
 
 impl ApiError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        Self {
+        Self(Box::new(ErrorParts {
             code,
             message: message.into(),
             details: Map::new(),
             validation: Vec::new(),
-        }
+        }))
     }
 
     pub fn not_found(message: impl Into<String>) -> Self {
@@ -147,10 +156,9 @@ impl ApiError {
             .map(|item| format!("{}: {}", loc_string(&item.loc), item.msg))
             .collect::<Vec<_>>()
             .join("; ");
-        Self {
-            validation: items,
-            ..Self::new(ErrorCode::Validation, message)
-        }
+        let mut error = Self::new(ErrorCode::Validation, message);
+        error.0.validation = items;
+        error
     }
 
     /// A 422 about one field.
@@ -159,20 +167,20 @@ impl ApiError {
     }
 
     pub fn with_detail(mut self, key: &str, value: Value) -> Self {
-        self.details.insert(key.to_owned(), value);
+        self.0.details.insert(key.to_owned(), value);
         self
     }
 
     pub fn code(&self) -> ErrorCode {
-        self.code
+        self.0.code
     }
 
     pub fn message(&self) -> &str {
-        &self.message
+        &self.0.message
     }
 
     pub fn validation_items(&self) -> &[ValidationItem] {
-        &self.validation
+        &self.0.validation
     }
 }
 
@@ -188,22 +196,23 @@ fn loc_string(loc: &[Value]) -> String {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let status = self.code.status();
-        match self.code {
+        let parts = *self.0;
+        let status = parts.code.status();
+        match parts.code {
             ErrorCode::Validation => {
-                tracing::debug!(error = %self.message, "request refused by validation");
+                tracing::debug!(error = %parts.message, "request refused by validation");
                 (
                     status,
                     Json(ValidationErrorBody {
-                        detail: self.validation,
+                        detail: parts.validation,
                     }),
                 )
                     .into_response()
             }
             ErrorCode::Internal => {
-                tracing::error!(error = %self.message, "internal error");
+                tracing::error!(error = %parts.message, "internal error");
                 let body = ErrorBody {
-                    error: self.code.name().into(),
+                    error: parts.code.name().into(),
                     message: "internal server error".into(),
                     details: Map::new(),
                 };
@@ -211,9 +220,9 @@ impl IntoResponse for ApiError {
             }
             _ => {
                 let body = ErrorBody {
-                    error: self.code.name().into(),
-                    message: self.message,
-                    details: self.details,
+                    error: parts.code.name().into(),
+                    message: parts.message,
+                    details: parts.details,
                 };
                 (status, Json(body)).into_response()
             }

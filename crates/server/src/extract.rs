@@ -12,12 +12,15 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer};
 use serde_json::{json, Value};
 
-use crate::error::{ApiError, ValidationItem};
+use crate::error::{ApiError, ErrorCode, ValidationItem};
 
 /// Rules a request type checks after it deserialised.
 pub trait Validate {
     fn validate(&self, _v: &mut Violations) {}
 }
+
+/// A free-form JSON object has no rules of its own.
+impl Validate for serde_json::Map<String, Value> {}
 
 /// Collects validation failures under one location prefix (`body`, `query`).
 pub struct Violations {
@@ -114,9 +117,13 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let bytes = Bytes::from_request(req, state)
-            .await
-            .map_err(|e| ApiError::field(vec![json!("body")], "body_read", e.body_text()))?;
+        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
+            if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(ErrorCode::PayloadTooLarge, e.body_text())
+            } else {
+                ApiError::field(vec![json!("body")], "body_read", e.body_text())
+            }
+        })?;
         parse_body(&bytes).map(ApiJson)
     }
 }
@@ -132,6 +139,7 @@ pub fn parse_body<T: DeserializeOwned + Validate>(bytes: &[u8]) -> Result<T, Api
     let value: T =
         serde_path_to_error::deserialize(&mut de).map_err(|err| body_error(bytes, err))?;
     de.end().map_err(|err| json_invalid(&err))?;
+    refuse_nul(bytes)?;
     let mut violations = Violations::new("body");
     value.validate(&mut violations);
     violations.into_result()?;
@@ -153,6 +161,54 @@ fn body_error(bytes: &[u8], err: serde_path_to_error::Error<serde_json::Error>) 
         &strip_position(&inner.to_string()),
         input,
     )])
+}
+
+/// Refuses a NUL character anywhere in the body's strings (keys included). PostgreSQL cannot
+/// store it in `text` or `jsonb`, so refusing it up front keeps both backends alike and turns
+/// what would be a database error into a 422 naming the field.
+fn refuse_nul(bytes: &[u8]) -> Result<(), ApiError> {
+    // In valid JSON a NUL can only be written as the escape `\u0000`; skip the walk otherwise.
+    let escaped = bytes
+        .windows(6)
+        .any(|w| w[0] == b'\\' && w[1] == b'u' && w[2..].eq_ignore_ascii_case(b"0000"));
+    if !escaped {
+        return Ok(());
+    }
+    let Ok(doc) = serde_json::from_slice::<Value>(bytes) else {
+        return Ok(());
+    };
+    let mut loc = vec![json!("body")];
+    if find_nul(&doc, &mut loc) {
+        return Err(ApiError::validation(vec![ValidationItem::new(
+            loc,
+            "string_nul",
+            "Strings may not contain the NUL character (\\u0000)",
+        )]));
+    }
+    Ok(())
+}
+
+/// Depth-first search for a string holding NUL; `loc` ends at it when found.
+fn find_nul(value: &Value, loc: &mut Vec<Value>) -> bool {
+    let mut descend = |key: Value, key_has_nul: bool, item: &Value| {
+        loc.push(key);
+        let found = key_has_nul || find_nul(item, loc);
+        if !found {
+            loc.pop();
+        }
+        found
+    };
+    match value {
+        Value::String(s) => s.contains('\0'),
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .any(|(i, item)| descend(json!(i), false, item)),
+        Value::Object(map) => map
+            .iter()
+            .any(|(key, item)| descend(json!(key), key.contains('\0'), item)),
+        _ => false,
+    }
 }
 
 fn json_invalid(err: &serde_json::Error) -> ApiError {
@@ -323,7 +379,6 @@ impl<T> Patch<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::ErrorCode;
 
     #[derive(Debug, Deserialize)]
     #[serde(deny_unknown_fields)]
@@ -392,6 +447,27 @@ mod tests {
     fn malformed_json_is_json_invalid() {
         assert_eq!(items(r#"{"name": "#)[0].kind, "json_invalid");
         assert_eq!(items(r#"{"name": "x"} trailing"#)[0].kind, "json_invalid");
+    }
+
+    #[test]
+    fn nul_characters_are_refused_where_they_are() {
+        let body =
+            r#"{"name": "x", "limit": 2, "nested": {"mode": "raise"}, "extra": {"a\u0000": 1}}"#;
+        let err = parse_body::<serde_json::Map<String, Value>>(body.as_bytes()).unwrap_err();
+        let items = err.validation_items();
+        assert_eq!(items[0].kind, "string_nul");
+        assert_eq!(
+            items[0].loc,
+            vec![json!("body"), json!("extra"), json!("a\u{0}")]
+        );
+        let in_list = r#"{"tags": ["ok", "b\u0000"]}"#;
+        let err = parse_body::<serde_json::Map<String, Value>>(in_list.as_bytes()).unwrap_err();
+        assert_eq!(
+            err.validation_items()[0].loc,
+            vec![json!("body"), json!("tags"), json!(1)]
+        );
+        // An escaped backslash followed by "u0000" is not a NUL.
+        assert!(parse_body::<Body>(br#"{"name": "\\u0000"}"#).is_ok());
     }
 
     #[test]

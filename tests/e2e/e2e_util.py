@@ -1,0 +1,68 @@
+"""Assertions shared by the end-to-end tests."""
+
+from __future__ import annotations
+
+import uuid
+
+import httpx
+
+# The namespace of api-facts: default assistant id = uuid5(NAMESPACE, graph_id).
+ASSISTANT_NAMESPACE = uuid.UUID("6ba7b821-9dad-11d1-80b4-00c04fd430c8")
+
+# Graph ids of the example graphs Spindle ships (the same ids as shared/ref/langgraph.json).
+EXAMPLE_GRAPHS = ["echo", "chain", "approval", "agent", "fanout", "nested", "slow", "fail"]
+
+
+def default_assistant_id(graph_id: str) -> str:
+    return str(uuid.uuid5(ASSISTANT_NAMESPACE, graph_id))
+
+
+def describe(r: httpx.Response) -> str:
+    return f"{r.request.method} {r.request.url} -> {r.status_code} {r.text[:500]}"
+
+
+def assert_status(r: httpx.Response, status: int) -> None:
+    assert r.status_code == status, f"expected {status}: {describe(r)}"
+
+
+def assert_validation_error(r: httpx.Response, where: str, field: str | None = None) -> list:
+    """A 422 in the interface document's shape, naming the offending field.
+
+    Body: {"detail": [{"loc": [...], "msg": str, "type": str, "input"?: any, "ctx"?: object}]}.
+    ``where`` is the first element of ``loc`` ("body", "path" or "query"); ``field``, when given,
+    must appear in the ``loc`` of at least one item.
+    """
+    assert_status(r, 422)
+    assert r.headers.get("content-type", "").startswith("application/json"), describe(r)
+    body = r.json()
+    assert isinstance(body, dict) and "detail" in body, describe(r)
+    detail = body["detail"]
+    assert isinstance(detail, list) and detail, f"detail must be a non-empty list: {describe(r)}"
+    for item in detail:
+        assert isinstance(item, dict), describe(r)
+        loc = item.get("loc")
+        assert isinstance(loc, list) and loc, f"loc must be a non-empty list: {describe(r)}"
+        assert all(isinstance(p, (str, int)) and not isinstance(p, bool) for p in loc), describe(r)
+        assert isinstance(item.get("msg"), str) and item["msg"], f"msg missing: {describe(r)}"
+        assert isinstance(item.get("type"), str) and item["type"], f"type missing: {describe(r)}"
+        if "ctx" in item and item["ctx"] is not None:
+            assert isinstance(item["ctx"], dict), describe(r)
+    matching = [
+        item for item in detail
+        if item["loc"][0] == where and (field is None or field in item["loc"])
+    ]
+    assert matching, f"no detail item with loc starting {where!r} naming {field!r}: {describe(r)}"
+    return detail
+
+
+def assert_error_body(r: httpx.Response, status: int) -> dict:
+    """A non-validation error in the interface document's shape: {error, message, details}."""
+    assert_status(r, status)
+    assert r.headers.get("content-type", "").startswith("application/json"), describe(r)
+    body = r.json()
+    assert isinstance(body, dict), describe(r)
+    assert isinstance(body.get("error"), str) and body["error"], f"error missing: {describe(r)}"
+    assert isinstance(body.get("message"), str) and body["message"], f"message missing: {describe(r)}"
+    assert "details" in body, f"details missing: {describe(r)}"
+    assert isinstance(body["details"], dict), f"details must be an object: {describe(r)}"
+    return body

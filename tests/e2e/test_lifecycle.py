@@ -1,0 +1,131 @@
+"""The binary's own life: command line, migrations, and data that outlives a restart.
+
+These tests start their own spindle processes (not the shared session server), so they only run
+when the suite starts the binary itself, never against SPINDLE_E2E_URL.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import harness
+import httpx
+import pytest
+from e2e_util import EXAMPLE_GRAPHS, default_assistant_id
+from langgraph_sdk import get_sync_client
+
+pytestmark = pytest.mark.skipif(
+    bool(os.environ.get("SPINDLE_E2E_URL", "").strip()),
+    reason="starts its own spindle processes; not applicable with SPINDLE_E2E_URL",
+)
+
+
+class Storage:
+    """One storage location that several server processes in a row are started on."""
+
+    def __init__(self, backend: str, workdir: Path):
+        self.backend = backend
+        self.workdir = workdir
+        self.dbname: str | None = None
+        if backend == "postgres":
+            if not harness.POSTGRES_URL:
+                pytest.skip(harness.POSTGRES_SKIP_REASON)
+            self.dbname = harness.create_database()
+            self.database_url = harness.pg_url_with_db(harness.POSTGRES_URL, self.dbname)
+        else:
+            self.database_url = str(workdir / "spindle.db")
+
+    def serve_args(self, port: int) -> list[str]:
+        return ["serve", "--host", "127.0.0.1", "--port", str(port), "--database-url", self.database_url]
+
+    def close(self) -> None:
+        if self.dbname:
+            harness.drop_database(self.dbname)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def storage(request) -> Iterator[Storage]:
+    workdir = Path(tempfile.mkdtemp(prefix=f"spindle-e2e-life-{request.param}-"))
+    st = Storage(request.param, workdir)
+    try:
+        yield st
+    finally:
+        st.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@contextmanager
+def running(storage: Storage, args=None) -> Iterator[harness.Server]:
+    srv = harness.start(storage.backend, args or storage.serve_args, storage.workdir)
+    try:
+        yield srv
+    finally:
+        harness.stop(srv)
+
+
+def test_help_names_the_commands(tmp_path):
+    """`spindle --help` documents the dev, serve and migrate commands."""
+    r = harness.run(["--help"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    for word in ("dev", "serve", "migrate"):
+        assert word in r.stdout, r.stdout
+
+
+def test_data_survives_restart(storage):
+    """Assistants (with their versions and pinned latest) and threads survive a restart;
+    default assistants are not duplicated by the second start."""
+    with running(storage) as srv:
+        with get_sync_client(url=srv.base_url, api_key=None, timeout=30) as c:
+            a = c.assistants.create("echo", name="persist", config={"configurable": {"v": 1}})
+            c.assistants.update(a["assistant_id"], config={"configurable": {"v": 2}})
+            c.assistants.set_latest(a["assistant_id"], 1)
+            t = c.threads.create(metadata={"persist": "yes"})
+
+    with running(storage) as srv:
+        with get_sync_client(url=srv.base_url, api_key=None, timeout=30) as c:
+            got = c.assistants.get(a["assistant_id"])
+            assert got["version"] == 1
+            assert got["config"]["configurable"] == {"v": 1}
+            assert got["name"] == "persist"
+            versions = c.assistants.get_versions(a["assistant_id"])
+            assert sorted(v["version"] for v in versions) == [1, 2]
+            assert c.threads.get(t["thread_id"])["metadata"] == {"persist": "yes"}
+            for graph_id in EXAMPLE_GRAPHS:
+                defaults = c.assistants.search(
+                    graph_id=graph_id, metadata={"created_by": "system"}, limit=100
+                )
+                assert [d["assistant_id"] for d in defaults] == [default_assistant_id(graph_id)]
+                assert defaults[0]["version"] == 1
+
+
+def test_migrate_is_idempotent_then_serve(storage):
+    """`spindle migrate` (database from SPINDLE_DATABASE_URL) succeeds twice; serve then starts."""
+    env = {"SPINDLE_DATABASE_URL": storage.database_url}
+    for attempt in (1, 2):
+        r = harness.run(["migrate"], storage.workdir, env=env)
+        assert r.returncode == 0, f"migrate #{attempt} failed:\n{r.stdout}\n{r.stderr}"
+    with running(storage) as srv:
+        r = httpx.get(srv.base_url + "/ready", timeout=10)
+        assert r.status_code == 200, r.text
+
+
+def test_dev_reuses_its_data_dir(tmp_path):
+    """`spindle dev` keeps its data under --data-dir across restarts."""
+    storage = Storage("sqlite", tmp_path)
+    data = tmp_path / "data"
+
+    def dev(port):
+        return ["dev", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(data)]
+
+    with running(storage, dev) as srv:
+        tid = httpx.post(srv.base_url + "/threads", json={"metadata": {"k": 1}}).json()["thread_id"]
+    assert data.is_dir() and any(data.iterdir()), "nothing written under --data-dir"
+    with running(storage, dev) as srv:
+        r = httpx.get(f"{srv.base_url}/threads/{tid}")
+        assert r.status_code == 200, r.text
+        assert r.json()["metadata"] == {"k": 1}
