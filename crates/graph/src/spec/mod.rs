@@ -45,6 +45,10 @@
 
 mod compile;
 pub mod locate;
+mod node_kinds;
+mod read;
+mod resources;
+mod state;
 
 use std::path::Path;
 

@@ -1,0 +1,157 @@
+//! Reading a parsed document with errors that carry the file, the place and the line.
+
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+
+use super::locate::line_of;
+use super::SpecError;
+use crate::graph::{END, START};
+use crate::model::ModelRegistry;
+use crate::script::{Script, ScriptLimits};
+
+/// Router answers mapped to node names.
+pub(super) type PathMap = Vec<(String, String)>;
+
+pub(super) struct Ctx<'a> {
+    pub(super) file: &'a str,
+    pub(super) source: &'a str,
+}
+
+impl Ctx<'_> {
+    pub(super) fn err(&self, place: impl Into<String>, message: impl Into<String>) -> SpecError {
+        let place = place.into();
+        SpecError {
+            file: self.file.to_string(),
+            line: if place.is_empty() {
+                None
+            } else {
+                line_of(self.source, &place)
+            },
+            place,
+            message: message.into(),
+        }
+    }
+}
+
+pub(super) fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "nothing",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "a mapping",
+    }
+}
+
+pub(super) fn obj<'v>(
+    cx: &Ctx,
+    v: &'v Value,
+    place: &str,
+) -> Result<&'v Map<String, Value>, SpecError> {
+    v.as_object()
+        .ok_or_else(|| cx.err(place, format!("expected a mapping, found {}", kind_of(v))))
+}
+
+pub(super) fn check_keys(
+    cx: &Ctx,
+    m: &Map<String, Value>,
+    place: &str,
+    allowed: &[&str],
+) -> Result<(), SpecError> {
+    for k in m.keys() {
+        if !allowed.contains(&k.as_str()) {
+            let at = if place.is_empty() {
+                k.clone()
+            } else {
+                format!("{place}.{k}")
+            };
+            return Err(cx.err(
+                at,
+                format!("unknown key `{k}`; expected one of: {}", allowed.join(", ")),
+            ));
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn string<'v>(
+    cx: &Ctx,
+    m: &'v Map<String, Value>,
+    key: &str,
+    place: &str,
+) -> Result<Option<&'v str>, SpecError> {
+    match m.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(other) => Err(cx.err(
+            format!("{place}.{key}"),
+            format!("expected a string, found {}", kind_of(other)),
+        )),
+    }
+}
+
+pub(super) fn required<'v>(
+    cx: &Ctx,
+    m: &'v Map<String, Value>,
+    key: &str,
+    place: &str,
+) -> Result<&'v str, SpecError> {
+    string(cx, m, key, place)?.ok_or_else(|| cx.err(place, format!("`{key}` is required")))
+}
+
+pub(super) fn string_list(cx: &Ctx, v: &Value, place: &str) -> Result<Vec<String>, SpecError> {
+    match v {
+        Value::String(s) => Ok(vec![s.clone()]),
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .map(|(i, x)| {
+                x.as_str().map(str::to_string).ok_or_else(|| {
+                    cx.err(
+                        format!("{place}[{i}]"),
+                        format!("expected a name, found {}", kind_of(x)),
+                    )
+                })
+            })
+            .collect(),
+        other => Err(cx.err(
+            place,
+            format!(
+                "expected a name or a list of names, found {}",
+                kind_of(other)
+            ),
+        )),
+    }
+}
+
+pub(super) fn node_ref(name: &str) -> String {
+    match name {
+        "START" | "__start__" => START.to_string(),
+        "END" | "__end__" => END.to_string(),
+        other => other.to_string(),
+    }
+}
+
+pub(super) fn script(
+    cx: &Ctx,
+    code: &str,
+    place: &str,
+    models: &Option<Arc<ModelRegistry>>,
+) -> Result<Arc<Script>, SpecError> {
+    Script::compile(code, ScriptLimits::default(), models.clone())
+        .map(Arc::new)
+        .map_err(|e| {
+            let mut err = cx.err(place, format!("script does not compile: {}", e.message));
+            if let (Some(base), Some(l)) = (err.line, e.line) {
+                // A block scalar (`code: |`) starts on the next line.
+                let block =
+                    cx.source.lines().nth(base - 1).is_some_and(|t| {
+                        t.trim_end().ends_with('|') || t.trim_end().ends_with('>')
+                    });
+                err.line = Some(base + l - usize::from(!block));
+            }
+            err
+        })
+}

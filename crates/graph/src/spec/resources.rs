@@ -1,0 +1,264 @@
+//! Models and tools declared by a graph file.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
+
+use super::read::{check_keys, obj, required, script, string, string_list, Ctx};
+use super::SpecError;
+use crate::model::{ChatModel, Chunking, ModelRegistry, OpenAiModel, ScriptedModel, ToolSchema};
+use crate::tools::{Tool, ToolImpl};
+
+pub(super) fn compile_models(
+    cx: &Ctx,
+    v: Option<&Value>,
+    place: &str,
+) -> Result<ModelRegistry, SpecError> {
+    let mut reg = ModelRegistry::default();
+    let Some(v) = v else { return Ok(reg) };
+    for (name, spec) in obj(cx, v, place)? {
+        let p = format!("{place}.{name}");
+        let m = obj(cx, spec, &p)?;
+        let provider = required(cx, m, "provider", &p)?;
+        let model: Arc<dyn ChatModel> = match provider {
+            "scripted" => {
+                check_keys(cx, m, &p, &["provider", "responses", "chunk", "delay_ms"])?;
+                let responses = match m.get("responses") {
+                    Some(Value::Array(r)) if !r.is_empty() => r.clone(),
+                    _ => {
+                        return Err(
+                            cx.err(&p, "a scripted model needs a non-empty `responses` list")
+                        )
+                    }
+                };
+                for (i, r) in responses.iter().enumerate() {
+                    let ok = r.is_string()
+                        || r.as_object().is_some_and(|o| {
+                            o.keys()
+                                .all(|k| ["content", "tool_calls", "id"].contains(&k.as_str()))
+                        });
+                    if !ok {
+                        return Err(cx.err(
+                            format!("{p}.responses[{i}]"),
+                            "a response is a text or a mapping of `content`, `tool_calls` and `id`",
+                        ));
+                    }
+                    for (j, c) in r
+                        .get("tool_calls")
+                        .and_then(Value::as_array)
+                        .into_iter()
+                        .flatten()
+                        .enumerate()
+                    {
+                        if c.get("name").and_then(Value::as_str).is_none() {
+                            return Err(cx.err(
+                                format!("{p}.responses[{i}].tool_calls[{j}]"),
+                                "a tool call needs a `name`",
+                            ));
+                        }
+                    }
+                }
+                let chunking = match string(cx, m, "chunk", &p)?.unwrap_or("word") {
+                    "char" => Chunking::Char,
+                    "word" => Chunking::Word,
+                    "whole" | "none" => Chunking::Whole,
+                    other => {
+                        return Err(cx.err(
+                            format!("{p}.chunk"),
+                            format!("unknown chunking `{other}`; expected char, word or whole"),
+                        ))
+                    }
+                };
+                let delay = m.get("delay_ms").and_then(Value::as_u64).unwrap_or(0);
+                Arc::new(ScriptedModel {
+                    responses,
+                    chunking,
+                    delay: Duration::from_millis(delay),
+                })
+            }
+            "openai" | "openai_compatible" => {
+                check_keys(
+                    cx,
+                    m,
+                    &p,
+                    &[
+                        "provider",
+                        "base_url",
+                        "base_url_env",
+                        "model",
+                        "model_env",
+                        "api_key_env",
+                        "params",
+                    ],
+                )?;
+                let env = |key: &str| -> Result<Option<String>, SpecError> {
+                    Ok(string(cx, m, key, &p)?
+                        .and_then(|var| std::env::var(var).ok())
+                        .filter(|s| !s.is_empty()))
+                };
+                let base_url = env("base_url_env")?
+                    .or(string(cx, m, "base_url", &p)?.map(str::to_string))
+                    .ok_or_else(|| cx.err(&p, "an openai model needs `base_url` (or `base_url_env` naming a set variable)"))?;
+                let model = env("model_env")?
+                    .or(string(cx, m, "model", &p)?.map(str::to_string))
+                    .ok_or_else(|| {
+                        cx.err(
+                            &p,
+                            "an openai model needs `model` (or `model_env` naming a set variable)",
+                        )
+                    })?;
+                let params = match m.get("params") {
+                    None => Map::new(),
+                    Some(v) => obj(cx, v, &format!("{p}.params"))?.clone(),
+                };
+                Arc::new(OpenAiModel {
+                    base_url,
+                    model,
+                    api_key: env("api_key_env")?,
+                    params,
+                    client: reqwest::Client::new(),
+                })
+            }
+            other => {
+                return Err(cx.err(
+                    format!("{p}.provider"),
+                    format!("unknown provider `{other}`; expected scripted or openai"),
+                ))
+            }
+        };
+        reg.insert(name.clone(), model);
+    }
+    Ok(reg)
+}
+
+pub(super) fn compile_tools(
+    cx: &Ctx,
+    v: Option<&Value>,
+    place: &str,
+    models: &Option<Arc<ModelRegistry>>,
+) -> Result<HashMap<String, Arc<Tool>>, SpecError> {
+    let mut out = HashMap::new();
+    let Some(v) = v else { return Ok(out) };
+    for (name, spec) in obj(cx, v, place)? {
+        let p = format!("{place}.{name}");
+        let m = obj(cx, spec, &p)?;
+        let parameters = m
+            .get("parameters")
+            .cloned()
+            .unwrap_or(json!({"type": "object", "properties": {}}));
+        if !parameters.is_object() {
+            return Err(cx.err(format!("{p}.parameters"), "expected a JSON Schema mapping"));
+        }
+        let schema = ToolSchema {
+            name: name.clone(),
+            description: string(cx, m, "description", &p)?
+                .unwrap_or_default()
+                .to_string(),
+            parameters,
+        };
+        let imp = match required(cx, m, "kind", &p)? {
+            "script" => {
+                check_keys(cx, m, &p, &["kind", "description", "parameters", "code"])?;
+                ToolImpl::Script(script(
+                    cx,
+                    required(cx, m, "code", &p)?,
+                    &format!("{p}.code"),
+                    models,
+                )?)
+            }
+            "http" => {
+                check_keys(
+                    cx,
+                    m,
+                    &p,
+                    &[
+                        "kind",
+                        "description",
+                        "parameters",
+                        "method",
+                        "url",
+                        "headers",
+                    ],
+                )?;
+                let method = string(cx, m, "method", &p)?.unwrap_or("GET");
+                let method = reqwest::Method::from_bytes(method.to_ascii_uppercase().as_bytes())
+                    .map_err(|_| {
+                        cx.err(
+                            format!("{p}.method"),
+                            format!("`{method}` is not an HTTP method"),
+                        )
+                    })?;
+                let url = required(cx, m, "url", &p)?;
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    return Err(cx.err(
+                        format!("{p}.url"),
+                        "the URL must start with http:// or https://",
+                    ));
+                }
+                let headers = match m.get("headers") {
+                    None => Vec::new(),
+                    Some(h) => obj(cx, h, &format!("{p}.headers"))?
+                        .iter()
+                        .map(|(k, v)| {
+                            (
+                                k.clone(),
+                                v.as_str()
+                                    .map(str::to_string)
+                                    .unwrap_or_else(|| v.to_string()),
+                            )
+                        })
+                        .collect(),
+                };
+                ToolImpl::Http {
+                    method,
+                    url: url.to_string(),
+                    headers,
+                    client: reqwest::Client::new(),
+                }
+            }
+            other => {
+                return Err(cx.err(
+                    format!("{p}.kind"),
+                    format!("unknown tool kind `{other}`; expected script or http"),
+                ))
+            }
+        };
+        out.insert(name.clone(), Arc::new(Tool { schema, imp }));
+    }
+    Ok(out)
+}
+
+pub(super) fn pick_tools(
+    cx: &Ctx,
+    m: &Map<String, Value>,
+    place: &str,
+    tools: &HashMap<String, Arc<Tool>>,
+) -> Result<Vec<Arc<Tool>>, SpecError> {
+    let Some(v) = m.get("tools") else {
+        return Ok(Vec::new());
+    };
+    let names = string_list(cx, v, &format!("{place}.tools"))?;
+    names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            tools.get(n).cloned().ok_or_else(|| {
+                let mut known: Vec<&String> = tools.keys().collect();
+                known.sort();
+                cx.err(
+                    format!("{place}.tools[{i}]"),
+                    format!(
+                        "unknown tool `{n}`; declare it under `tools` (declared: {})",
+                        known
+                            .iter()
+                            .map(|s| s.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                )
+            })
+        })
+        .collect()
+}
