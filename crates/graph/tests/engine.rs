@@ -348,6 +348,13 @@ async fn cancellation_stops_a_sleeping_node() {
     let out = spindle_graph::pregel::run(&g, values(json!({"delay_ms": 10_000})), cfg, env).await;
     assert_eq!(out.unwrap_err().class(), "CancelledError");
     assert!(started.elapsed() < Duration::from_secs(5));
+    // The interrupted task is still next, with no error recorded against it.
+    let s = get_state(&g, h.saver.as_ref(), "t", "", None)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(s.next, ["a"]);
+    assert!(s.tasks[0].error.is_none());
 }
 
 #[tokio::test]

@@ -371,9 +371,14 @@ impl Loop {
                     self.flush().await?;
                     return Err(LoopError::Node(NodeError::ParentCommand(cmd)));
                 }
+                if matches!(err, NodeError::Cancelled) {
+                    // Not the task's fault: no error is recorded, so a later run retries it.
+                    self.flush().await?;
+                    self.save_exit().await?;
+                    return Err(RunError::Cancelled.into());
+                }
                 let (class, message) = match &err {
                     NodeError::Failed { class, message } => (class.clone(), message.clone()),
-                    NodeError::Cancelled => ("CancelledError".to_string(), "cancelled".to_string()),
                     _ => ("Error".to_string(), err.to_string()),
                 };
                 self.save_writes(vec![PendingWrite {
@@ -384,9 +389,6 @@ impl Loop {
                 .await?;
                 self.flush().await?;
                 self.save_exit().await?;
-                if matches!(err, NodeError::Cancelled) {
-                    return Err(RunError::Cancelled.into());
-                }
                 return Err(RunError::Node { class, message }.into());
             }
             if !result.interrupts.is_empty() {
