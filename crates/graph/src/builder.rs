@@ -1,5 +1,7 @@
 //! Build graphs in Rust. Graph files compile to the same calls.
 //!
+//! A chain of nodes:
+//!
 //! ```
 //! use serde_json::json;
 //! use spindle_graph::builder::{node_fn, GraphBuilder};
@@ -15,6 +17,52 @@
 //!     .compile()
 //!     .expect("valid graph");
 //! assert_eq!(graph.name(), "chain");
+//! ```
+//!
+//! Map-reduce with `Send` and a conditional edge, then a run with the in-memory
+//! checkpointer:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use serde_json::json;
+//! use spindle_graph::builder::{node_fn, router_fn, GraphBuilder};
+//! use spindle_graph::channels::{ChannelKind, ChannelSpec};
+//! use spindle_graph::checkpoint::InMemoryCheckpointer;
+//! use spindle_graph::node::{Command, Goto};
+//! use spindle_graph::{RunConfig, RunEnv, RunInput, END, START};
+//!
+//! let graph = Arc::new(
+//!     GraphBuilder::new("fanout")
+//!         .channel(ChannelSpec::new("items", ChannelKind::LastValue))
+//!         .channel(ChannelSpec::new("results", ChannelKind::Append))
+//!         .node("work", node_fn(|arg| {
+//!             let item = arg["item"].as_str().unwrap_or_default().to_uppercase();
+//!             Ok(Command::update(json!({"results": [item]})))
+//!         }))
+//!         .branch(
+//!             START,
+//!             router_fn(|state| {
+//!                 let items = state["items"].as_array().cloned().unwrap_or_default();
+//!                 Ok(items
+//!                     .into_iter()
+//!                     .map(|item| Goto::Send { node: "work".into(), arg: json!({"item": item}) })
+//!                     .collect())
+//!             }),
+//!             None,
+//!             Some(vec!["work".into()]),
+//!         )
+//!         .edge("work", END)
+//!         .compile()
+//!         .expect("valid graph"),
+//! );
+//! let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+//! let out = rt.block_on(spindle_graph::pregel::run(
+//!     &graph,
+//!     RunInput::Values(json!({"items": ["a", "b"]})),
+//!     RunConfig { thread_id: Some("thread-1".into()), ..Default::default() },
+//!     RunEnv { checkpointer: Some(Arc::new(InMemoryCheckpointer::new())), ..Default::default() },
+//! ));
+//! assert_eq!(out.unwrap().values["results"], json!(["A", "B"]));
 //! ```
 
 use std::collections::HashMap;
