@@ -493,3 +493,57 @@ async fn state_edits_and_time_travel_match_reference() {
         .collect();
     assert_eq!(ours, theirs);
 }
+
+fn assert_same(label: &str, got: &[Value], expected: &[Value]) {
+    for (i, (g, e)) in got.iter().zip(expected.iter()).enumerate() {
+        assert_eq!(g, e, "{label}: event {i} differs");
+    }
+    assert_eq!(got.len(), expected.len(), "{label}: event count");
+}
+
+#[tokio::test]
+async fn static_interrupt_streams_match_reference() {
+    use spindle_graph::NodeSet;
+    let f = fixture("static_interrupts");
+    let g = example("chain");
+    let h = Harness::new();
+    let (out, events) = h
+        .run(
+            &g,
+            Some(THREAD),
+            RunInput::Values(json!({"n": 0})),
+            &StreamMode::ALL,
+            |c| c.interrupt_before = Some(NodeSet::Some(vec!["b".into()])),
+        )
+        .await;
+    assert_eq!(out.unwrap().next, ["b"]);
+    assert_same("before", &ours(&events), &reference(&f["before_stream"]));
+    let (out, events) = h
+        .run(
+            &g,
+            Some(THREAD),
+            RunInput::Continue,
+            &StreamMode::ALL,
+            |_| {},
+        )
+        .await;
+    assert_eq!(out.unwrap().values, json!({"n": 3}));
+    assert_same(
+        "continue",
+        &ours(&events),
+        &reference(&f["continue_stream"]),
+    );
+
+    let h = Harness::new();
+    let (out, events) = h
+        .run(
+            &g,
+            Some(THREAD),
+            RunInput::Values(json!({"n": 0})),
+            &StreamMode::ALL,
+            |c| c.interrupt_after = Some(NodeSet::Some(vec!["a".into()])),
+        )
+        .await;
+    assert_eq!(out.unwrap().next, ["b"]);
+    assert_same("after", &ours(&events), &reference(&f["after_stream"]));
+}
