@@ -62,7 +62,7 @@ impl ModelRegistry {
 pub enum Chunking {
     /// One chunk per character.
     Char,
-    /// One chunk per word (with its trailing space).
+    /// One chunk per word and one per whitespace character between words.
     Word,
     /// The whole text in one chunk.
     Whole,
@@ -80,7 +80,9 @@ pub struct ScriptedModel {
     pub delay: Duration,
 }
 
-fn chunk_message(id: &str, content: &str, tool_call_chunks: Vec<Value>) -> Value {
+/// An `AIMessageChunk` as LangChain serialises it; `last` marks the final chunk of a reply
+/// (`chunk_position: "last"`).
+fn chunk_message(id: &str, content: &str, tool_call_chunks: Vec<Value>, last: bool) -> Value {
     json!({
         "content": content,
         "additional_kwargs": {},
@@ -92,6 +94,7 @@ fn chunk_message(id: &str, content: &str, tool_call_chunks: Vec<Value>) -> Value
         "invalid_tool_calls": [],
         "usage_metadata": null,
         "tool_call_chunks": tool_call_chunks,
+        "chunk_position": if last { json!("last") } else { Value::Null },
     })
 }
 
@@ -99,13 +102,19 @@ fn split_text(text: &str, chunking: Chunking) -> Vec<String> {
     match chunking {
         Chunking::Whole => vec![text.to_string()],
         Chunking::Char => text.chars().map(String::from).collect(),
+        // Words and the whitespace between them are separate chunks, as LangChain's
+        // GenericFakeChatModel streams them (`re.split(r"(\s)", text)`).
         Chunking::Word => {
             let mut out = Vec::new();
             let mut cur = String::new();
             for c in text.chars() {
-                cur.push(c);
-                if c == ' ' {
-                    out.push(std::mem::take(&mut cur));
+                if c.is_whitespace() {
+                    if !cur.is_empty() {
+                        out.push(std::mem::take(&mut cur));
+                    }
+                    out.push(c.to_string());
+                } else {
+                    cur.push(c);
                 }
             }
             if !cur.is_empty() {
@@ -170,14 +179,18 @@ impl ChatModel for ScriptedModel {
             })
             .collect();
         if let Some(ctx) = ctx.filter(|c| c.streams_messages()) {
-            for piece in split_text(&text, self.chunking) {
+            let pieces = split_text(&text, self.chunking);
+            let n = pieces.len();
+            for (i, piece) in pieces.into_iter().enumerate() {
                 if cancel.is_cancelled() {
                     return Err(NodeError::Cancelled);
                 }
                 if !self.delay.is_zero() {
                     ctx.sleep(self.delay).await?;
                 }
-                ctx.write_message(chunk_message(&id, &piece, vec![])).await;
+                let last = i + 1 == n && tool_calls.is_empty();
+                ctx.write_message(chunk_message(&id, &piece, vec![], last))
+                    .await;
             }
             if !tool_calls.is_empty() {
                 let chunks = tool_calls
@@ -187,7 +200,7 @@ impl ChatModel for ScriptedModel {
                         json!({"name": c["name"], "args": c["args"].to_string(), "id": c["id"], "index": i, "type": "tool_call_chunk"})
                     })
                     .collect();
-                let mut chunk = chunk_message(&id, "", chunks);
+                let mut chunk = chunk_message(&id, "", chunks, true);
                 chunk["tool_calls"] = Value::Array(tool_calls.clone());
                 ctx.write_message(chunk).await;
             }
@@ -370,11 +383,17 @@ impl ChatModel for OpenAiModel {
                 }
                 if let Some(ctx) = stream_to {
                     if !piece.is_empty() || !call_chunks.is_empty() {
-                        ctx.write_message(chunk_message(&id, &piece, call_chunks))
+                        ctx.write_message(chunk_message(&id, &piece, call_chunks, false))
                             .await;
                     }
                 }
             }
+        }
+        if let Some(ctx) = stream_to {
+            // LangChain closes a streamed reply with an empty chunk carrying the finish reason.
+            let mut last = chunk_message(&id, "", Vec::new(), true);
+            last["response_metadata"] = json!({"finish_reason": finish, "model_name": self.model});
+            ctx.write_message(last).await;
         }
         let tool_calls: Vec<Value> = calls
             .into_iter()

@@ -295,7 +295,7 @@ edges:
 #[tokio::test]
 async fn scripted_model_streams_by_word_or_char_and_picks_by_ai_count() {
     for (chunk, expected) in [
-        ("word", vec!["Hello ", "big ", "world"]),
+        ("word", vec!["Hello", " ", "big", " ", "world"]),
         ("char", vec!["H", "i", "!"]),
     ] {
         let text = if chunk == "word" {

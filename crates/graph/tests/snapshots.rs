@@ -6,6 +6,8 @@ mod common;
 
 const THREAD: &str = "0b2a3f3e-6f39-4d7a-9a51-3c1f4d8e2b10";
 
+use std::sync::Arc;
+
 use common::{example, Harness};
 use serde_json::{json, Map, Value};
 use spindle_graph::{RunError, RunInput, StreamEvent, StreamMode};
@@ -546,4 +548,31 @@ async fn static_interrupt_streams_match_reference() {
         .await;
     assert_eq!(out.unwrap().next, ["b"]);
     assert_same("after", &ours(&events), &reference(&f["after_stream"]));
+}
+
+#[tokio::test]
+async fn model_token_chunks_match_reference() {
+    // The reference ran LangChain's GenericFakeChatModel (tests/fixtures/ref_extra); the
+    // scripted model with word chunking streams the same chunks.
+    let g = Arc::new(
+        spindle_graph::spec::load_str(
+            "state: {messages: messages}\nmodels:\n  m: {provider: scripted, chunk: word, responses: [\"Hello big world\"]}\nnodes:\n  model: {kind: model, model: m}\nedges:\n  - {from: START, to: model}\n  - {from: model, to: END}\n",
+            "streamer.yaml",
+            "streamer",
+            spindle_graph::spec::Format::Yaml,
+        )
+        .unwrap(),
+    );
+    let (out, events) = Harness::new()
+        .run(
+            &g,
+            Some(THREAD),
+            RunInput::Values(json!({"messages": [{"role": "user", "content": "hi"}]})),
+            &[StreamMode::Messages, StreamMode::Updates],
+            |_| {},
+        )
+        .await;
+    out.unwrap();
+    let expected = reference(&fixture("model_streaming")["streamer"]);
+    assert_same("streamer", &ours(&events), &expected);
 }
