@@ -221,6 +221,32 @@ impl TaskContext {
             .await;
     }
 
+    /// Stream a token chunk of a chat model, with the metadata LangChain adds for model
+    /// runs (`ls_provider`, `ls_model_type`, ...).
+    pub async fn write_model_chunk(&self, chunk: Value, provider: &str, model_name: Option<&str>) {
+        if !self.streams_messages() {
+            return;
+        }
+        if let Some(id) = chunk.get("id").and_then(Value::as_str) {
+            if let Ok(mut seen) = self.run.seen_messages.lock() {
+                seen.insert(id.to_string());
+            }
+        }
+        let mut meta = self.message_metadata();
+        if let Value::Object(m) = &mut meta {
+            m.insert("ls_integration".into(), json!("langchain_chat_model"));
+            m.insert("checkpoint_ns".into(), json!(self.task_checkpoint_ns()));
+            m.insert("ls_provider".into(), json!(provider));
+            m.insert("ls_model_type".into(), json!("chat"));
+            if let Some(name) = model_name {
+                m.insert("ls_model_name".into(), json!(name));
+            }
+        }
+        self.run
+            .emit(&self.graph_ns, StreamMode::Messages, json!([chunk, meta]))
+            .await;
+    }
+
     /// The metadata LangGraph attaches to message chunks.
     pub fn message_metadata(&self) -> Value {
         let mut meta = match self.run.config.get("metadata") {

@@ -189,7 +189,7 @@ impl ChatModel for ScriptedModel {
                     ctx.sleep(self.delay).await?;
                 }
                 let last = i + 1 == n && tool_calls.is_empty();
-                ctx.write_message(chunk_message(&id, &piece, vec![], last))
+                ctx.write_model_chunk(chunk_message(&id, &piece, vec![], last), "scripted", None)
                     .await;
             }
             if !tool_calls.is_empty() {
@@ -202,7 +202,7 @@ impl ChatModel for ScriptedModel {
                     .collect();
                 let mut chunk = chunk_message(&id, "", chunks, true);
                 chunk["tool_calls"] = Value::Array(tool_calls.clone());
-                ctx.write_message(chunk).await;
+                ctx.write_model_chunk(chunk, "scripted", None).await;
             }
         }
         let msg = coerce_message(&json!({
@@ -383,7 +383,8 @@ impl ChatModel for OpenAiModel {
                 }
                 if let Some(ctx) = stream_to {
                     if !piece.is_empty() || !call_chunks.is_empty() {
-                        ctx.write_message(chunk_message(&id, &piece, call_chunks, false))
+                        let chunk = chunk_message(&id, &piece, call_chunks, false);
+                        ctx.write_model_chunk(chunk, "openai", Some(&self.model))
                             .await;
                     }
                 }
@@ -393,7 +394,8 @@ impl ChatModel for OpenAiModel {
             // LangChain closes a streamed reply with an empty chunk carrying the finish reason.
             let mut last = chunk_message(&id, "", Vec::new(), true);
             last["response_metadata"] = json!({"finish_reason": finish, "model_name": self.model});
-            ctx.write_message(last).await;
+            ctx.write_model_chunk(last, "openai", Some(&self.model))
+                .await;
         }
         let tool_calls: Vec<Value> = calls
             .into_iter()

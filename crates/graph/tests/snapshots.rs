@@ -573,6 +573,14 @@ async fn model_token_chunks_match_reference() {
         )
         .await;
     out.unwrap();
-    let expected = reference(&fixture("model_streaming")["streamer"]);
+    let f = fixture("model_streaming");
+    let expected = reference(&f["streamer"]);
     assert_same("streamer", &ours(&events), &expected);
+    // LangChain's model-run metadata on chunks (provider names differ by design).
+    let theirs = &f["streamer"][1]["data"][1];
+    let mine = &events[0].data[1];
+    for key in ["ls_integration", "ls_model_type"] {
+        assert_eq!(mine[key], theirs[key], "{key}");
+    }
+    assert_eq!(mine["checkpoint_ns"], mine["langgraph_checkpoint_ns"]);
 }
