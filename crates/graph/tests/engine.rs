@@ -797,3 +797,39 @@ async fn a_run_that_died_after_its_input_checkpoint_resumes_with_the_input() {
     let (out, _) = h.run(&g, Some("t"), RunInput::Continue, &[], |_| {}).await;
     assert_eq!(out.unwrap().values["log"], json!(["input", "a"]));
 }
+
+#[tokio::test]
+async fn durability_exit_keeps_interrupts_for_resume() {
+    let g = common::example("approval");
+    let h = Harness::new();
+    let input = values(json!({"messages": [{"role": "user", "content": "go"}]}));
+    let (out, _) = h
+        .run(&g, Some("t"), input, &[], |c| {
+            c.durability = Durability::Exit
+        })
+        .await;
+    assert_eq!(out.unwrap().interrupts.len(), 1);
+    let s = get_state(&g, h.saver.as_ref(), "t", "", None)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(s.interrupts.len(), 1, "the interrupt was saved at exit");
+    assert!(
+        s.parent_checkpoint.is_none(),
+        "no dangling parent: nothing else was saved"
+    );
+    let (out, _) = h
+        .run(&g, Some("t"), resume(json!("ok")), &[], |c| {
+            c.durability = Durability::Exit
+        })
+        .await;
+    assert_eq!(common::texts(&out.unwrap().values), ["go", "decision: ok"]);
+    let hist = get_state_history(&g, h.saver.as_ref(), "t", "", &ListFilter::default())
+        .await
+        .unwrap();
+    assert_eq!(hist.len(), 2);
+    assert_eq!(
+        hist[0].parent_checkpoint.as_ref().unwrap().checkpoint_id,
+        hist[1].checkpoint.checkpoint_id
+    );
+}

@@ -89,7 +89,7 @@ pub async fn run(
         recursion_limit: cfg.recursion_limit,
         durability: cfg.durability,
         inflight: None,
-        exit_channels: Default::default(),
+        exit: Default::default(),
     };
     lp.start(input, cfg.checkpoint_id.as_deref())
         .await
@@ -136,7 +136,7 @@ pub(crate) async fn run_subgraph(
         recursion_limit: 10_000,
         durability: Durability::Sync,
         inflight: None,
-        exit_channels: Default::default(),
+        exit: Default::default(),
     };
     // A saved checkpoint in this namespace means the parent task is running again (resume
     // or crash recovery): continue it instead of starting over.
@@ -220,8 +220,8 @@ pub(crate) struct Loop {
     pub recursion_limit: usize,
     pub durability: Durability,
     pub inflight: Option<tokio::task::JoinHandle<Result<(), CheckpointError>>>,
-    /// Channels changed since the last save, for `Durability::Exit`.
-    pub exit_channels: std::collections::BTreeSet<String>,
+    /// What `Durability::Exit` holds back until the run ends.
+    pub exit: persist::ExitBuffer,
 }
 
 /// What one step produced.

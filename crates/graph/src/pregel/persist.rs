@@ -4,11 +4,17 @@ use serde_json::{json, Map, Value};
 
 use super::state::{START_INPUT, TASKS};
 use super::{Durability, Loop, LoopError, RunError};
-use crate::checkpoint::{new_checkpoint_id, ChannelBlob, CheckpointError, PendingWrite};
+use crate::checkpoint::{new_checkpoint_id, BlobValue, ChannelBlob, CheckpointError, PendingWrite};
 
 impl Loop {
     pub(super) async fn save_writes(&mut self, writes: Vec<PendingWrite>) -> Result<(), LoopError> {
-        if writes.is_empty() || self.durability == Durability::Exit {
+        if writes.is_empty() {
+            return Ok(());
+        }
+        if self.durability == Durability::Exit {
+            // Kept for the end: interrupts and errors must survive even when only the last
+            // checkpoint is written.
+            self.exit.writes.extend(writes);
             return Ok(());
         }
         let (Some(saver), Some(cid)) = (self.saver.clone(), self.checkpoint_id.clone()) else {
@@ -60,8 +66,16 @@ impl Loop {
             match self.durability {
                 Durability::Exit => {
                     for b in &blobs {
-                        self.exit_channels.insert(b.channel.clone());
+                        self.exit.channels.insert(b.channel.clone());
                     }
+                    if !self.exit.dirty {
+                        // The last checkpoint actually saved is the parent of the one the
+                        // run will save at its end.
+                        self.exit.parent = parent.clone();
+                        self.exit.dirty = true;
+                    }
+                    self.exit.metadata = Some(metadata.clone());
+                    self.exit.writes.clear();
                 }
                 Durability::Sync | Durability::Async => {
                     self.flush().await?;
@@ -89,45 +103,75 @@ impl Loop {
     }
 
     /// Under `Durability::Exit`, write the final checkpoint with full copies of every channel
-    /// that changed during the run (intermediate deltas were never saved).
+    /// that changed during the run (intermediate deltas were never saved), then the pending
+    /// writes made against it.
     pub(super) async fn save_exit(&mut self) -> Result<(), LoopError> {
-        if self.durability != Durability::Exit || self.exit_channels.is_empty() {
+        if self.durability != Durability::Exit {
             return Ok(());
         }
         let Some(saver) = self.saver.clone() else {
             return Ok(());
         };
-        let mut blobs = Vec::new();
-        for name in std::mem::take(&mut self.exit_channels) {
-            if name == TASKS || name == START_INPUT {
-                blobs.push(self.state.bookkeeping_blob(&name));
-                continue;
+        if self.exit.dirty {
+            let mut blobs = Vec::new();
+            for name in std::mem::take(&mut self.exit.channels) {
+                if name == TASKS || name == START_INPUT {
+                    blobs.push(self.state.bookkeeping_blob(&name));
+                    continue;
+                }
+                if let Some(&i) = self.graph.channel_index.get(&name) {
+                    self.state.depths[i] = 0;
+                    blobs.push(ChannelBlob {
+                        channel: name,
+                        version: self.state.versions[i],
+                        value: match &self.state.values[i] {
+                            Some(v) => BlobValue::Full { value: v.clone() },
+                            None => BlobValue::Empty,
+                        },
+                    });
+                }
             }
-            if let Some(&i) = self.graph.channel_index.get(&name) {
-                self.state.depths[i] = 0;
-                blobs.push(ChannelBlob {
-                    channel: name,
-                    version: self.state.versions[i],
-                    value: match &self.state.values[i] {
-                        Some(v) => crate::checkpoint::BlobValue::Full { value: v.clone() },
-                        None => crate::checkpoint::BlobValue::Empty,
-                    },
-                });
-            }
+            let id = self.checkpoint_id.clone().unwrap_or_else(new_checkpoint_id);
+            let cp = self.state.to_checkpoint(&self.graph, id, Vec::new());
+            let md = self
+                .exit
+                .metadata
+                .take()
+                .unwrap_or_else(|| self.base_metadata("loop", Value::Null));
+            let parent = self.exit.parent.take();
+            saver
+                .put(
+                    self.thread(),
+                    &self.ns_str,
+                    &cp,
+                    &md,
+                    parent.as_deref(),
+                    &blobs,
+                )
+                .await?;
+            self.exit.dirty = false;
         }
-        let id = self.checkpoint_id.clone().unwrap_or_else(new_checkpoint_id);
-        let cp = self.state.to_checkpoint(&self.graph, id, Vec::new());
-        let md = self.base_metadata("loop", Value::Null);
-        saver
-            .put(
-                self.thread(),
-                &self.ns_str,
-                &cp,
-                &md,
-                self.parent_id.as_deref(),
-                &blobs,
-            )
-            .await?;
+        let writes = std::mem::take(&mut self.exit.writes);
+        if let (false, Some(cid)) = (writes.is_empty(), self.checkpoint_id.clone()) {
+            saver
+                .put_writes(self.thread(), &self.ns_str, &cid, &writes)
+                .await?;
+        }
         Ok(())
     }
+}
+
+/// What `Durability::Exit` holds back until the run ends.
+#[derive(Debug, Default)]
+pub(crate) struct ExitBuffer {
+    /// Channels changed since the last saved checkpoint.
+    pub channels: std::collections::BTreeSet<String>,
+    /// Metadata of the newest (unsaved) checkpoint.
+    pub metadata: Option<Value>,
+    /// The last checkpoint actually saved: the parent of the one saved at exit.
+    pub parent: Option<String>,
+    /// Pending writes against the newest checkpoint.
+    pub writes: Vec<PendingWrite>,
+    /// Whether a checkpoint was made that is not saved yet.
+    pub dirty: bool,
 }
