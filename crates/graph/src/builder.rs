@@ -71,9 +71,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde_json::{json, Value};
 
-use crate::channels::ChannelSpec;
+use crate::channels::{ChannelKind, ChannelSpec};
 use crate::context::TaskContext;
-use crate::graph::{Branch, Graph, NodeDef, NodeSet, END, START};
+use crate::graph::{Branch, Graph, Join, NodeDef, NodeSet, END, START};
 use crate::node::{Command, Goto, Node, NodeError, RetryPolicy, Router};
 
 /// A graph that does not hold together, with the part at fault.
@@ -146,6 +146,7 @@ pub struct GraphBuilder {
     nodes: Vec<NodeDef>,
     edges: Vec<(String, String)>,
     branches: Vec<Branch>,
+    joins: Vec<(Vec<String>, String)>,
     interrupt_before: NodeSet,
     interrupt_after: NodeSet,
     input_keys: Option<Vec<String>>,
@@ -166,6 +167,7 @@ impl GraphBuilder {
             nodes: Vec::new(),
             edges: Vec::new(),
             branches: Vec::new(),
+            joins: Vec::new(),
             interrupt_before: NodeSet::None,
             interrupt_after: NodeSet::None,
             input_keys: None,
@@ -213,6 +215,13 @@ impl GraphBuilder {
     /// Add a fixed edge.
     pub fn edge(mut self, from: impl Into<String>, to: impl Into<String>) -> Self {
         self.edges.push((from.into(), to.into()));
+        self
+    }
+
+    /// Run `to` once every node in `from` has run (a fan-in; LangGraph's
+    /// `add_edge([a, b], c)`).
+    pub fn join(mut self, from: Vec<String>, to: impl Into<String>) -> Self {
+        self.joins.push((from, to.into()));
         self
     }
 
@@ -355,6 +364,28 @@ impl GraphBuilder {
                 }
             }
         }
+        for (i, (sources, target)) in self.joins.iter().enumerate() {
+            if sources.len() < 2 {
+                return Err(err(
+                    format!("joins[{i}].from"),
+                    "a join needs at least two sources",
+                ));
+            }
+            for s in sources {
+                if s != START && !known(s) {
+                    return Err(err(
+                        format!("joins[{i}].from"),
+                        format!("unknown node `{s}`"),
+                    ));
+                }
+            }
+            if target == END || !known(target) {
+                return Err(err(
+                    format!("joins[{i}].to"),
+                    format!("unknown node `{target}`"),
+                ));
+            }
+        }
         if !self.edges.iter().any(|(s, _)| s == START)
             && !self.branches.iter().any(|b| b.source == START)
         {
@@ -395,14 +426,33 @@ impl GraphBuilder {
             .iter()
             .map(|n| format!("branch:to:{}", n.name))
             .collect();
+        // Each join keeps the sources that have run in a hidden channel after the user's.
+        let mut channels = self.channels;
+        let mut joins = Vec::new();
+        let mut out_joins = vec![Vec::new(); self.nodes.len() + 1];
+        for (sources, target) in self.joins {
+            let name = format!("__join__:{}:{}", sources.join("+"), target);
+            channel_index.insert(name.clone(), channels.len());
+            channels.push(ChannelSpec::new(name, ChannelKind::Append));
+            for s in &sources {
+                out_joins[slot(s)].push(joins.len());
+            }
+            joins.push(Join {
+                sources,
+                target,
+                channel: channels.len() - 1,
+            });
+        }
         Ok(Graph {
             trigger_names,
             name: self.name,
             description: self.description,
             input_keys: self.input_keys.unwrap_or_else(|| all_keys.clone()),
             output_keys: self.output_keys.unwrap_or(all_keys),
-            channels: self.channels,
+            channels,
             channel_index,
+            joins,
+            out_joins,
             nodes: self.nodes,
             node_index,
             edges: self.edges,

@@ -102,6 +102,16 @@ pub struct Branch {
     pub(crate) targets: Option<Vec<String>>,
 }
 
+/// A join: `target` runs once every source has run since its last run (LangGraph's
+/// `add_edge([a, b], c)`). Which sources have run is kept in a hidden channel.
+#[derive(Clone, Debug)]
+pub struct Join {
+    pub(crate) sources: Vec<String>,
+    pub(crate) target: String,
+    /// Index of the hidden channel in `Graph::channels`.
+    pub(crate) channel: usize,
+}
+
 /// JSON Schemas of a graph, as `/assistants/{id}/schemas` returns them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GraphSchemas {
@@ -128,6 +138,9 @@ pub struct Graph {
     /// Fixed edges `(source, target)`; source may be `START`, target may be `END`.
     pub(crate) edges: Vec<(String, String)>,
     pub(crate) branches: Vec<Branch>,
+    pub(crate) joins: Vec<Join>,
+    /// Per node (and `START`): the joins it is a source of.
+    pub(crate) out_joins: Vec<Vec<usize>>,
     /// Per node (and `START` at index `nodes.len()`): fixed targets and branch indices.
     pub(crate) out_edges: Vec<Vec<String>>,
     pub(crate) out_branches: Vec<Vec<usize>>,
@@ -158,6 +171,11 @@ impl std::fmt::Debug for Graph {
             .field("edges", &self.edges)
             .finish_non_exhaustive()
     }
+}
+
+/// Bookkeeping channels (joins) are not part of the state users see.
+pub(crate) fn is_hidden(channel: &str) -> bool {
+    channel.starts_with("__")
 }
 
 fn title_case(key: &str) -> String {
@@ -196,9 +214,14 @@ impl Graph {
         self.nodes.iter().map(|n| n.name.as_str())
     }
 
-    /// State channels in declaration order.
+    /// State channels in declaration order (hidden bookkeeping channels excluded).
     pub fn channels(&self) -> &[ChannelSpec] {
-        &self.channels
+        let user = self
+            .channels
+            .iter()
+            .take_while(|c| !is_hidden(&c.name))
+            .count();
+        &self.channels[..user]
     }
 
     /// Static interrupts compiled into the graph.
@@ -217,6 +240,8 @@ impl Graph {
             node_index: self.node_index.clone(),
             edges: self.edges.clone(),
             branches: self.branches.clone(),
+            joins: self.joins.clone(),
+            out_joins: self.out_joins.clone(),
             out_edges: self.out_edges.clone(),
             out_branches: self.out_branches.clone(),
             trigger_names: self.trigger_names.clone(),
@@ -265,7 +290,7 @@ impl Graph {
 
     /// JSON Schemas of the input, output, state, config and context.
     pub fn schemas(&self) -> GraphSchemas {
-        let all: Vec<String> = self.channels.iter().map(|c| c.name.clone()).collect();
+        let all: Vec<String> = self.channels().iter().map(|c| c.name.clone()).collect();
         GraphSchemas {
             input_schema: self.keys_schema(&self.input_keys, format!("{}_input", self.name)),
             output_schema: self.keys_schema(&self.output_keys, format!("{}_output", self.name)),
@@ -321,6 +346,13 @@ impl Graph {
         for src in sources {
             for (s, t) in self.edges.iter().filter(|(s, _)| s == src) {
                 edges.push((s.clone(), t.clone(), false));
+            }
+            for j in self
+                .joins
+                .iter()
+                .filter(|j| j.sources.iter().any(|x| x == src))
+            {
+                edges.push((src.to_string(), j.target.clone(), false));
             }
             for b in self.branches.iter().filter(|b| b.source == src) {
                 for t in self.branch_targets(b) {

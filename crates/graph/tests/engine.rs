@@ -833,3 +833,51 @@ async fn durability_exit_keeps_interrupts_for_resume() {
         hist[1].checkpoint.checkpoint_id
     );
 }
+
+#[tokio::test]
+async fn joins_wait_for_every_source() {
+    // a fans out to b and c; b takes two steps (b -> b2). `merge` waits for both b2 and c.
+    let yaml = r#"
+state: {log: append}
+nodes:
+  a: {kind: script, code: '#{ log: "a" }'}
+  b: {kind: script, code: '#{ log: "b" }'}
+  b2: {kind: script, code: '#{ log: "b2" }'}
+  c: {kind: script, code: '#{ log: "c" }'}
+  merge: {kind: script, code: '#{ log: "merge" }'}
+edges:
+  - {from: START, to: a}
+  - {from: a, to: [b, c]}
+  - {from: b, to: b2}
+  - {from: [b2, c], to: merge}
+"#;
+    let g = Arc::new(
+        spindle_graph::spec::load_str(yaml, "j.yaml", "j", spindle_graph::spec::Format::Yaml)
+            .unwrap(),
+    );
+    let h = Harness::new();
+    let (out, _) = h.run(&g, Some("t"), values(json!({})), &[], |_| {}).await;
+    assert_eq!(
+        out.unwrap().values,
+        json!({"log": ["a", "b", "c", "b2", "merge"]})
+    );
+    let drawn = g.drawable(spindle_graph::XRay::Off);
+    assert!(drawn["edges"]
+        .as_array()
+        .unwrap()
+        .contains(&json!({"source": "c", "target": "merge"})));
+    // The hidden channel does not leak into schemas or history.
+    assert_eq!(
+        g.schemas().state_schema["properties"]
+            .as_object()
+            .unwrap()
+            .len(),
+        1
+    );
+    let hist = get_state_history(&g, h.saver.as_ref(), "t", "", &ListFilter::default())
+        .await
+        .unwrap();
+    assert!(hist
+        .iter()
+        .all(|s| !s.to_json().to_string().contains("__join__")));
+}

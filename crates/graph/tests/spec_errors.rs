@@ -83,3 +83,18 @@ fn json_files_load_and_report_places() {
     assert!(e.file.ends_with("bad.json"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn empty_edge_lists_are_refused() {
+    let e = yaml_err("nodes:\n  a: {kind: script, code: \"()\"}\nedges:\n  - {from: [], to: a}\n");
+    assert!(
+        e.contains("at `edges[0].from`: an edge needs at least one source"),
+        "{e}"
+    );
+    let e =
+        yaml_err("nodes:\n  a: {kind: script, code: \"()\"}\nedges:\n  - {from: START, to: []}\n");
+    assert!(
+        e.contains("at `edges[0].to`: an edge needs at least one target"),
+        "{e}"
+    );
+}

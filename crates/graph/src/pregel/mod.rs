@@ -296,6 +296,32 @@ impl Loop {
         for i in triggered {
             self.state.trig[i] = version;
         }
+        // A join whose sources have all run triggers its target and starts over.
+        for join in &self.graph.joins {
+            let c = join.channel;
+            let arrived = self.state.values[c].as_ref().and_then(Value::as_array);
+            let complete = arrived.is_some_and(|a| {
+                join.sources
+                    .iter()
+                    .all(|s| a.iter().any(|x| x.as_str() == Some(s.as_str())))
+            });
+            if !complete {
+                continue;
+            }
+            if let Some(&t) = self.graph.node_index.get(&join.target) {
+                self.state.trig[t] = version;
+            }
+            self.state.values[c] = Some(json!([]));
+            self.state.versions[c] = version;
+            self.state.depths[c] = 0;
+            let name = &self.graph.channels[c].name;
+            blobs.retain(|b| &b.channel != name);
+            blobs.push(ChannelBlob {
+                channel: name.clone(),
+                version,
+                value: crate::checkpoint::BlobValue::Full { value: json!([]) },
+            });
+        }
         let had_sends = !self.state.sends.is_empty();
         self.state.sends = new_sends;
         if had_sends || !self.state.sends.is_empty() {

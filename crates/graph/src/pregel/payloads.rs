@@ -231,7 +231,7 @@ pub(crate) fn writes_metadata(
         let name = &graph.nodes[tasks[*ti].node].name;
         let update: Map<String, Value> = writes
             .iter()
-            .filter(|(k, _)| graph.channel_index.contains_key(k))
+            .filter(|(k, _)| graph.channel_index.contains_key(k) && !crate::graph::is_hidden(k))
             .cloned()
             .collect();
         m.insert(name.clone(), Value::Object(update));

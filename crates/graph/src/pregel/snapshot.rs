@@ -122,7 +122,10 @@ fn snapshot(graph: &Graph, t: &CheckpointTuple) -> StateSnapshot {
                 Value::Object(
                     writes
                         .iter()
-                        .filter(|w| graph.channel_index.contains_key(&w.channel))
+                        .filter(|w| {
+                            graph.channel_index.contains_key(&w.channel)
+                                && !crate::graph::is_hidden(&w.channel)
+                        })
                         .map(|w| (w.channel.clone(), w.value.clone()))
                         .collect(),
                 )

@@ -103,7 +103,7 @@ impl LoopState {
     /// The state as an object of the keys that have values.
     pub fn state_object(&self, graph: &Graph) -> Value {
         let mut m = Map::new();
-        for (i, ch) in graph.channels.iter().enumerate() {
+        for (i, ch) in graph.channels().iter().enumerate() {
             if let Some(v) = &self.values[i] {
                 m.insert(ch.name.clone(), v.clone());
             }

@@ -174,6 +174,14 @@ pub(crate) async fn route(
     for t in &graph.out_edges[slot] {
         out.extend(goto_write(graph, &Goto::Node(t.clone()))?);
     }
+    for &j in &graph.out_joins[slot] {
+        let join = &graph.joins[j];
+        let source = graph
+            .nodes
+            .get(slot)
+            .map_or(crate::graph::START, |n| n.name.as_str());
+        out.push((graph.channels[join.channel].name.clone(), json!(source)));
+    }
     let branches = &graph.out_branches[slot];
     if branches.is_empty() {
         return Ok(out);

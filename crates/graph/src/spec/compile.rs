@@ -210,6 +210,9 @@ pub(super) fn compile_doc(
             .iter()
             .map(|s| node_ref(s))
             .collect();
+        if froms.is_empty() {
+            return Err(cx.err(format!("{place}.from"), "an edge needs at least one source"));
+        }
         for f in &froms {
             if !known(f) || f == END {
                 return Err(cx.err(
@@ -243,12 +246,19 @@ pub(super) fn compile_doc(
                         "an edge needs `to` (or `route` for a conditional edge)",
                     )
                 })?;
+                if targets.is_empty() {
+                    return Err(cx.err(format!("{place}.to"), "an edge needs at least one target"));
+                }
                 if em.contains_key("path_map") {
                     return Err(cx.err(format!("{place}.path_map"), "`path_map` needs a `route`"));
                 }
-                for f in &froms {
-                    for t in &targets {
-                        b = b.edge(f.clone(), t.clone());
+                // Several sources make a join, as `add_edge([a, b], c)` does in LangGraph:
+                // the target runs once all of them have run.
+                for t in &targets {
+                    if froms.len() > 1 {
+                        b = b.join(froms.clone(), t.clone());
+                    } else {
+                        b = b.edge(froms.first().cloned().unwrap_or_default(), t.clone());
                     }
                 }
             }

@@ -34,6 +34,7 @@
 //!   helper: {kind: agent, model: m, tools: [add]}
 //! edges:
 //!   - {from: __start__, to: model}                       # START and END are accepted too
+//!   - {from: [left, right], to: merge}                   # a join: merge runs once both ran
 //!   - {from: model, route: tools_condition, to: [tools, __end__]}
 //!   - {from: tools, route: "if state.n > 3 { END } else { \"model\" }", to: [model, __end__]}
 //!   - {from: x, route: {code: "...", path_map: {yes: a, no: b}}}
