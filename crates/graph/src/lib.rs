@@ -19,12 +19,20 @@
 //! - [`pregel::run`]`(&Arc<Graph>, RunInput, RunConfig, RunEnv) -> Result<RunOutcome, RunError>`.
 //!   Stream events arrive on `RunEnv::sink` as [`StreamEvent`]s whose `data` already has
 //!   LangGraph's payload shape; `StreamEvent::event_name()` gives `mode|ns...`.
-//!   [`RunError::class`] / [`RunError::message`] give `{"error", "message"}`.
+//!   [`RunError::class`] / [`RunError::message`] give `{"error", "message"}`;
+//!   [`RunOutcome::wait_values`] is the `/wait` body (with `__interrupt__` when interrupted)
+//!   and `RunOutcome::next` non-empty means the thread is `interrupted`.
+//!   `RunConfig::config` is the run's `{configurable, metadata}`: its `metadata` goes into
+//!   checkpoint metadata and task/message stream metadata. [`pregel::parse_stream_modes`]
+//!   reads `stream_mode` names (`messages-tuple` included). Cancel with `RunEnv::cancel`.
+//!   `RunInput::Command { resume, update, goto }` resumes; `RunInput::Continue` (input `null`)
+//!   continues after `interrupt_before` or a crash; `RunConfig::checkpoint_id` time-travels.
 //! - Thread state: [`pregel::get_state`], [`pregel::get_state_history`],
 //!   [`pregel::update_state`], [`pregel::fork`]; [`pregel::StateSnapshot::to_json`] is the
 //!   `/threads/{id}/state` body.
 //! - Storage: implement [`checkpoint::Checkpointer`] (see its module docs for the blob model)
-//!   and [`store::Store`]; in-memory versions exist for tests.
+//!   and check it with [`checkpoint::conformance::check`]; implement [`store::Store`] for
+//!   scripts' `store_get/put/search`. In-memory versions of both exist.
 //!
 //! Building graphs in Rust: [`builder::GraphBuilder`].
 
