@@ -881,3 +881,28 @@ edges:
         .iter()
         .all(|s| !s.to_json().to_string().contains("__join__")));
 }
+
+#[tokio::test]
+async fn async_durability_saves_every_checkpoint_in_order() {
+    let g = common::example("chain");
+    let h = Harness::new();
+    h.run(&g, Some("t"), values(json!({"n": 0})), &[], |c| {
+        c.durability = Durability::Async
+    })
+    .await
+    .0
+    .unwrap();
+    let hist = h
+        .saver
+        .list("t", Some(""), &ListFilter::default())
+        .await
+        .unwrap();
+    assert_eq!(hist.len(), 5);
+    for pair in hist.windows(2) {
+        assert_eq!(
+            pair[0].parent_id.as_deref(),
+            Some(pair[1].at.checkpoint_id.as_str())
+        );
+    }
+    assert!(hist[4].parent_id.is_none());
+}
