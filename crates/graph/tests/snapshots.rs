@@ -584,3 +584,82 @@ async fn model_token_chunks_match_reference() {
     }
     assert_eq!(mine["checkpoint_ns"], mine["langgraph_checkpoint_ns"]);
 }
+
+const NESTED_ASK: &str = r#"
+state: {messages: messages}
+graphs:
+  child:
+    state: {messages: messages}
+    nodes:
+      c1: {kind: script, code: '#{ messages: [ai("c1")] }'}
+      ask:
+        kind: script
+        code: |
+          let v = interrupt(#{ question: "approve?" });
+          #{ messages: [ai("decision: " + v)] }
+    edges:
+      - {from: START, to: c1}
+      - {from: c1, to: ask}
+      - {from: ask, to: END}
+nodes:
+  prep: {kind: script, code: '#{ messages: [ai("prep")] }'}
+  child: {kind: subgraph, graph: child}
+edges:
+  - {from: START, to: prep}
+  - {from: prep, to: child}
+  - {from: child, to: END}
+"#;
+
+#[tokio::test]
+async fn interrupt_inside_a_subgraph_streams_like_the_reference() {
+    let f = fixture("nested_interrupt");
+    let g = Arc::new(
+        spindle_graph::spec::load_str(
+            NESTED_ASK,
+            "nested_ask.yaml",
+            "nested_ask",
+            spindle_graph::spec::Format::Yaml,
+        )
+        .unwrap(),
+    );
+    let h = Harness::new();
+    let input = json!({"messages": [{"role": "user", "content": "hi"}]});
+    let (out, events) = h
+        .run(
+            &g,
+            Some(THREAD),
+            RunInput::Values(input),
+            &StreamMode::ALL,
+            |c| c.stream_subgraphs = true,
+        )
+        .await;
+    assert_eq!(out.unwrap().interrupts.len(), 1);
+    assert_same("first run", &ours(&events), &reference(&f["stream"]));
+    let s = spindle_graph::pregel::get_state(&g, h.saver.as_ref(), THREAD, "", None)
+        .await
+        .unwrap()
+        .unwrap()
+        .to_json();
+    assert_eq!(state_view(&s), state_view(&f["state"]));
+    let (out, events) = h
+        .run(
+            &g,
+            Some(THREAD),
+            RunInput::Command {
+                resume: Some(json!("yes")),
+                update: None,
+                goto: vec![],
+            },
+            &StreamMode::ALL,
+            |c| c.stream_subgraphs = true,
+        )
+        .await;
+    out.unwrap();
+    assert_same("resume", &ours(&events), &reference(&f["resume_stream"]));
+    let s = spindle_graph::pregel::get_state(&g, h.saver.as_ref(), THREAD, "", None)
+        .await
+        .unwrap()
+        .unwrap()
+        .to_json();
+    assert_eq!(state_view(&s), state_view(&f["resume_state"]));
+}
