@@ -27,7 +27,8 @@
 //!   reads `stream_mode` names (`messages-tuple` included). Cancel with `RunEnv::cancel`.
 //!   `RunInput::Command { resume, update, goto }` resumes; `RunInput::Continue` (input `null`)
 //!   continues after `interrupt_before` or a crash; `RunConfig::checkpoint_id` time-travels.
-//! - Thread state: [`pregel::get_state`], [`pregel::get_state_history`],
+//! - Thread state: [`pregel::get_state`] (and [`pregel::get_state_with_subgraphs`] for
+//!   `?subgraphs=true`), [`pregel::get_state_history`],
 //!   [`pregel::update_state`], [`pregel::fork`]; [`pregel::StateSnapshot::to_json`] is the
 //!   `/threads/{id}/state` body.
 //! - Storage: implement [`checkpoint::Checkpointer`] (see its module docs for the blob model)

@@ -641,6 +641,25 @@ async fn interrupt_inside_a_subgraph_streams_like_the_reference() {
         .unwrap()
         .to_json();
     assert_eq!(state_view(&s), state_view(&f["state"]));
+    // With subgraphs: the child's own state is inlined in the parent's pending task.
+    let nested =
+        spindle_graph::pregel::get_state_with_subgraphs(&g, h.saver.as_ref(), THREAD, "", None)
+            .await
+            .unwrap()
+            .unwrap()
+            .to_json();
+    let theirs = &f["state_subgraphs"];
+    assert_eq!(
+        nested["tasks"][0]["checkpoint"],
+        theirs["tasks"][0]["checkpoint"]
+    );
+    for key in ["values", "next", "tasks", "interrupts"] {
+        assert_eq!(
+            norm(&nested["tasks"][0]["state"][key]),
+            norm(&theirs["tasks"][0]["state"][key]),
+            "{key}"
+        );
+    }
     let (out, events) = h
         .run(
             &g,

@@ -27,7 +27,10 @@ use crate::stream::{StreamMode, StreamModes};
 pub use run_types::{
     parse_stream_modes, Durability, RunConfig, RunEnv, RunError, RunInput, RunOutcome,
 };
-pub use snapshot::{fork, get_state, get_state_history, update_state, StateSnapshot, StateTask};
+pub use snapshot::{
+    fork, get_state, get_state_history, get_state_with_subgraphs, update_state, StateSnapshot,
+    StateTask,
+};
 use state::{LoopState, BRANCH_TO, START_INPUT, TASKS};
 use task::{Task, TaskKind};
 

@@ -32,6 +32,8 @@ pub struct StateTask {
     pub checkpoint: Option<CheckpointRef>,
     /// Its writes when it already finished.
     pub result: Option<Value>,
+    /// For a subgraph task, with [`get_state_with_subgraphs`]: the subgraph's own state.
+    pub state: Option<Box<StateSnapshot>>,
 }
 
 /// A thread's state at a checkpoint.
@@ -65,8 +67,11 @@ impl StateSnapshot {
             "tasks": self.tasks.iter().map(|t| json!({
                 "id": t.id, "name": t.name, "path": t.path, "error": t.error,
                 "interrupts": t.interrupts.iter().map(Interrupt::to_state_json).collect::<Vec<_>>(),
-                "checkpoint": t.checkpoint.as_ref().map(|c| json!({"thread_id": c.thread_id, "checkpoint_ns": c.checkpoint_ns})),
-                "state": null,
+                // With the subgraph's state inlined, the reference drops the pointer to it.
+                "checkpoint": if t.state.is_some() { Value::Null } else {
+                    t.checkpoint.as_ref().map_or(Value::Null, |c| json!({"thread_id": c.thread_id, "checkpoint_ns": c.checkpoint_ns}))
+                },
+                "state": t.state.as_ref().map(|s| s.to_json()),
                 "result": t.result,
             })).collect::<Vec<_>>(),
             "metadata": self.metadata,
@@ -148,6 +153,7 @@ fn snapshot(graph: &Graph, t: &CheckpointTuple) -> StateSnapshot {
                 error,
                 interrupts,
                 result,
+                state: None,
             }
         })
         .collect();
@@ -179,6 +185,7 @@ fn snapshot(graph: &Graph, t: &CheckpointTuple) -> StateSnapshot {
                 interrupts: Vec::new(),
                 checkpoint: None,
                 result,
+                state: None,
             },
         );
     }
@@ -214,6 +221,29 @@ pub async fn get_state(
         .get_tuple(thread_id, checkpoint_ns, checkpoint_id)
         .await?
         .map(|t| snapshot(g, &t)))
+}
+
+/// [`get_state`] with each pending subgraph task's own state inlined (recursively), as
+/// `/threads/{id}/state?subgraphs=true` shows it.
+pub async fn get_state_with_subgraphs(
+    graph: &Graph,
+    saver: &dyn Checkpointer,
+    thread_id: &str,
+    checkpoint_ns: &str,
+    checkpoint_id: Option<&str>,
+) -> Result<Option<StateSnapshot>, CheckpointError> {
+    let Some(mut snap) = get_state(graph, saver, thread_id, checkpoint_ns, checkpoint_id).await?
+    else {
+        return Ok(None);
+    };
+    for task in snap.tasks.iter_mut() {
+        let Some(ns) = task.checkpoint.as_ref().map(|c| c.checkpoint_ns.clone()) else {
+            continue;
+        };
+        let child = Box::pin(get_state_with_subgraphs(graph, saver, thread_id, &ns, None)).await?;
+        task.state = child.map(Box::new);
+    }
+    Ok(Some(snap))
 }
 
 /// The subgraph that owns a namespace (`child:task|grandchild:task`).
