@@ -365,17 +365,11 @@ pub async fn update_state(
             .await
             .map_err(node_err)?
     };
+    // As if `as_node` had run: its own trigger is consumed.
     if slot < graph.nodes.len() {
         state.seen[slot] = state.trig[slot];
     }
-    // The update replaces whatever the interrupted step would have done.
-    for i in 0..graph.nodes.len() {
-        state.seen[i] = state.seen[i].max(if i == slot {
-            state.trig[i]
-        } else {
-            state.seen[i]
-        });
-    }
+    // Pending `Send`s and a waiting input belonged to the step the update replaces.
     state.sends.clear();
     state.start_input = None;
     let version = state.next_version();
