@@ -478,17 +478,10 @@ impl Loop {
     async fn finish(&mut self, interrupts: Vec<Interrupt>) -> Result<RunOutcome, LoopError> {
         self.flush().await?;
         self.save_exit().await?;
-        let next = if interrupts.is_empty() {
-            task::prepare(self)
-                .iter()
-                .map(|t| self.graph.nodes[t.node].name.clone())
-                .collect()
-        } else {
-            task::prepare(self)
-                .iter()
-                .map(|t| self.graph.nodes[t.node].name.clone())
-                .collect()
-        };
+        let next = task::prepare(self)
+            .iter()
+            .map(|t| self.graph.nodes[t.node].name.clone())
+            .collect();
         Ok(RunOutcome {
             values: self.state.project(&self.graph, &self.graph.output_keys),
             interrupts,

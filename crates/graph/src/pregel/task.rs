@@ -4,7 +4,7 @@
 use serde_json::{json, Value};
 
 use super::state::{BRANCH_TO, TASKS};
-use super::{payloads, Loop, W_DONE, W_ERROR, W_INTERRUPT, W_RESUME};
+use super::{payloads, Loop, W_DONE, W_RESUME};
 use crate::channels::{apply_writes, ChannelKind};
 use crate::checkpoint::PendingWrite;
 use crate::context::TaskContext;
@@ -295,7 +295,6 @@ pub(crate) async fn execute(
         .find(|w| w.channel == W_RESUME)
         .and_then(|w| w.value.as_array().cloned())
         .unwrap_or_default();
-    let _ = (W_ERROR, W_INTERRUPT);
     let graph = &lp.graph;
     let def = &graph.nodes[task.node];
     let input = match &task.kind {
