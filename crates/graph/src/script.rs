@@ -67,6 +67,8 @@ struct Host {
     models: Option<Arc<ModelRegistry>>,
     runtime: Option<tokio::runtime::Handle>,
     deadline: Instant,
+    /// Custom events written by an inline script, sent when it returns.
+    held_custom: std::sync::Mutex<Vec<Value>>,
 }
 
 thread_local! {
@@ -211,18 +213,14 @@ fn build_engine(limits: ScriptLimits) -> Engine {
             if host.runtime.is_some() {
                 host.run
                     .emit_blocking(&host.graph_ns, crate::stream::StreamMode::Custom, v);
-            } else if let Some(sink) = &host.run.sink {
-                if host
-                    .run
-                    .wants(crate::stream::StreamMode::Custom, &host.graph_ns)
-                {
-                    // Inline scripts cannot wait; a full sink drops the event rather than
-                    // blocking the async thread.
-                    let _ = sink.try_send(crate::stream::StreamEvent {
-                        namespace: host.graph_ns.clone(),
-                        mode: crate::stream::StreamMode::Custom,
-                        data: v,
-                    });
+            } else if host
+                .run
+                .wants(crate::stream::StreamMode::Custom, &host.graph_ns)
+            {
+                // Inline scripts cannot wait for a full sink; their events are sent, in
+                // order, as soon as the script returns.
+                if let Ok(mut held) = host.held_custom.lock() {
+                    held.push(v);
                 }
             }
             Ok(())
@@ -386,6 +384,7 @@ impl Script {
             models: self.models.clone(),
             runtime: self.needs_thread.then(tokio::runtime::Handle::current),
             deadline: Instant::now() + self.limits.max_duration,
+            held_custom: Default::default(),
         });
         let mut scope = Scope::new();
         scope.push_constant("config", to_dyn(&ctx.run.config));
@@ -415,6 +414,14 @@ impl Script {
         };
         ctx.interrupt_counter
             .store(host.counter.load(Ordering::SeqCst), Ordering::SeqCst);
+        let held = host
+            .held_custom
+            .lock()
+            .map(|mut h| std::mem::take(&mut *h))
+            .unwrap_or_default();
+        for v in held {
+            ctx.write_custom(v).await;
+        }
         result.map_err(script_error)
     }
 

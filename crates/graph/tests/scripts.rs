@@ -328,3 +328,30 @@ edges:
     );
     assert_eq!(texts(&v).last().unwrap(), "sorry");
 }
+
+#[tokio::test]
+async fn custom_events_of_inline_scripts_survive_a_small_sink() {
+    // A sink with room for one event, read only after the run: nothing may be dropped.
+    let g = graph("nodes:\n  a: {kind: script, code: 'for i in 0..5 { emit(#{ i: i }) }'}\nedges:\n  - {from: START, to: a}\n");
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<spindle_graph::StreamEvent>(1);
+    let reader = tokio::spawn(async move {
+        let mut got = Vec::new();
+        while let Some(e) = rx.recv().await {
+            got.push(e.data);
+        }
+        got
+    });
+    let cfg = RunConfig {
+        stream_modes: vec![StreamMode::Custom],
+        ..Default::default()
+    };
+    let env = RunEnv {
+        sink: Some(tx),
+        ..Default::default()
+    };
+    spindle_graph::pregel::run(&g, RunInput::Values(json!({})), cfg, env)
+        .await
+        .unwrap();
+    let got = reader.await.unwrap();
+    assert_eq!(got, (0..5).map(|i| json!({"i": i})).collect::<Vec<_>>());
+}
