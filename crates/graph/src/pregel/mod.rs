@@ -29,7 +29,7 @@ pub use run_types::{
 };
 pub use snapshot::{
     fork, get_state, get_state_history, get_state_with_subgraphs, update_state, StateSnapshot,
-    StateTask,
+    StateTask, UpdateError,
 };
 use state::{LoopState, BRANCH_TO, START_INPUT, TASKS};
 use task::{Task, TaskKind};
