@@ -8,6 +8,8 @@ pub mod extract;
 pub mod graphs;
 mod openapi;
 pub mod routes;
+pub mod runs;
+pub mod sse;
 pub mod state;
 pub mod wire;
 
@@ -18,6 +20,7 @@ use tokio::net::TcpListener;
 use tower_http::trace::TraceLayer;
 
 pub use graphs::{default_assistant_id, GraphRegistry};
+pub use runs::WorkerConfig;
 pub use state::AppState;
 
 /// The application: every route, the OpenAPI document at `/openapi.json` and its rendering at
@@ -35,16 +38,21 @@ async fn fallback(uri: axum::http::Uri) -> error::ApiError {
     error::ApiError::not_found(format!("No route for {}", uri.path()))
 }
 
-/// Serves `app` on `listener` until `shutdown` resolves, then drains in-flight requests.
+/// Starts the run workers, serves `app` on `listener` until `shutdown` resolves, then drains
+/// in-flight requests and stops the workers.
 pub async fn serve(
     listener: TcpListener,
     state: AppState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(
+    let stop_workers = tokio_util::sync::CancellationToken::new();
+    state.workers.start(stop_workers.clone());
+    let served = axum::serve(
         listener,
         app(state).into_make_service_with_connect_info::<SocketAddr>(),
     )
     .with_graceful_shutdown(shutdown)
-    .await
+    .await;
+    stop_workers.cancel();
+    served
 }

@@ -20,6 +20,7 @@ use crate::state::AppState;
     tags(
         (name = "assistants", description = "Versioned configurations of a graph"),
         (name = "threads", description = "State accumulated by runs"),
+        (name = "runs", description = "Executions of an assistant on a thread"),
         (name = "system", description = "Health and service information"),
     )
 )]
@@ -30,6 +31,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .merge(routes::system::router())
         .merge(routes::assistants::router())
         .merge(routes::threads::router())
+        .merge(routes::runs::router())
 }
 
 /// `/openapi.json` and `/docs` (Swagger UI, its assets compiled into the binary: no CDN).

@@ -1,6 +1,7 @@
-//! What every handler shares: the database, the graphs, and who is calling.
+//! What every handler shares: the database, the graphs, the run machinery, and who is calling.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
@@ -8,16 +9,43 @@ use spindle_storage::{Scope, Storage};
 
 use crate::error::ApiError;
 use crate::graphs::GraphRegistry;
+use crate::runs::{EventHub, RunWorkers, WorkerConfig};
+use crate::sse::DEFAULT_KEEPALIVE_SECS;
 
 #[derive(Clone)]
 pub struct AppState {
     pub storage: Arc<dyn Storage>,
     pub graphs: Arc<GraphRegistry>,
+    pub hub: Arc<EventHub>,
+    pub workers: Arc<RunWorkers>,
+    /// Interval of the keepalive comments on event streams.
+    pub keepalive: Duration,
 }
 
 impl AppState {
     pub fn new(storage: Arc<dyn Storage>, graphs: Arc<GraphRegistry>) -> Self {
-        Self { storage, graphs }
+        Self::with_workers(storage, graphs, WorkerConfig::default())
+    }
+
+    pub fn with_workers(
+        storage: Arc<dyn Storage>,
+        graphs: Arc<GraphRegistry>,
+        config: WorkerConfig,
+    ) -> Self {
+        let hub = Arc::new(EventHub::default());
+        let workers = Arc::new(RunWorkers::new(
+            storage.clone(),
+            graphs.clone(),
+            hub.clone(),
+            config,
+        ));
+        Self {
+            storage,
+            graphs,
+            hub,
+            workers,
+            keepalive: Duration::from_secs(DEFAULT_KEEPALIVE_SECS),
+        }
     }
 }
 

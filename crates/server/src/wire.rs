@@ -115,3 +115,18 @@ pub fn path_uuid(name: &str, raw: &str) -> Result<Uuid, ApiError> {
         .with_input(Value::from(raw))])
     })
 }
+
+/// A boolean query parameter as clients send it: `true`/`false` (any case) or `1`/`0`.
+pub fn query_bool<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<bool>, D::Error> {
+    let raw: Option<String> = Option::deserialize(deserializer)?;
+    match raw.as_deref().map(str::to_ascii_lowercase).as_deref() {
+        None => Ok(None),
+        Some("true" | "1") => Ok(Some(true)),
+        Some("false" | "0") => Ok(Some(false)),
+        Some(other) => Err(serde::de::Error::custom(format!(
+            "Input should be a valid boolean (true, false, 1 or 0), got {other:?}"
+        ))),
+    }
+}

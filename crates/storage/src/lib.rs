@@ -4,12 +4,16 @@
 //! that changes state is one database transaction. The backends are [`sqlite::SqliteStorage`]
 //! (embedded, the default for `spindle dev`) and [`postgres::PostgresStorage`] (for several
 //! server processes sharing one database). [`connect`] picks one from a database URL.
+//! [`Storage::checkpointer`] gives the graph engine's checkpointer over the same database
+//! ([`checkpoints`]).
 
+pub mod checkpoints;
 mod error;
 mod json_filter;
 pub mod model;
 pub mod postgres;
 mod rows;
+pub mod runs;
 pub mod sqlite;
 #[cfg(feature = "test-util")]
 pub mod test_util;
@@ -21,6 +25,10 @@ use uuid::Uuid;
 
 pub use error::{StorageError, StorageResult};
 pub use model::*;
+pub use runs::{
+    CancelAction, ClaimedRun, CreatedRun, IfThreadMissing, LoggedEvent, MultitaskStrategy, NewRun,
+    Run, RunEnd, RunFilter, RunStatus, RunStore,
+};
 /// Re-exported so the server can classify database failures without depending on sqlx.
 pub use sqlx::Error as SqlxError;
 
@@ -93,11 +101,13 @@ pub trait ThreadStore: Send + Sync {
 
 /// Everything the server needs from a database.
 #[async_trait]
-pub trait Storage: AssistantStore + ThreadStore {
+pub trait Storage: AssistantStore + ThreadStore + RunStore {
     /// Which backend this is, for logs and `/info`.
     fn backend(&self) -> Backend;
     /// Answers whether the database can serve a query right now (for `/ready`).
     async fn ping(&self) -> StorageResult<()>;
+    /// The graph engine's checkpointer over this database, sharing its connections.
+    fn checkpointer(&self) -> Arc<dyn spindle_graph::checkpoint::Checkpointer>;
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

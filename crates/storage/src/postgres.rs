@@ -4,16 +4,19 @@
 //! Writes that read before they write lock the row (`FOR UPDATE`) so concurrent processes
 //! serialise on it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::Utc;
 use serde_json::Value;
+use spindle_graph::checkpoint::Checkpointer;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::types::Json;
 use sqlx::{PgConnection, Postgres, QueryBuilder};
 use uuid::Uuid;
 
+use crate::checkpoints::PostgresCheckpointer;
 use crate::error::conflict_if_taken;
 use crate::model::*;
 use crate::rows::{
@@ -25,7 +28,7 @@ use crate::{AssistantStore, Backend, Storage, StorageError, StorageResult, Threa
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 
 pub struct PostgresStorage {
-    pool: PgPool,
+    pub(crate) pool: PgPool,
 }
 
 async fn pool(url: &str) -> StorageResult<PgPool> {
@@ -519,5 +522,9 @@ impl Storage for PostgresStorage {
     async fn ping(&self) -> StorageResult<()> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
+    }
+
+    fn checkpointer(&self) -> Arc<dyn Checkpointer> {
+        Arc::new(PostgresCheckpointer::new(self.pool.clone()))
     }
 }

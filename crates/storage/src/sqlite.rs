@@ -5,11 +5,13 @@
 //! connection, so writers queue in memory; reads use their own pool and run concurrently.
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::Utc;
 use serde_json::Value;
+use spindle_graph::checkpoint::Checkpointer;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
@@ -18,6 +20,7 @@ use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 use uuid::fmt::Hyphenated;
 use uuid::Uuid;
 
+use crate::checkpoints::SqliteCheckpointer;
 use crate::error::conflict_if_taken;
 use crate::json_filter::push_sqlite_contains;
 use crate::model::*;
@@ -30,8 +33,8 @@ use crate::{AssistantStore, Backend, Storage, StorageError, StorageResult, Threa
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
 pub struct SqliteStorage {
-    read: SqlitePool,
-    write: SqlitePool,
+    pub(crate) read: SqlitePool,
+    pub(crate) write: SqlitePool,
 }
 
 fn hyph(id: Uuid) -> Hyphenated {
@@ -69,6 +72,12 @@ impl SqliteStorage {
             .connect_with(options.read_only(true))
             .await?;
         Ok(Self { read, write })
+    }
+
+    /// The writer pool, for unit tests that set up rows directly.
+    #[cfg(test)]
+    pub(crate) fn write_pool(&self) -> &SqlitePool {
+        &self.write
     }
 
     pub async fn migrate_only(url: &str) -> StorageResult<usize> {
@@ -576,5 +585,12 @@ impl Storage for SqliteStorage {
     async fn ping(&self) -> StorageResult<()> {
         sqlx::query("SELECT 1").execute(&self.read).await?;
         Ok(())
+    }
+
+    fn checkpointer(&self) -> Arc<dyn Checkpointer> {
+        Arc::new(SqliteCheckpointer::new(
+            self.read.clone(),
+            self.write.clone(),
+        ))
     }
 }

@@ -297,6 +297,112 @@ impl TestDb {
     }
 }
 
+/// What the checkpoint tables hold for one thread: rows, and bytes of stored data (the
+/// checkpoint and metadata JSON text, blob and write values), for tests that check how much
+/// a step writes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, sqlx::FromRow)]
+pub struct CheckpointFootprint {
+    pub checkpoints: i64,
+    pub checkpoint_bytes: i64,
+    pub blobs: i64,
+    pub blob_bytes: i64,
+    pub writes: i64,
+    pub write_bytes: i64,
+}
+
+impl CheckpointFootprint {
+    /// Bytes of every kind.
+    pub fn bytes(&self) -> i64 {
+        self.checkpoint_bytes + self.blob_bytes + self.write_bytes
+    }
+
+    /// What was added since `earlier`.
+    pub fn since(&self, earlier: &Self) -> Self {
+        Self {
+            checkpoints: self.checkpoints - earlier.checkpoints,
+            checkpoint_bytes: self.checkpoint_bytes - earlier.checkpoint_bytes,
+            blobs: self.blobs - earlier.blobs,
+            blob_bytes: self.blob_bytes - earlier.blob_bytes,
+            writes: self.writes - earlier.writes,
+            write_bytes: self.write_bytes - earlier.write_bytes,
+        }
+    }
+}
+
+impl TestDb {
+    /// How many checkpoint rows and bytes `thread_id` holds.
+    pub async fn checkpoint_footprint(&self, thread_id: &str) -> CheckpointFootprint {
+        match &self.raw {
+            Raw::Sqlite(pool) => sqlx::query_as(
+                "SELECT \
+                 (SELECT COUNT(*) FROM checkpoints WHERE thread_id = $1) AS checkpoints, \
+                 (SELECT COALESCE(SUM(length(CAST(checkpoint AS BLOB)) \
+                     + length(CAST(metadata AS BLOB))), 0) \
+                  FROM checkpoints WHERE thread_id = $1) AS checkpoint_bytes, \
+                 (SELECT COUNT(*) FROM checkpoint_blobs WHERE thread_id = $1) AS blobs, \
+                 (SELECT COALESCE(SUM(length(value)), 0) FROM checkpoint_blobs \
+                  WHERE thread_id = $1) AS blob_bytes, \
+                 (SELECT COUNT(*) FROM checkpoint_writes WHERE thread_id = $1) AS writes, \
+                 (SELECT COALESCE(SUM(length(value)), 0) FROM checkpoint_writes \
+                  WHERE thread_id = $1) AS write_bytes",
+            )
+            .bind(thread_id)
+            .fetch_one(pool)
+            .await
+            .expect("measure checkpoints"),
+            Raw::Postgres(pool) => sqlx::query_as(
+                "SELECT \
+                 (SELECT COUNT(*) FROM checkpoints WHERE thread_id = $1) AS checkpoints, \
+                 (SELECT COALESCE(SUM(octet_length(checkpoint::text) \
+                     + octet_length(metadata::text)), 0)::bigint \
+                  FROM checkpoints WHERE thread_id = $1) AS checkpoint_bytes, \
+                 (SELECT COUNT(*) FROM checkpoint_blobs WHERE thread_id = $1) AS blobs, \
+                 (SELECT COALESCE(SUM(octet_length(value)), 0)::bigint FROM checkpoint_blobs \
+                  WHERE thread_id = $1) AS blob_bytes, \
+                 (SELECT COUNT(*) FROM checkpoint_writes WHERE thread_id = $1) AS writes, \
+                 (SELECT COALESCE(SUM(octet_length(value)), 0)::bigint FROM checkpoint_writes \
+                  WHERE thread_id = $1) AS write_bytes",
+            )
+            .bind(thread_id)
+            .fetch_one(pool)
+            .await
+            .expect("measure checkpoints"),
+        }
+    }
+
+    /// The query plan the database chooses for `sql` with text parameters `params`, one line
+    /// per plan step (`EXPLAIN QUERY PLAN` on SQLite; `EXPLAIN` on PostgreSQL, with sequential
+    /// scans disabled).
+    pub async fn query_plan(&self, sql: &str, params: &[&str]) -> String {
+        match &self.raw {
+            Raw::Sqlite(pool) => {
+                let explain = format!("EXPLAIN QUERY PLAN {sql}");
+                let mut query = sqlx::query_as::<_, (i64, i64, i64, String)>(&explain);
+                for p in params {
+                    query = query.bind(*p);
+                }
+                let rows = query.fetch_all(pool).await.expect("explain");
+                rows.into_iter().map(|r| r.3).collect::<Vec<_>>().join("\n")
+            }
+            Raw::Postgres(pool) => {
+                // A test's tables are tiny, and a sequential scan of a tiny table is cheapest;
+                // with it ruled out the plan shows the index path the query would take.
+                let mut tx = pool.begin().await.expect("begin");
+                sqlx::query("SET LOCAL enable_seqscan = off")
+                    .execute(&mut *tx)
+                    .await
+                    .expect("disable sequential scans");
+                let explain = format!("EXPLAIN {sql}");
+                let mut query = sqlx::query_scalar::<_, String>(&explain);
+                for p in params {
+                    query = query.bind(*p);
+                }
+                query.fetch_all(&mut *tx).await.expect("explain").join("\n")
+            }
+        }
+    }
+}
+
 /// The PostgreSQL URL to test against, or `None` after saying loudly that it is skipped.
 pub fn postgres_url() -> Option<String> {
     match std::env::var(POSTGRES_URL_ENV) {

@@ -292,7 +292,8 @@ impl Validate for SetLatestRequest {
 #[derive(Debug, Default, Deserialize, IntoParams)]
 pub struct DeleteAssistantQuery {
     /// Also delete the threads whose metadata names this assistant.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::wire::query_bool")]
+    #[param(value_type = Option<bool>)]
     pub delete_threads: Option<bool>,
 }
 
@@ -311,7 +312,8 @@ impl Validate for GraphQuery {}
 #[derive(Debug, Default, Deserialize, IntoParams)]
 pub struct SubgraphsQuery {
     /// Also list the subgraphs of subgraphs.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::wire::query_bool")]
+    #[param(value_type = Option<bool>)]
     pub recurse: Option<bool>,
 }
 

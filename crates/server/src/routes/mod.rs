@@ -1,5 +1,6 @@
 //! HTTP routes, one module per resource.
 
 pub mod assistants;
+pub mod runs;
 pub mod system;
 pub mod threads;

@@ -4,6 +4,8 @@
 //! PostgreSQL too.
 
 mod assistants;
+mod checkpoints;
 mod common;
 mod migrations;
+mod runs;
 mod threads;

@@ -1,0 +1,890 @@
+//! `/threads/{thread_id}/runs` and stateless `/runs`: create, stream, wait, list, get, delete,
+//! join and cancel runs.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+use spindle_storage::{
+    CancelAction, IfThreadMissing, MultitaskStrategy, NewRun, Run, RunFilter, RunStatus, Scope,
+};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use uuid::Uuid;
+
+use crate::error::{ApiError, ApiResult, ErrorBody, ValidationErrorBody};
+use crate::extract::{ApiJson, ApiQuery, Validate, Violations};
+use crate::routes::assistants::resolve_assistant_id;
+use crate::runs::execute::keys;
+use crate::runs::hub::HubMessage;
+use crate::runs::stream::{run_stream, Follow};
+use crate::sse;
+use crate::state::{AppState, Caller};
+use crate::wire::{page, path_uuid, validate_page, JsonObject};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_run, list_runs))
+        .routes(routes!(stream_run))
+        .routes(routes!(wait_run))
+        .routes(routes!(get_run, delete_run))
+        .routes(routes!(join_run))
+        .routes(routes!(join_run_stream))
+        .routes(routes!(cancel_run))
+}
+
+/// A run as clients read it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RunOut {
+    pub run_id: Uuid,
+    pub thread_id: Uuid,
+    pub assistant_id: Uuid,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    /// pending, running, error, success, timeout or interrupted.
+    pub status: String,
+    #[schema(value_type = Object)]
+    pub metadata: JsonObject,
+    /// The run's parameters: input, command, config, context, stream modes, ...
+    #[schema(value_type = Object)]
+    pub kwargs: JsonObject,
+    pub multitask_strategy: String,
+    pub user_id: Option<String>,
+}
+
+impl From<Run> for RunOut {
+    fn from(r: Run) -> Self {
+        Self {
+            run_id: r.run_id,
+            thread_id: r.thread_id,
+            assistant_id: r.assistant_id,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+            status: r.status.as_str().to_owned(),
+            metadata: r.metadata,
+            kwargs: r.kwargs,
+            multitask_strategy: r.multitask_strategy.as_str().to_owned(),
+            user_id: r.user_id,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, ToSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum MultitaskWire {
+    Reject,
+    Interrupt,
+    Rollback,
+    Enqueue,
+}
+
+impl From<MultitaskWire> for MultitaskStrategy {
+    fn from(w: MultitaskWire) -> Self {
+        match w {
+            MultitaskWire::Reject => MultitaskStrategy::Reject,
+            MultitaskWire::Interrupt => MultitaskStrategy::Interrupt,
+            MultitaskWire::Rollback => MultitaskStrategy::Rollback,
+            MultitaskWire::Enqueue => MultitaskStrategy::Enqueue,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, ToSchema, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OnDisconnect {
+    #[default]
+    Cancel,
+    Continue,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, ToSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum DurabilityWire {
+    Sync,
+    Async,
+    Exit,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, ToSchema, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum IfNotExists {
+    #[default]
+    Reject,
+    Create,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, ToSchema, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OnCompletion {
+    #[default]
+    Delete,
+    Keep,
+}
+
+/// A checkpoint reference: where to start the run from.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct CheckpointIn {
+    pub checkpoint_id: Option<String>,
+    #[serde(default)]
+    pub checkpoint_ns: Option<String>,
+    #[serde(default)]
+    pub thread_id: Option<String>,
+}
+
+/// The create-run request.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct RunCreate {
+    /// Assistant UUID or graph id.
+    pub assistant_id: String,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub input: Option<Value>,
+    /// `{resume?, update?, goto?}`: resume interrupts, update the state, go to nodes.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub command: Option<JsonObject>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub config: Option<JsonObject>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub context: Option<JsonObject>,
+    /// Wins over `checkpoint_id`.
+    #[serde(default)]
+    pub checkpoint: Option<CheckpointIn>,
+    #[serde(default)]
+    pub checkpoint_id: Option<Uuid>,
+    /// Wins over `checkpoint_during`.
+    #[serde(default)]
+    pub durability: Option<DurabilityWire>,
+    /// Deprecated: true means async, false means exit.
+    #[serde(default)]
+    pub checkpoint_during: Option<bool>,
+    /// One mode or a list: values, updates, messages-tuple, custom, tasks, checkpoints, debug.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub stream_mode: Option<Value>,
+    #[serde(default)]
+    pub stream_subgraphs: Option<bool>,
+    /// Events are always kept in the log; accepted for compatibility.
+    #[serde(default)]
+    pub stream_resumable: Option<bool>,
+    #[serde(default)]
+    pub on_disconnect: Option<OnDisconnect>,
+    #[serde(default)]
+    pub multitask_strategy: Option<MultitaskWire>,
+    /// `"*"` or a list of node names.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub interrupt_before: Option<Value>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub interrupt_after: Option<Value>,
+    /// At most 32 keys matching `[A-Za-z0-9_-]{1,64}`; primitive values; strings up to 512.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<JsonObject>,
+    /// Not supported yet: refused rather than ignored.
+    #[serde(default)]
+    pub webhook: Option<String>,
+    #[serde(default)]
+    pub if_not_exists: Option<IfNotExists>,
+    /// Seconds to wait before starting.
+    #[serde(default)]
+    pub after_seconds: Option<f64>,
+    /// Stateless runs: delete (default) or keep the temporary thread.
+    #[serde(default)]
+    pub on_completion: Option<OnCompletion>,
+}
+
+const STREAM_MODES: [&str; 7] = [
+    "values",
+    "updates",
+    "messages-tuple",
+    "custom",
+    "tasks",
+    "checkpoints",
+    "debug",
+];
+
+impl Validate for RunCreate {
+    fn validate(&self, v: &mut Violations) {
+        validate_run_metadata(v, self.metadata.as_ref());
+        validate_stream_mode(v, self.stream_mode.as_ref());
+        for (field, value) in [
+            ("interrupt_before", &self.interrupt_before),
+            ("interrupt_after", &self.interrupt_after),
+        ] {
+            if let Some(value) = value.as_ref().filter(|v| !v.is_null()) {
+                if spindle_graph::NodeSet::from_value(value).is_none() {
+                    v.push(
+                        &[field],
+                        "value_error",
+                        "Input should be \"*\" or a list of node names",
+                        value.clone(),
+                        Value::Null,
+                    );
+                }
+            }
+        }
+        if let Some(seconds) = self.after_seconds {
+            if !(0.0..=86_400.0 * 365.0).contains(&seconds) {
+                v.push(
+                    &["after_seconds"],
+                    "greater_than_equal",
+                    "Input should be between 0 and one year",
+                    json!(seconds),
+                    Value::Null,
+                );
+            }
+        }
+        v.max_len("webhook", self.webhook.as_deref(), 2048);
+        if self.webhook.is_some() {
+            v.push(
+                &["webhook"],
+                "not_supported",
+                "webhooks are not supported by this server yet",
+                json!(self.webhook),
+                Value::Null,
+            );
+        }
+        if let Some(ns) = self
+            .checkpoint
+            .as_ref()
+            .and_then(|c| c.checkpoint_ns.as_deref())
+        {
+            if !ns.is_empty() {
+                v.push(
+                    &["checkpoint", "checkpoint_ns"],
+                    "not_supported",
+                    "runs start from a root checkpoint",
+                    json!(ns),
+                    Value::Null,
+                );
+            }
+        }
+    }
+}
+
+/// The interface's limits on run metadata, which become trace attributes.
+fn validate_run_metadata(v: &mut Violations, metadata: Option<&JsonObject>) {
+    let Some(metadata) = metadata else { return };
+    if metadata.len() > 32 {
+        v.push(
+            &["metadata"],
+            "too_long",
+            "Run metadata may have at most 32 keys",
+            json!(metadata.len()),
+            json!({"max_length": 32}),
+        );
+    }
+    for (key, value) in metadata {
+        let key_ok = (1..=64).contains(&key.len())
+            && key
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if !key_ok {
+            v.push(
+                &["metadata", key],
+                "string_pattern_mismatch",
+                "Metadata keys must match [A-Za-z0-9_-]{1,64}",
+                json!(key),
+                json!({"pattern": "[A-Za-z0-9_-]{1,64}"}),
+            );
+        }
+        match value {
+            Value::String(s) if s.chars().count() > 512 => {
+                v.push(
+                    &["metadata", key],
+                    "string_too_long",
+                    "String should have at most 512 characters",
+                    value.clone(),
+                    json!({"max_length": 512}),
+                );
+            }
+            Value::String(_) | Value::Number(_) | Value::Bool(_) => {}
+            _ => v.push(
+                &["metadata", key],
+                "value_error",
+                "Metadata values must be strings, numbers or booleans",
+                value.clone(),
+                Value::Null,
+            ),
+        }
+    }
+}
+
+fn validate_stream_mode(v: &mut Violations, mode: Option<&Value>) {
+    let modes: Vec<&Value> = match mode {
+        None | Some(Value::Null) => return,
+        Some(Value::Array(items)) => items.iter().collect(),
+        Some(one) => vec![one],
+    };
+    for (i, mode) in modes.into_iter().enumerate() {
+        if !mode.as_str().is_some_and(|m| STREAM_MODES.contains(&m)) {
+            v.push(
+                &["stream_mode", &i.to_string()],
+                "enum",
+                format!("Input should be one of {}", STREAM_MODES.join(", ")),
+                mode.clone(),
+                json!({"expected": STREAM_MODES}),
+            );
+        }
+    }
+}
+
+impl RunCreate {
+    /// What the worker needs to execute the run, in the keys `runs::execute` reads.
+    fn kwargs(&self) -> JsonObject {
+        let mut kwargs = Map::new();
+        let mut put = |key: &str, value: Option<Value>| {
+            if let Some(value) = value.filter(|v| !v.is_null()) {
+                kwargs.insert(key.to_owned(), value);
+            }
+        };
+        put(keys::INPUT, self.input.clone());
+        put(keys::COMMAND, self.command.clone().map(Value::Object));
+        put(keys::CONFIG, self.config.clone().map(Value::Object));
+        put(keys::CONTEXT, self.context.clone().map(Value::Object));
+        put(keys::STREAM_MODE, self.stream_mode.clone());
+        put(
+            keys::STREAM_SUBGRAPHS,
+            self.stream_subgraphs.map(Value::Bool),
+        );
+        put(keys::INTERRUPT_BEFORE, self.interrupt_before.clone());
+        put(keys::INTERRUPT_AFTER, self.interrupt_after.clone());
+        let checkpoint_id = self
+            .checkpoint
+            .as_ref()
+            .and_then(|c| c.checkpoint_id.clone())
+            .or_else(|| self.checkpoint_id.map(|id| id.to_string()));
+        put(keys::CHECKPOINT_ID, checkpoint_id.map(Value::String));
+        let durability = match (self.durability, self.checkpoint_during) {
+            (Some(d), _) => Some(d),
+            (None, Some(true)) => Some(DurabilityWire::Async),
+            (None, Some(false)) => Some(DurabilityWire::Exit),
+            (None, None) => None,
+        };
+        put(
+            keys::DURABILITY,
+            durability.map(|d| {
+                json!(match d {
+                    DurabilityWire::Sync => "sync",
+                    DurabilityWire::Async => "async",
+                    DurabilityWire::Exit => "exit",
+                })
+            }),
+        );
+        put(
+            keys::ON_DISCONNECT,
+            Some(json!(match self.on_disconnect.unwrap_or_default() {
+                OnDisconnect::Cancel => "cancel",
+                OnDisconnect::Continue => "continue",
+            })),
+        );
+        kwargs
+    }
+}
+
+/// Creates a run on `thread_id` (pending) and wakes a worker.
+async fn start_run(
+    state: &AppState,
+    scope: &Scope,
+    thread_id: Uuid,
+    body: &RunCreate,
+    temporary: bool,
+) -> ApiResult<Run> {
+    let assistant_id = resolve_assistant_id(state, &body.assistant_id).map_err(|_| {
+        ApiError::field(
+            vec![json!("body"), json!("assistant_id")],
+            "uuid_parsing",
+            "Input should be a valid UUID or the id of a graph",
+        )
+    })?;
+    let assistant = state.storage.get_assistant(scope, assistant_id).await?;
+    let mut kwargs = body.kwargs();
+    if temporary {
+        kwargs.insert(keys::TEMPORARY.into(), json!(true));
+    }
+    let if_thread_missing = match (temporary, body.if_not_exists.unwrap_or_default()) {
+        (true, _) | (false, IfNotExists::Create) => {
+            let mut metadata = Map::new();
+            metadata.insert("graph_id".into(), json!(assistant.fields.graph_id));
+            metadata.insert("assistant_id".into(), json!(assistant_id.to_string()));
+            IfThreadMissing::Create { metadata }
+        }
+        (false, IfNotExists::Reject) => IfThreadMissing::Reject,
+    };
+    let delay = body.after_seconds.unwrap_or(0.0);
+    let new = NewRun {
+        run_id: Uuid::now_v7(),
+        thread_id,
+        assistant_id,
+        kwargs,
+        metadata: body.metadata.clone().unwrap_or_default(),
+        multitask_strategy: body.multitask_strategy.map(Into::into).unwrap_or_default(),
+        run_after: Utc::now() + chrono::Duration::milliseconds((delay * 1000.0) as i64),
+        if_thread_missing,
+    };
+    let span = tracing::info_span!("run.create", run_id = %new.run_id, thread_id = %thread_id);
+    for (key, value) in &new.metadata {
+        tracing::debug!(parent: &span, attribute = %format!("trace.metadata.{key}"), value = %value);
+    }
+    let created = state.storage.create_run(scope, new).await?;
+    state.workers.cancel_local(&created.cancelled);
+    state.workers.wake();
+    Ok(created.run)
+}
+
+fn locations(run: &Run) -> (String, String) {
+    let base = format!("/threads/{}/runs/{}", run.thread_id, run.run_id);
+    (format!("{base}/join"), base)
+}
+
+/// An SSE response following `run` from its first event.
+fn stream_response(
+    state: &AppState,
+    scope: Scope,
+    run: &Run,
+    after: i64,
+    cancel_on_disconnect: bool,
+) -> Response {
+    let (join, content) = locations(run);
+    let headers = sse::headers(Some((&join, &content)));
+    let workers = state.workers.clone();
+    let storage = state.storage.clone();
+    let (thread_id, run_id) = (run.thread_id, run.run_id);
+    let cancel_scope = scope.clone();
+    let on_gone = move || {
+        if cancel_on_disconnect {
+            tokio::spawn(async move {
+                tracing::info!(%run_id, "client disconnected; cancelling the run (on_disconnect=cancel)");
+                match storage
+                    .cancel_runs(&cancel_scope, thread_id, &[run_id], CancelAction::Interrupt)
+                    .await
+                {
+                    Ok(ids) => workers.cancel_local(&ids),
+                    Err(err) => tracing::warn!(%run_id, error = %err, "cannot cancel the run"),
+                }
+            });
+        }
+    };
+    let follow = Follow {
+        thread_id,
+        run_id,
+        after,
+        with_ids: true,
+    };
+    let body = run_stream(
+        state.storage.clone(),
+        state.hub.clone(),
+        scope,
+        follow,
+        state.keepalive,
+        on_gone,
+    );
+    (headers, Body::from_stream(body)).into_response()
+}
+
+/// The final values of an ended run: the thread's values, with `__interrupt__` when it stopped
+/// at an interrupt and `__error__` when it failed.
+async fn final_values(state: &AppState, scope: &Scope, run: &Run) -> ApiResult<Value> {
+    let thread = state.storage.get_thread(scope, run.thread_id).await;
+    let mut values = match thread.as_ref().ok().and_then(|t| t.values.clone()) {
+        Some(Value::Object(map)) => map,
+        _ => Map::new(),
+    };
+    if let Ok(thread) = &thread {
+        let interrupts: Vec<Value> = thread
+            .interrupts
+            .values()
+            .filter_map(Value::as_array)
+            .flatten()
+            .cloned()
+            .collect();
+        if !interrupts.is_empty() {
+            values.insert("__interrupt__".into(), Value::Array(interrupts));
+        }
+    }
+    if let Some(error) = run_error(state, run).await {
+        values.insert("__error__".into(), error);
+    }
+    Ok(Value::Object(values))
+}
+
+/// The `error` event of a failed run, from the log.
+async fn run_error(state: &AppState, run: &Run) -> Option<Value> {
+    if run.status == RunStatus::Success || run.status == RunStatus::Interrupted {
+        return None;
+    }
+    let events = state
+        .storage
+        .read_events(run.thread_id, 0, Some(run.run_id), 100_000)
+        .await
+        .ok()?;
+    events
+        .into_iter()
+        .rev()
+        .find(|e| e.event == "error")
+        .map(|e| e.data)
+}
+
+/// Waits until the run ends, then returns it as it ended.
+async fn wait_for_end(state: &AppState, scope: &Scope, run: &Run) -> ApiResult<Run> {
+    let mut live = state.hub.subscribe(run.thread_id);
+    loop {
+        let current = state
+            .storage
+            .get_run(scope, run.thread_id, run.run_id)
+            .await?;
+        if !current.status.is_active() {
+            return Ok(current);
+        }
+        let wait = async {
+            loop {
+                match live.recv().await {
+                    Ok(HubMessage::RunEnded { run_id, .. }) if run_id == run.run_id => return,
+                    Ok(_) => {}
+                    Err(_) => return,
+                }
+            }
+        };
+        // Also poll: the run may execute in another process.
+        let _ = tokio::time::timeout(Duration::from_millis(500), wait).await;
+    }
+}
+
+/// Waits for the run and answers its final values, with a newline every 5 s while waiting so
+/// proxies keep the connection open.
+fn wait_response(state: AppState, scope: Scope, run: Run, temporary_delete: bool) -> Response {
+    let (join, content) = locations(&run);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, std::convert::Infallible>>(4);
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(Duration::from_secs(5));
+        ticker.tick().await;
+        let ended = {
+            let finished = wait_for_end(&state, &scope, &run);
+            tokio::pin!(finished);
+            loop {
+                tokio::select! {
+                    result = &mut finished => break result,
+                    _ = ticker.tick() => {
+                        if tx.send(Ok(bytes::Bytes::from_static(b"\n"))).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        };
+        let body = match ended {
+            Ok(ended) => final_values(&state, &scope, &ended).await.unwrap_or_else(
+                |e| json!({"__error__": {"error": "Error", "message": e.message()}}),
+            ),
+            Err(e) => json!({"__error__": {"error": "Error", "message": e.message()}}),
+        };
+        let _ = tx.send(Ok(bytes::Bytes::from(body.to_string()))).await;
+        if temporary_delete {
+            if let Err(err) = state.storage.delete_thread(&scope, run.thread_id).await {
+                tracing::warn!(thread_id = %run.thread_id, error = %err, "cannot delete the temporary thread");
+            }
+        }
+    });
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        axum::http::header::CONTENT_TYPE,
+        "application/json".parse().expect("static header"),
+    );
+    if let (Ok(join), Ok(content)) = (join.parse(), content.parse()) {
+        headers.insert(axum::http::header::LOCATION, join);
+        headers.insert(axum::http::header::CONTENT_LOCATION, content);
+    }
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    (headers, Body::from_stream(stream)).into_response()
+}
+
+#[utoipa::path(post, path = "/threads/{thread_id}/runs", tag = "runs", request_body = RunCreate,
+    params(("thread_id" = Uuid, Path)),
+    responses((status = 200, description = "the run, pending; it executes in the background", body = RunOut),
+              (status = 404, body = ErrorBody), (status = 409, description = "multitask_strategy reject and the thread is busy", body = ErrorBody),
+              (status = 422, body = ValidationErrorBody)))]
+async fn create_run(
+    State(state): State<AppState>,
+    Caller(scope): Caller,
+    Path(thread_id): Path<String>,
+    ApiJson(body): ApiJson<RunCreate>,
+) -> ApiResult<Response> {
+    let thread_id = path_uuid("thread_id", &thread_id)?;
+    let run = start_run(&state, &scope, thread_id, &body, false).await?;
+    let (join, content) = locations(&run);
+    let mut headers = HeaderMap::new();
+    if let (Ok(join), Ok(content)) = (join.parse(), content.parse()) {
+        headers.insert(axum::http::header::LOCATION, join);
+        headers.insert(axum::http::header::CONTENT_LOCATION, content);
+    }
+    Ok((headers, Json(RunOut::from(run))).into_response())
+}
+
+#[utoipa::path(post, path = "/threads/{thread_id}/runs/stream", tag = "runs", request_body = RunCreate,
+    params(("thread_id" = Uuid, Path)),
+    responses((status = 200, description = "Server-Sent Events: metadata, then the requested stream modes", content_type = "text/event-stream", body = String),
+              (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
+async fn stream_run(
+    State(state): State<AppState>,
+    Caller(scope): Caller,
+    Path(thread_id): Path<String>,
+    ApiJson(body): ApiJson<RunCreate>,
+) -> ApiResult<Response> {
+    let thread_id = path_uuid("thread_id", &thread_id)?;
+    let run = start_run(&state, &scope, thread_id, &body, false).await?;
+    let cancel = body.on_disconnect.unwrap_or_default() == OnDisconnect::Cancel;
+    Ok(stream_response(&state, scope, &run, 0, cancel))
+}
+
+#[utoipa::path(post, path = "/threads/{thread_id}/runs/wait", tag = "runs", request_body = RunCreate,
+    params(("thread_id" = Uuid, Path)),
+    responses((status = 200, description = "the final values (`__interrupt__`, `__error__` when applicable)", body = Object),
+              (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
+async fn wait_run(
+    State(state): State<AppState>,
+    Caller(scope): Caller,
+    Path(thread_id): Path<String>,
+    ApiJson(body): ApiJson<RunCreate>,
+) -> ApiResult<Response> {
+    let thread_id = path_uuid("thread_id", &thread_id)?;
+    let run = start_run(&state, &scope, thread_id, &body, false).await?;
+    Ok(wait_response(state, scope, run, false))
+}
+
+#[derive(Debug, Default, Deserialize, IntoParams)]
+pub struct ListRunsQuery {
+    #[serde(default)]
+    pub limit: Option<i64>,
+    #[serde(default)]
+    pub offset: Option<i64>,
+    /// pending, running, error, success, timeout or interrupted.
+    #[serde(default)]
+    pub status: Option<String>,
+}
+
+impl Validate for ListRunsQuery {
+    fn validate(&self, v: &mut Violations) {
+        validate_page(v, self.limit, self.offset);
+        if let Some(status) = self
+            .status
+            .as_deref()
+            .filter(|s| RunStatus::parse(s).is_none())
+        {
+            v.push(
+                &["status"],
+                "enum",
+                "Input should be pending, running, error, success, timeout or interrupted",
+                json!(status),
+                Value::Null,
+            );
+        }
+    }
+}
+
+#[utoipa::path(get, path = "/threads/{thread_id}/runs", tag = "runs",
+    params(("thread_id" = Uuid, Path), ListRunsQuery),
+    responses((status = 200, description = "runs, newest first", body = Vec<RunOut>), (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
+async fn list_runs(
+    State(state): State<AppState>,
+    Caller(scope): Caller,
+    Path(thread_id): Path<String>,
+    ApiQuery(query): ApiQuery<ListRunsQuery>,
+) -> ApiResult<Json<Vec<RunOut>>> {
+    let thread_id = path_uuid("thread_id", &thread_id)?;
+    state.storage.get_thread(&scope, thread_id).await?;
+    let filter = RunFilter {
+        status: query.status.as_deref().and_then(RunStatus::parse),
+    };
+    let runs = state
+        .storage
+        .list_runs(&scope, thread_id, filter, page(query.limit, query.offset))
+        .await?;
+    Ok(Json(runs.into_iter().map(Into::into).collect()))
+}
+
+fn run_path(thread_id: &str, run_id: &str) -> ApiResult<(Uuid, Uuid)> {
+    Ok((
+        path_uuid("thread_id", thread_id)?,
+        path_uuid("run_id", run_id)?,
+    ))
+}
+
+#[utoipa::path(get, path = "/threads/{thread_id}/runs/{run_id}", tag = "runs",
+    params(("thread_id" = Uuid, Path), ("run_id" = Uuid, Path)),
+    responses((status = 200, body = RunOut), (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
+async fn get_run(
+    State(state): State<AppState>,
+    Caller(scope): Caller,
+    Path((thread_id, run_id)): Path<(String, String)>,
+) -> ApiResult<Json<RunOut>> {
+    let (thread_id, run_id) = run_path(&thread_id, &run_id)?;
+    Ok(Json(
+        state
+            .storage
+            .get_run(&scope, thread_id, run_id)
+            .await?
+            .into(),
+    ))
+}
+
+#[derive(Debug, Default, Deserialize, IntoParams)]
+pub struct DeleteRunQuery {
+    /// 1: cancel an active run first; 0 (default): an active run is a conflict.
+    #[serde(default)]
+    pub force: Option<u8>,
+}
+
+impl Validate for DeleteRunQuery {
+    fn validate(&self, v: &mut Violations) {
+        v.range("force", self.force.map(i64::from), 0, Some(1));
+    }
+}
+
+#[utoipa::path(delete, path = "/threads/{thread_id}/runs/{run_id}", tag = "runs",
+    params(("thread_id" = Uuid, Path), ("run_id" = Uuid, Path), DeleteRunQuery),
+    responses((status = 204, description = "deleted"), (status = 404, body = ErrorBody),
+              (status = 409, description = "the run is active and force is 0", body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
+async fn delete_run(
+    State(state): State<AppState>,
+    Caller(scope): Caller,
+    Path((thread_id, run_id)): Path<(String, String)>,
+    ApiQuery(query): ApiQuery<DeleteRunQuery>,
+) -> ApiResult<StatusCode> {
+    let (thread_id, run_id) = run_path(&thread_id, &run_id)?;
+    let run = state.storage.get_run(&scope, thread_id, run_id).await?;
+    if run.status.is_active() {
+        if query.force.unwrap_or(0) == 0 {
+            return Err(ApiError::conflict(format!(
+                "Run {run_id} is {}; delete it with force=1 to cancel it first",
+                run.status.as_str()
+            )));
+        }
+        let ids = state
+            .storage
+            .cancel_runs(&scope, thread_id, &[run_id], CancelAction::Interrupt)
+            .await?;
+        state.workers.cancel_local(&ids);
+        wait_for_end(&state, &scope, &run).await?;
+    }
+    match state.storage.delete_run(&scope, thread_id, run_id).await {
+        Ok(()) | Err(spindle_storage::StorageError::NotFound(_)) => Ok(StatusCode::NO_CONTENT),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[utoipa::path(get, path = "/threads/{thread_id}/runs/{run_id}/join", tag = "runs",
+    params(("thread_id" = Uuid, Path), ("run_id" = Uuid, Path)),
+    responses((status = 200, description = "the final values once the run ended", body = Object), (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
+async fn join_run(
+    State(state): State<AppState>,
+    Caller(scope): Caller,
+    Path((thread_id, run_id)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    let (thread_id, run_id) = run_path(&thread_id, &run_id)?;
+    let run = state.storage.get_run(&scope, thread_id, run_id).await?;
+    Ok(wait_response(state, scope, run, false))
+}
+
+#[utoipa::path(get, path = "/threads/{thread_id}/runs/{run_id}/stream", tag = "runs",
+    params(("thread_id" = Uuid, Path), ("run_id" = Uuid, Path),
+           ("Last-Event-ID" = Option<String>, Header, description = "resume after this event id; -1 replays all")),
+    responses((status = 200, description = "the run's events from the log, then live", content_type = "text/event-stream", body = String),
+              (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
+async fn join_run_stream(
+    State(state): State<AppState>,
+    Caller(scope): Caller,
+    Path((thread_id, run_id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    let (thread_id, run_id) = run_path(&thread_id, &run_id)?;
+    let run = state.storage.get_run(&scope, thread_id, run_id).await?;
+    let after = match headers
+        .get("last-event-id")
+        .map(|v| v.to_str().unwrap_or_default().trim())
+    {
+        None | Some("") => 0,
+        Some(raw) => raw.parse::<i64>().map_err(|_| {
+            ApiError::field(
+                vec![json!("header"), json!("Last-Event-ID")],
+                "int_parsing",
+                "Last-Event-ID should be an event id",
+            )
+        })?,
+    };
+    Ok(stream_response(&state, scope, &run, after, false))
+}
+
+#[derive(Debug, Default, Deserialize, IntoParams)]
+pub struct CancelQuery {
+    /// Wait until the run has stopped.
+    #[serde(default, deserialize_with = "crate::wire::query_bool")]
+    #[param(value_type = Option<bool>)]
+    pub wait: Option<bool>,
+    /// interrupt (default) or rollback.
+    #[serde(default)]
+    pub action: Option<String>,
+}
+
+impl Validate for CancelQuery {
+    fn validate(&self, v: &mut Violations) {
+        if let Some(action) = self
+            .action
+            .as_deref()
+            .filter(|a| CancelAction::parse(a).is_none())
+        {
+            v.push(
+                &["action"],
+                "enum",
+                "Input should be interrupt or rollback",
+                json!(action),
+                Value::Null,
+            );
+        }
+    }
+}
+
+#[utoipa::path(post, path = "/threads/{thread_id}/runs/{run_id}/cancel", tag = "runs",
+    params(("thread_id" = Uuid, Path), ("run_id" = Uuid, Path), CancelQuery),
+    responses((status = 202, description = "cancel requested"), (status = 204, description = "cancelled (wait=true)"),
+              (status = 404, description = "no such active run", body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
+async fn cancel_run(
+    State(state): State<AppState>,
+    Caller(scope): Caller,
+    Path((thread_id, run_id)): Path<(String, String)>,
+    ApiQuery(query): ApiQuery<CancelQuery>,
+) -> ApiResult<StatusCode> {
+    let (thread_id, run_id) = run_path(&thread_id, &run_id)?;
+    let run = state.storage.get_run(&scope, thread_id, run_id).await?;
+    if !run.status.is_active() {
+        return Err(ApiError::not_found(format!("Run {run_id} is not active")));
+    }
+    let action = query
+        .action
+        .as_deref()
+        .and_then(CancelAction::parse)
+        .unwrap_or_default();
+    let ids = state
+        .storage
+        .cancel_runs(&scope, thread_id, &[run_id], action)
+        .await?;
+    state.workers.cancel_local(&ids);
+    if query.wait.unwrap_or(false) {
+        match wait_for_end(&state, &scope, &run).await {
+            Ok(_) | Err(_) => return Ok(StatusCode::NO_CONTENT),
+        }
+    }
+    Ok(StatusCode::ACCEPTED)
+}

@@ -1,0 +1,224 @@
+//! From a stored run to the engine's inputs: what to run, with which settings.
+//!
+//! The server writes a run's request into `kwargs` when it creates it; this module reads it
+//! back. Keeping both directions next to each other keeps them in step.
+
+use serde_json::{json, Map, Value};
+use spindle_graph::node::Goto;
+use spindle_graph::pregel::parse_stream_modes;
+use spindle_graph::{Durability, NodeSet, RunConfig, RunInput};
+use spindle_storage::{Assistant, Run};
+
+/// Keys of `kwargs`, as the run routes write them.
+pub mod keys {
+    pub const INPUT: &str = "input";
+    pub const COMMAND: &str = "command";
+    pub const CONFIG: &str = "config";
+    pub const CONTEXT: &str = "context";
+    pub const STREAM_MODE: &str = "stream_mode";
+    pub const STREAM_SUBGRAPHS: &str = "stream_subgraphs";
+    pub const INTERRUPT_BEFORE: &str = "interrupt_before";
+    pub const INTERRUPT_AFTER: &str = "interrupt_after";
+    pub const CHECKPOINT_ID: &str = "checkpoint_id";
+    pub const DURABILITY: &str = "durability";
+    pub const WEBHOOK: &str = "webhook";
+    pub const ON_DISCONNECT: &str = "on_disconnect";
+    pub const TEMPORARY: &str = "temporary";
+}
+
+/// What the run starts from. A run claimed again after its worker died continues from its
+/// last checkpoint instead of feeding its input a second time.
+pub fn run_input(kwargs: &Map<String, Value>, attempt: i32) -> RunInput {
+    if attempt > 1 {
+        return RunInput::Continue;
+    }
+    if let Some(command) = kwargs.get(keys::COMMAND).filter(|c| !c.is_null()) {
+        return command_input(command);
+    }
+    match kwargs.get(keys::INPUT) {
+        Some(Value::Null) | None => RunInput::Continue,
+        Some(input) => RunInput::Values(input.clone()),
+    }
+}
+
+/// LangGraph's `Command`: `{resume?, update?, goto?}`, `goto` being a node, a list of nodes,
+/// or `Send`s (`{node, arg}`).
+fn command_input(command: &Value) -> RunInput {
+    let goto = match command.get("goto") {
+        Some(Value::String(node)) => vec![Goto::Node(node.clone())],
+        Some(Value::Array(items)) => items.iter().filter_map(goto_of).collect(),
+        Some(item @ Value::Object(_)) => goto_of(item).into_iter().collect(),
+        _ => Vec::new(),
+    };
+    RunInput::Command {
+        resume: command.get("resume").cloned(),
+        update: command.get("update").filter(|u| !u.is_null()).cloned(),
+        goto,
+    }
+}
+
+fn goto_of(item: &Value) -> Option<Goto> {
+    match item {
+        Value::String(node) => Some(Goto::Node(node.clone())),
+        Value::Object(send) => Some(Goto::Send {
+            node: send.get("node")?.as_str()?.to_owned(),
+            arg: send.get("arg").cloned().unwrap_or(Value::Null),
+        }),
+        _ => None,
+    }
+}
+
+/// Merges `over` into `base` key by key, recursing into objects (`configurable` merges).
+fn merge(base: &mut Map<String, Value>, over: &Map<String, Value>) {
+    for (key, value) in over {
+        match (base.get_mut(key), value) {
+            (Some(Value::Object(b)), Value::Object(o)) => merge(b, o),
+            _ => {
+                base.insert(key.clone(), value.clone());
+            }
+        }
+    }
+}
+
+fn object(value: Option<&Value>) -> Map<String, Value> {
+    value
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// The engine settings of a run: the assistant's config and context with the run's on top,
+/// and the run's identity in `configurable`, as LangGraph nodes expect to find it.
+pub fn run_config(run: &Run, assistant: &Assistant) -> RunConfig {
+    let kwargs = &run.kwargs;
+    let mut config = assistant.fields.config.clone();
+    merge(&mut config, &object(kwargs.get(keys::CONFIG)));
+    let mut context = assistant.fields.context.clone();
+    merge(&mut context, &object(kwargs.get(keys::CONTEXT)));
+
+    let user_id = run.user_id.clone().unwrap_or_default();
+    let identity = json!({
+        "thread_id": run.thread_id.to_string(),
+        "run_id": run.run_id.to_string(),
+        "assistant_id": run.assistant_id.to_string(),
+        "graph_id": assistant.fields.graph_id,
+        "user_id": user_id,
+        "langgraph_auth_user_id": user_id,
+        "run_attempt": run.attempt,
+    });
+    let configurable = config.entry("configurable").or_insert_with(|| json!({}));
+    if let (Value::Object(c), Value::Object(id)) = (configurable, identity) {
+        for (key, value) in &context {
+            c.entry(key.clone()).or_insert(value.clone());
+        }
+        c.extend(id);
+    }
+    let mut metadata = object(config.get("metadata"));
+    metadata.extend(run.metadata.clone());
+    metadata.insert("run_id".into(), json!(run.run_id.to_string()));
+    metadata.insert("assistant_id".into(), json!(run.assistant_id.to_string()));
+    metadata.insert("graph_id".into(), json!(assistant.fields.graph_id));
+    config.insert("metadata".into(), Value::Object(metadata));
+
+    let recursion_limit = config
+        .get("recursion_limit")
+        .and_then(Value::as_u64)
+        .map(|n| n as usize)
+        .unwrap_or(25);
+    RunConfig {
+        thread_id: Some(run.thread_id.to_string()),
+        checkpoint_id: kwargs
+            .get(keys::CHECKPOINT_ID)
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        config: Value::Object(config),
+        context: Value::Object(context),
+        stream_modes: stream_modes(kwargs),
+        stream_subgraphs: kwargs
+            .get(keys::STREAM_SUBGRAPHS)
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+        recursion_limit,
+        interrupt_before: kwargs
+            .get(keys::INTERRUPT_BEFORE)
+            .and_then(NodeSet::from_value),
+        interrupt_after: kwargs
+            .get(keys::INTERRUPT_AFTER)
+            .and_then(NodeSet::from_value),
+        durability: kwargs
+            .get(keys::DURABILITY)
+            .and_then(Value::as_str)
+            .and_then(Durability::parse)
+            .unwrap_or(Durability::Async),
+    }
+}
+
+/// The modes the run streams; validated when the run was created.
+fn stream_modes(kwargs: &Map<String, Value>) -> Vec<spindle_graph::stream::StreamMode> {
+    let names = requested_stream_modes(kwargs);
+    parse_stream_modes(&names).unwrap_or_default()
+}
+
+/// The stream modes a run asked for, by name (`values` when none).
+pub fn requested_stream_modes(kwargs: &Map<String, Value>) -> Vec<String> {
+    let names: Vec<String> = match kwargs.get(keys::STREAM_MODE) {
+        Some(Value::String(mode)) => vec![mode.clone()],
+        Some(Value::Array(modes)) => modes
+            .iter()
+            .filter_map(|m| m.as_str().map(str::to_owned))
+            .collect(),
+        _ => Vec::new(),
+    };
+    if names.is_empty() {
+        vec!["values".to_owned()]
+    } else {
+        names
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_reads_resume_update_and_gotos() {
+        let input =
+            command_input(&json!({"resume": "yes", "goto": ["a", {"node": "b", "arg": 1}]}));
+        match input {
+            RunInput::Command {
+                resume,
+                update,
+                goto,
+            } => {
+                assert_eq!(resume, Some(json!("yes")));
+                assert_eq!(update, None);
+                assert_eq!(goto.len(), 2);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_second_attempt_continues_from_the_checkpoint() {
+        let mut kwargs = Map::new();
+        kwargs.insert("input".into(), json!({"n": 1}));
+        assert_eq!(run_input(&kwargs, 1), RunInput::Values(json!({"n": 1})));
+        assert_eq!(run_input(&kwargs, 2), RunInput::Continue);
+    }
+
+    #[test]
+    fn configurable_merges_deeply() {
+        let mut base = json!({"configurable": {"a": 1, "b": 1}, "tags": ["x"]})
+            .as_object()
+            .cloned()
+            .unwrap();
+        merge(
+            &mut base,
+            json!({"configurable": {"b": 2}}).as_object().unwrap(),
+        );
+        assert_eq!(
+            Value::Object(base),
+            json!({"configurable": {"a": 1, "b": 2}, "tags": ["x"]})
+        );
+    }
+}

@@ -1,0 +1,423 @@
+//! Workers: claim pending runs from the database, execute them, log their events, end them.
+//!
+//! Each process runs `concurrency` worker loops. A loop claims a run with a lease, executes its
+//! graph while a companion task renews the lease (and notices cancel requests made by any
+//! process), and ends the run in one transaction with its thread's new state. A loop sleeps
+//! until woken by a new run in this process or until the poll interval passes (runs created by
+//! other processes, `after_seconds`, leases of dead workers).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::Utc;
+use serde_json::{json, Map, Value};
+use spindle_graph::checkpoint::Checkpointer;
+use spindle_graph::pregel::{self, StateSnapshot};
+use spindle_graph::stream::StreamEvent;
+use spindle_graph::{Graph, RunEnv, RunError, RunOutcome};
+use spindle_storage::{
+    Assistant, ClaimedRun, LoggedEvent, Run, RunEnd, RunStatus, Scope, Storage, ThreadStatus,
+};
+use tokio::sync::{mpsc, Notify};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::execute::{run_config, run_input};
+use super::hub::{EventHub, HubMessage};
+use crate::graphs::GraphRegistry;
+
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Runs this process executes at once.
+    pub concurrency: usize,
+    /// How long a claim holds without renewal; a run whose worker died is resumed after it.
+    pub lease: Duration,
+    /// Attempts before a run whose workers keep dying ends `error`.
+    pub max_attempts: i32,
+    /// How often an idle worker looks for runs it was not woken for.
+    pub poll_interval: Duration,
+    /// A run still executing after this long ends `timeout`.
+    pub run_timeout: Option<Duration>,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            concurrency: 16,
+            lease: Duration::from_secs(30),
+            max_attempts: 3,
+            poll_interval: Duration::from_millis(500),
+            run_timeout: None,
+        }
+    }
+}
+
+/// Most events one log write carries; a model streaming tokens fills batches, not transactions.
+const MAX_BATCH: usize = 256;
+
+pub struct RunWorkers {
+    storage: Arc<dyn Storage>,
+    graphs: Arc<GraphRegistry>,
+    hub: Arc<EventHub>,
+    config: WorkerConfig,
+    worker_id: String,
+    wake: Notify,
+    /// Cancel tokens of the runs executing in this process, for immediate local cancels.
+    executing: Mutex<HashMap<Uuid, CancellationToken>>,
+}
+
+impl RunWorkers {
+    pub fn new(
+        storage: Arc<dyn Storage>,
+        graphs: Arc<GraphRegistry>,
+        hub: Arc<EventHub>,
+        config: WorkerConfig,
+    ) -> Self {
+        Self {
+            storage,
+            graphs,
+            hub,
+            config,
+            worker_id: format!("{}-{}", std::process::id(), Uuid::new_v4().simple()),
+            wake: Notify::new(),
+            executing: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Starts the worker loops; they stop when `shutdown` is cancelled.
+    pub fn start(self: &Arc<Self>, shutdown: CancellationToken) {
+        for _ in 0..self.config.concurrency.max(1) {
+            let workers = self.clone();
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move { workers.work(shutdown).await });
+        }
+    }
+
+    /// A run was created: wake a sleeping worker.
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Cancels runs executing in this process now (other processes see the database flag at
+    /// their next lease renewal).
+    pub fn cancel_local(&self, run_ids: &[Uuid]) {
+        let executing = self.executing.lock().unwrap_or_else(|e| e.into_inner());
+        for id in run_ids {
+            if let Some(token) = executing.get(id) {
+                token.cancel();
+            }
+        }
+    }
+
+    async fn work(self: Arc<Self>, shutdown: CancellationToken) {
+        while !shutdown.is_cancelled() {
+            let claimed = self
+                .storage
+                .claim_run(&self.worker_id, self.config.lease, self.config.max_attempts)
+                .await;
+            match claimed {
+                Ok(Some(claimed)) => {
+                    // Another run may be waiting; let a sibling look while this one executes.
+                    self.wake.notify_one();
+                    self.execute(claimed).await;
+                }
+                Ok(None) => {
+                    tokio::select! {
+                        () = self.wake.notified() => {}
+                        () = tokio::time::sleep(self.config.poll_interval) => {}
+                        () = shutdown.cancelled() => {}
+                    }
+                }
+                Err(err) => {
+                    tracing::error!(error = %err, "cannot claim runs; retrying");
+                    tokio::time::sleep(self.config.poll_interval).await;
+                }
+            }
+        }
+    }
+
+    async fn execute(&self, claimed: ClaimedRun) {
+        let run = claimed.run;
+        let span = tracing::info_span!("run", run_id = %run.run_id, thread_id = %run.thread_id, attempt = run.attempt);
+        let _enter = span.enter();
+        let cancel = CancellationToken::new();
+        self.executing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(run.run_id, cancel.clone());
+        let started = std::time::Instant::now();
+        let result = self.execute_claimed(&run, claimed.last_seq, &cancel).await;
+        self.executing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&run.run_id);
+        match result {
+            Ok(status) => {
+                tracing::info!(
+                    status = status.as_str(),
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "run ended"
+                );
+                self.hub.publish(
+                    run.thread_id,
+                    HubMessage::RunEnded {
+                        run_id: run.run_id,
+                        status,
+                    },
+                );
+            }
+            // The end could not be written; the lease will expire and another worker (or this
+            // one) resumes the run from its last checkpoint.
+            Err(err) => {
+                tracing::error!(error = %err, "cannot end run; it will be resumed after its lease expires")
+            }
+        }
+    }
+
+    async fn execute_claimed(
+        &self,
+        run: &Run,
+        last_seq: i64,
+        cancel: &CancellationToken,
+    ) -> Result<RunStatus, String> {
+        let scope = Scope::new(run.user_id.clone().unwrap_or_default());
+        let checkpointer = self.storage.checkpointer();
+        let (sink, events) = mpsc::channel::<StreamEvent>(1024);
+        let pump = tokio::spawn(pump_events(
+            self.storage.clone(),
+            self.hub.clone(),
+            run.clone(),
+            last_seq,
+            events,
+        ));
+        let renewal = tokio::spawn(renew_lease(
+            self.storage.clone(),
+            run.run_id,
+            self.worker_id.clone(),
+            self.config.lease,
+            cancel.clone(),
+        ));
+
+        let prepared = self.prepare(run, &scope).await;
+        let outcome = match &prepared {
+            Ok((assistant, graph)) => {
+                let env = RunEnv {
+                    checkpointer: Some(checkpointer.clone()),
+                    store: None,
+                    sink: Some(sink.clone()),
+                    cancel: cancel.clone(),
+                };
+                let input = run_input(&run.kwargs, run.attempt);
+                let future = pregel::run(graph, input, run_config(run, assistant), env);
+                match self.config.run_timeout {
+                    Some(limit) => tokio::time::timeout(limit, future)
+                        .await
+                        .unwrap_or(Err(RunError::Cancelled))
+                        .map_err(Failure::from),
+                    None => future.await.map_err(Failure::from),
+                }
+            }
+            Err(msg) => Err(Failure::Setup(msg.clone())),
+        };
+        let timed_out =
+            matches!(outcome, Err(Failure::Run(RunError::Cancelled))) && !cancel.is_cancelled();
+        drop(sink);
+        renewal.abort();
+        let mut seq = pump.await.map_err(|e| e.to_string())??;
+        if let Err(failure) = &outcome {
+            if !matches!(failure, Failure::Run(RunError::Cancelled)) || timed_out {
+                seq += 1;
+                let event = logged(run, seq, "error".into(), failure.body());
+                self.hub
+                    .publish(run.thread_id, HubMessage::Event(Arc::new(event.clone())));
+                self.storage
+                    .append_events(&[event])
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+
+        let snapshot = match &prepared {
+            Ok((_, graph)) => latest_state(graph, checkpointer.as_ref(), run).await,
+            Err(_) => None,
+        };
+        let end = run_end(&outcome, timed_out, snapshot);
+        let status = end.status;
+        self.storage
+            .finish_run(run.run_id, &self.worker_id, end)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(status)
+    }
+
+    /// The run's assistant and the graph it executes.
+    async fn prepare(&self, run: &Run, scope: &Scope) -> Result<(Assistant, Arc<Graph>), String> {
+        let assistant = self
+            .storage
+            .get_assistant(scope, run.assistant_id)
+            .await
+            .map_err(|e| format!("assistant {}: {e}", run.assistant_id))?;
+        let graph = self
+            .graphs
+            .get(&assistant.fields.graph_id)
+            .cloned()
+            .ok_or_else(|| {
+                format!(
+                    "graph '{}' is not loaded in this server",
+                    assistant.fields.graph_id
+                )
+            })?;
+        Ok((assistant, graph))
+    }
+}
+
+/// Why a run did not finish normally.
+enum Failure {
+    Run(RunError),
+    /// The run could not start (its assistant or graph is gone).
+    Setup(String),
+}
+
+impl From<RunError> for Failure {
+    fn from(e: RunError) -> Self {
+        Failure::Run(e)
+    }
+}
+
+impl Failure {
+    fn body(&self) -> Value {
+        match self {
+            Failure::Run(e) => json!({"error": e.class(), "message": e.message()}),
+            Failure::Setup(msg) => json!({"error": "RunSetupError", "message": msg}),
+        }
+    }
+}
+
+/// The run's status and its thread's new state, as api-facts describes: the thread is `error`
+/// if the run raised, else `interrupted` when the checkpoint has next nodes, else `idle`.
+fn run_end(
+    outcome: &Result<RunOutcome, Failure>,
+    timed_out: bool,
+    snapshot: Option<StateSnapshot>,
+) -> RunEnd {
+    let thread_values = snapshot.as_ref().map(|s| s.values.clone());
+    let mut thread_interrupts = Map::new();
+    let has_next = snapshot.as_ref().is_some_and(|s| !s.next.is_empty());
+    if let Some(s) = &snapshot {
+        for task in s.tasks.iter().filter(|t| !t.interrupts.is_empty()) {
+            let list = task.interrupts.iter().map(|i| i.to_state_json()).collect();
+            thread_interrupts.insert(task.id.clone(), Value::Array(list));
+        }
+    }
+    let idle_or_interrupted = if has_next {
+        ThreadStatus::Interrupted
+    } else {
+        ThreadStatus::Idle
+    };
+    let (status, error, thread_status) = match outcome {
+        Ok(_) => (RunStatus::Success, None, idle_or_interrupted),
+        Err(Failure::Run(RunError::Cancelled)) if timed_out => (
+            RunStatus::Timeout,
+            Some(json!({"error": "TimeoutError", "message": "the run exceeded its time limit"})),
+            ThreadStatus::Error,
+        ),
+        Err(Failure::Run(RunError::Cancelled)) => {
+            (RunStatus::Interrupted, None, idle_or_interrupted)
+        }
+        Err(failure) => (RunStatus::Error, Some(failure.body()), ThreadStatus::Error),
+    };
+    RunEnd {
+        status,
+        error,
+        thread_status,
+        thread_values,
+        thread_interrupts,
+    }
+}
+
+async fn latest_state(
+    graph: &Graph,
+    checkpointer: &dyn Checkpointer,
+    run: &Run,
+) -> Option<StateSnapshot> {
+    match pregel::get_state(graph, checkpointer, &run.thread_id.to_string(), "", None).await {
+        Ok(snapshot) => snapshot,
+        Err(err) => {
+            tracing::warn!(error = %err, "cannot read the thread's state after the run");
+            None
+        }
+    }
+}
+
+fn logged(run: &Run, seq: i64, event: String, data: Value) -> LoggedEvent {
+    LoggedEvent {
+        thread_id: run.thread_id,
+        seq,
+        run_id: run.run_id,
+        event,
+        data,
+        created_at: Utc::now(),
+    }
+}
+
+/// Numbers the run's events after the thread's last logged one (starting with `metadata`),
+/// hands them to live streams at once, and appends them to the log in batches: one
+/// transaction per batch, not per event. Returns the last seq used.
+async fn pump_events(
+    storage: Arc<dyn Storage>,
+    hub: Arc<EventHub>,
+    run: Run,
+    mut seq: i64,
+    mut events: mpsc::Receiver<StreamEvent>,
+) -> Result<i64, String> {
+    seq += 1;
+    let metadata = json!({"run_id": run.run_id.to_string(), "attempt": run.attempt});
+    let mut batch = vec![logged(&run, seq, "metadata".into(), metadata)];
+    loop {
+        for event in &batch {
+            hub.publish(run.thread_id, HubMessage::Event(Arc::new(event.clone())));
+        }
+        storage
+            .append_events(&batch)
+            .await
+            .map_err(|e| e.to_string())?;
+        batch.clear();
+        let Some(first) = events.recv().await else {
+            return Ok(seq);
+        };
+        let mut next = Some(first);
+        while let Some(event) = next.take() {
+            seq += 1;
+            batch.push(logged(&run, seq, event.event_name(), event.data));
+            if batch.len() < MAX_BATCH {
+                next = events.try_recv().ok();
+            }
+        }
+    }
+}
+
+/// Renews the run's lease until aborted; cancels the run when the lease is lost or someone
+/// asked it to stop.
+async fn renew_lease(
+    storage: Arc<dyn Storage>,
+    run_id: Uuid,
+    worker_id: String,
+    lease: Duration,
+    cancel: CancellationToken,
+) {
+    let every = lease / 3;
+    loop {
+        tokio::time::sleep(every).await;
+        match storage.renew_lease(run_id, &worker_id, lease).await {
+            Ok(Some(run)) if run.cancel.is_some() => cancel.cancel(),
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                tracing::warn!(%run_id, "lost the run's lease; stopping it");
+                cancel.cancel();
+                return;
+            }
+            Err(err) => tracing::warn!(%run_id, error = %err, "cannot renew the run's lease"),
+        }
+    }
+}

@@ -1,0 +1,325 @@
+//! The graph engine's [`Checkpointer`] over the database, one per backend.
+//!
+//! The model is the engine's (see [`spindle_graph::checkpoint`]): a checkpoint row holds the
+//! channel *versions*; values live in blobs per `(channel, version)`, written once, and list
+//! channels are stored as deltas on an earlier version. A step therefore writes one checkpoint
+//! row plus the blobs of the channels it changed, whatever the length of the thread.
+//!
+//! Loading a checkpoint costs three queries whatever its number of channels: the checkpoint
+//! rows, every blob their channels need (the delta chains are followed in SQL by a recursive
+//! query over the `base` column), and the pending writes. [`Checkpointer::list`] loads a whole
+//! page the same way, so a history page is three queries, not three per checkpoint.
+//!
+//! The code shared by both backends (encoding, turning rows into [`CheckpointTuple`]s) lives
+//! here; the SQL is written per backend.
+//!
+//! [`Checkpointer`]: spindle_graph::checkpoint::Checkpointer
+//! [`Checkpointer::list`]: spindle_graph::checkpoint::Checkpointer::list
+
+mod postgres;
+mod sqlite;
+
+use std::collections::{BTreeSet, HashMap};
+
+use serde_json::Value;
+use spindle_graph::checkpoint::blob::materialize;
+use spindle_graph::checkpoint::{
+    is_trigger_channel, BlobValue, ChannelBlob, ChannelVersion, Checkpoint, CheckpointError,
+    CheckpointRef, CheckpointTuple, PendingWrite,
+};
+use sqlx::types::Json;
+
+pub use postgres::PostgresCheckpointer;
+pub use sqlite::SqliteCheckpointer;
+
+/// The columns a checkpoint row is read with, in [`CheckpointRow`]'s order.
+const CHECKPOINT_COLUMNS: &str =
+    "checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata";
+
+/// A checkpoint as stored: no channel values, no writes.
+#[derive(sqlx::FromRow)]
+struct CheckpointRow {
+    checkpoint_ns: String,
+    checkpoint_id: String,
+    parent_checkpoint_id: Option<String>,
+    checkpoint: Json<Checkpoint>,
+    metadata: Json<Value>,
+}
+
+#[derive(sqlx::FromRow)]
+struct BlobRow {
+    checkpoint_ns: String,
+    channel: String,
+    version: i64,
+    value: Vec<u8>,
+}
+
+#[derive(sqlx::FromRow)]
+struct WriteRow {
+    checkpoint_ns: String,
+    checkpoint_id: String,
+    task_id: String,
+    channel: String,
+    value: Vec<u8>,
+}
+
+/// A blob ready to insert.
+struct EncodedBlob<'a> {
+    channel: &'a str,
+    version: i64,
+    /// The version a delta applies to; `None` for full and empty values.
+    base: Option<i64>,
+    value: Vec<u8>,
+}
+
+fn backend(error: sqlx::Error) -> CheckpointError {
+    CheckpointError::Backend(error.to_string())
+}
+
+fn corrupt(what: &str, error: impl std::fmt::Display) -> CheckpointError {
+    CheckpointError::Backend(format!("stored {what} is corrupt: {error}"))
+}
+
+fn encode_error(what: &str, error: impl std::fmt::Display) -> CheckpointError {
+    CheckpointError::Backend(format!("cannot encode {what}: {error}"))
+}
+
+/// Versions are `u64` in the engine and `BIGINT` in the database.
+fn version_to_db(version: ChannelVersion) -> Result<i64, CheckpointError> {
+    i64::try_from(version)
+        .map_err(|_| CheckpointError::Backend(format!("channel version {version} is too large")))
+}
+
+fn encode_blobs(blobs: &[ChannelBlob]) -> Result<Vec<EncodedBlob<'_>>, CheckpointError> {
+    blobs
+        .iter()
+        .map(|b| {
+            let base = match &b.value {
+                BlobValue::Append { base, .. } | BlobValue::Upsert { base, .. } => {
+                    Some(version_to_db(*base)?)
+                }
+                BlobValue::Full { .. } | BlobValue::Empty => None,
+            };
+            Ok(EncodedBlob {
+                channel: &b.channel,
+                version: version_to_db(b.version)?,
+                base,
+                value: serde_json::to_vec(&b.value).map_err(|e| encode_error("blob", e))?,
+            })
+        })
+        .collect()
+}
+
+/// The checkpoint as stored: its values travel in blobs.
+fn stored_checkpoint(checkpoint: &Checkpoint) -> Checkpoint {
+    Checkpoint {
+        channel_values: Default::default(),
+        ..checkpoint.clone()
+    }
+}
+
+/// The writes to insert, in order, and the `(task_id, channel)` pairs whose earlier writes
+/// they replace.
+///
+/// As in the engine's in-memory saver: a task's write to a special channel (`__error__`,
+/// `__interrupt__`, ...) replaces its earlier write to that channel (a retried task saves it
+/// again) and goes last; other writes are appended.
+struct WritePlan<'a> {
+    insert: Vec<&'a PendingWrite>,
+    replace: Vec<(&'a str, &'a str)>,
+}
+
+fn plan_writes(writes: &[PendingWrite]) -> WritePlan<'_> {
+    let special = |w: &PendingWrite| w.channel.starts_with("__");
+    let mut insert = Vec::with_capacity(writes.len());
+    let mut replace = Vec::new();
+    for (i, w) in writes.iter().enumerate() {
+        if special(w) {
+            let key = (w.task_id.as_str(), w.channel.as_str());
+            if !replace.contains(&key) {
+                replace.push(key);
+            }
+            // A later write of the same batch replaces this one.
+            let replaced_later = writes[i + 1..]
+                .iter()
+                .any(|x| x.task_id == w.task_id && x.channel == w.channel);
+            if replaced_later {
+                continue;
+            }
+        }
+        insert.push(w);
+    }
+    WritePlan { insert, replace }
+}
+
+fn encode_write(w: &PendingWrite) -> Result<Vec<u8>, CheckpointError> {
+    serde_json::to_vec(&w.value).map_err(|e| encode_error("pending write", e))
+}
+
+/// The `(namespace, channel, version)` blobs the rows' channels start from. Trigger channels
+/// have versions but no blobs.
+fn wanted_blobs(rows: &[CheckpointRow]) -> Result<BTreeSet<(&str, &str, i64)>, CheckpointError> {
+    let mut wanted = BTreeSet::new();
+    for row in rows {
+        for (channel, version) in &row.checkpoint.0.channel_versions {
+            if !is_trigger_channel(channel) {
+                wanted.insert((
+                    row.checkpoint_ns.as_str(),
+                    channel.as_str(),
+                    version_to_db(*version)?,
+                ));
+            }
+        }
+    }
+    Ok(wanted)
+}
+
+/// Decoded blobs by namespace, channel and version.
+#[derive(Default)]
+struct Blobs(HashMap<String, HashMap<String, HashMap<ChannelVersion, BlobValue>>>);
+
+impl Blobs {
+    fn decode(rows: Vec<BlobRow>) -> Result<Self, CheckpointError> {
+        let mut blobs = Blobs::default();
+        for row in rows {
+            let value: BlobValue =
+                serde_json::from_slice(&row.value).map_err(|e| corrupt("blob", e))?;
+            let version =
+                ChannelVersion::try_from(row.version).map_err(|e| corrupt("blob version", e))?;
+            blobs
+                .0
+                .entry(row.checkpoint_ns)
+                .or_default()
+                .entry(row.channel)
+                .or_default()
+                .insert(version, value);
+        }
+        Ok(blobs)
+    }
+}
+
+/// Turns stored rows into tuples: channel values rebuilt from `blobs`, writes attached.
+/// `writes` must be ordered by checkpoint and then by `idx`.
+///
+/// With `shared_blobs` false (one checkpoint) each blob is moved into the value it builds;
+/// with it true (a page of history, whose checkpoints share most blobs) blobs are cloned.
+fn assemble(
+    thread_id: &str,
+    rows: Vec<CheckpointRow>,
+    mut blobs: Blobs,
+    writes: Vec<WriteRow>,
+    shared_blobs: bool,
+) -> Result<Vec<CheckpointTuple>, CheckpointError> {
+    let mut by_checkpoint: HashMap<(String, String), Vec<PendingWrite>> = HashMap::new();
+    for w in writes {
+        let value = serde_json::from_slice(&w.value).map_err(|e| corrupt("pending write", e))?;
+        by_checkpoint
+            .entry((w.checkpoint_ns, w.checkpoint_id))
+            .or_default()
+            .push(PendingWrite {
+                task_id: w.task_id,
+                channel: w.channel,
+                value,
+            });
+    }
+    let mut tuples = Vec::with_capacity(rows.len());
+    for row in rows {
+        let mut checkpoint = row.checkpoint.0;
+        checkpoint.channel_values.clear();
+        let mut ns_blobs = blobs.0.get_mut(&row.checkpoint_ns);
+        for (channel, &version) in &checkpoint.channel_versions {
+            if is_trigger_channel(channel) {
+                continue;
+            }
+            let mut chain = ns_blobs.as_mut().and_then(|ns| ns.get_mut(channel));
+            let value = materialize(channel, version, |v| {
+                let chain = chain.as_mut()?;
+                if shared_blobs {
+                    chain.get(&v).cloned()
+                } else {
+                    chain.remove(&v)
+                }
+            })?;
+            if let Some(value) = value {
+                checkpoint.channel_values.insert(channel.clone(), value);
+            }
+        }
+        let pending_writes = by_checkpoint
+            .remove(&(row.checkpoint_ns.clone(), row.checkpoint_id.clone()))
+            .unwrap_or_default();
+        tuples.push(CheckpointTuple {
+            at: CheckpointRef {
+                thread_id: thread_id.to_owned(),
+                checkpoint_ns: row.checkpoint_ns,
+                checkpoint_id: row.checkpoint_id,
+            },
+            checkpoint,
+            metadata: row.metadata.0,
+            parent_id: row.parent_checkpoint_id,
+            pending_writes,
+        });
+    }
+    Ok(tuples)
+}
+
+/// A metadata filter as the engine means it: only an object filters.
+fn metadata_filter(filter: Option<&Value>) -> Option<&Value> {
+    filter.filter(|f| f.is_object())
+}
+
+fn limit_to_db(limit: Option<usize>) -> i64 {
+    limit.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn write(task: &str, channel: &str, value: Value) -> PendingWrite {
+        PendingWrite {
+            task_id: task.into(),
+            channel: channel.into(),
+            value,
+        }
+    }
+
+    #[test]
+    fn a_later_special_write_of_the_same_task_replaces_an_earlier_one() {
+        let writes = vec![
+            write("t", "__error__", json!(1)),
+            write("t", "n", json!(1)),
+            write("u", "__error__", json!(2)),
+            write("t", "__error__", json!(3)),
+            write("t", "n", json!(4)),
+        ];
+        let plan = plan_writes(&writes);
+        let kept: Vec<&Value> = plan.insert.iter().map(|w| &w.value).collect();
+        assert_eq!(kept, [&json!(1), &json!(2), &json!(3), &json!(4)]);
+        assert_eq!(plan.replace, [("t", "__error__"), ("u", "__error__")]);
+    }
+
+    #[test]
+    fn deltas_record_their_base() {
+        let blobs = vec![
+            ChannelBlob {
+                channel: "m".into(),
+                version: 7,
+                value: BlobValue::Append {
+                    base: 5,
+                    depth: 1,
+                    items: vec![],
+                },
+            },
+            ChannelBlob {
+                channel: "n".into(),
+                version: 2,
+                value: BlobValue::Empty,
+            },
+        ];
+        let encoded = encode_blobs(&blobs).unwrap();
+        assert_eq!(encoded[0].base, Some(5));
+        assert_eq!(encoded[1].base, None);
+        assert!(version_to_db(u64::MAX).is_err());
+    }
+}

@@ -1,0 +1,393 @@
+//! Checkpoints in PostgreSQL.
+//!
+//! A step's checkpoint and its blobs are one statement (data-modifying CTEs), so saving a
+//! step is one round trip and atomic without an explicit transaction. Lists of values travel
+//! as arrays (`UNNEST`), so every statement has a fixed text and is prepared once per
+//! connection.
+
+use std::borrow::Cow;
+
+use async_trait::async_trait;
+use serde_json::Value;
+use spindle_graph::checkpoint::{
+    ChannelBlob, Checkpoint, CheckpointError, CheckpointTuple, Checkpointer, ListFilter,
+    PendingWrite,
+};
+use sqlx::postgres::PgPool;
+use sqlx::types::Json;
+use sqlx::{PgConnection, Postgres, QueryBuilder};
+
+use super::{
+    assemble, backend, encode_blobs, encode_write, limit_to_db, metadata_filter, plan_writes,
+    stored_checkpoint, wanted_blobs, BlobRow, Blobs, CheckpointRow, WriteRow, CHECKPOINT_COLUMNS,
+};
+
+/// The engine's [`Checkpointer`] over the PostgreSQL backend's pool.
+pub struct PostgresCheckpointer {
+    pool: PgPool,
+}
+
+impl PostgresCheckpointer {
+    pub(crate) fn new(pool: PgPool) -> Self {
+        Self { pool }
+    }
+}
+
+/// `jsonb` cannot hold U+0000. Blob and write values are bytes and keep it; checkpoint
+/// metadata, which is `jsonb` for `@>` filters, gets U+FFFD in its place, rather than failing
+/// a run whose node wrote a NUL character (metadata records the step's writes).
+fn jsonb_safe(value: &Value) -> Cow<'_, Value> {
+    fn has_nul(value: &Value) -> bool {
+        match value {
+            Value::String(s) => s.contains('\0'),
+            Value::Array(items) => items.iter().any(has_nul),
+            Value::Object(map) => map.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
+            _ => false,
+        }
+    }
+    fn replace(value: &Value) -> Value {
+        match value {
+            Value::String(s) => Value::String(s.replace('\0', "\u{fffd}")),
+            Value::Array(items) => Value::Array(items.iter().map(replace).collect()),
+            Value::Object(map) => Value::Object(
+                map.iter()
+                    .map(|(k, v)| (k.replace('\0', "\u{fffd}"), replace(v)))
+                    .collect(),
+            ),
+            other => other.clone(),
+        }
+    }
+    if has_nul(value) {
+        Cow::Owned(replace(value))
+    } else {
+        Cow::Borrowed(value)
+    }
+}
+
+/// The blobs that rebuild `rows`' channels, delta chains included, in one query: a recursive
+/// CTE starts from the wanted `(namespace, channel, version)` triples and follows `base`.
+async fn fetch_blobs(
+    conn: &mut PgConnection,
+    thread_id: &str,
+    rows: &[CheckpointRow],
+) -> Result<Blobs, CheckpointError> {
+    let wanted = wanted_blobs(rows)?;
+    if wanted.is_empty() {
+        return Ok(Blobs::default());
+    }
+    let mut namespaces = Vec::with_capacity(wanted.len());
+    let mut channels = Vec::with_capacity(wanted.len());
+    let mut versions = Vec::with_capacity(wanted.len());
+    for (ns, channel, version) in wanted {
+        namespaces.push(ns);
+        channels.push(channel);
+        versions.push(version);
+    }
+    // The start rows take the key columns' collation, which the recursive term has.
+    let rows: Vec<BlobRow> = sqlx::query_as(
+        "WITH RECURSIVE chain(checkpoint_ns, channel, version) AS ( \
+             SELECT ns COLLATE \"C\", ch COLLATE \"C\", v \
+             FROM UNNEST($2::text[], $3::text[], $4::bigint[]) AS u(ns, ch, v) \
+           UNION \
+             SELECT b.checkpoint_ns, b.channel, b.base FROM chain c JOIN checkpoint_blobs b \
+               ON b.thread_id = $1 AND b.checkpoint_ns = c.checkpoint_ns \
+              AND b.channel = c.channel AND b.version = c.version \
+             WHERE b.base IS NOT NULL AND b.base < b.version \
+         ) \
+         SELECT b.checkpoint_ns, b.channel, b.version, b.value FROM chain c \
+         JOIN checkpoint_blobs b ON b.thread_id = $1 AND b.checkpoint_ns = c.checkpoint_ns \
+          AND b.channel = c.channel AND b.version = c.version",
+    )
+    .bind(thread_id)
+    .bind(namespaces)
+    .bind(channels)
+    .bind(versions)
+    .fetch_all(conn)
+    .await
+    .map_err(backend)?;
+    Blobs::decode(rows)
+}
+
+/// The pending writes of `rows`' checkpoints, ordered by checkpoint and `idx`.
+async fn fetch_writes(
+    conn: &mut PgConnection,
+    thread_id: &str,
+    rows: &[CheckpointRow],
+) -> Result<Vec<WriteRow>, CheckpointError> {
+    let namespaces: Vec<&str> = rows.iter().map(|r| r.checkpoint_ns.as_str()).collect();
+    let ids: Vec<&str> = rows.iter().map(|r| r.checkpoint_id.as_str()).collect();
+    sqlx::query_as(
+        "SELECT w.checkpoint_ns, w.checkpoint_id, w.task_id, w.channel, w.value \
+         FROM UNNEST($2::text[], $3::text[]) AS p(ns, id) \
+         JOIN checkpoint_writes w ON w.thread_id = $1 \
+          AND w.checkpoint_ns = p.ns AND w.checkpoint_id = p.id \
+         ORDER BY w.checkpoint_ns, w.checkpoint_id, w.idx",
+    )
+    .bind(thread_id)
+    .bind(namespaces)
+    .bind(ids)
+    .fetch_all(conn)
+    .await
+    .map_err(backend)
+}
+
+async fn load(
+    conn: &mut PgConnection,
+    thread_id: &str,
+    rows: Vec<CheckpointRow>,
+    shared_blobs: bool,
+) -> Result<Vec<CheckpointTuple>, CheckpointError> {
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    // Blobs are written with their checkpoint and never change, so these reads agree with the
+    // rows without a common snapshot.
+    let blobs = fetch_blobs(conn, thread_id, &rows).await?;
+    let writes = fetch_writes(conn, thread_id, &rows).await?;
+    assemble(thread_id, rows, blobs, writes, shared_blobs)
+}
+
+#[async_trait]
+impl Checkpointer for PostgresCheckpointer {
+    async fn put(
+        &self,
+        thread_id: &str,
+        checkpoint_ns: &str,
+        checkpoint: &Checkpoint,
+        metadata: &Value,
+        parent_id: Option<&str>,
+        blobs: &[ChannelBlob],
+    ) -> Result<(), CheckpointError> {
+        let stored = stored_checkpoint(checkpoint);
+        let blobs = encode_blobs(blobs)?;
+        let channels: Vec<&str> = blobs.iter().map(|b| b.channel).collect();
+        let versions: Vec<i64> = blobs.iter().map(|b| b.version).collect();
+        let bases: Vec<Option<i64>> = blobs.iter().map(|b| b.base).collect();
+        let values: Vec<&[u8]> = blobs.iter().map(|b| b.value.as_slice()).collect();
+        // Saved again under the same id, a checkpoint replaces the earlier one, writes
+        // included; for a new id the `DELETE` finds nothing.
+        sqlx::query(
+            "WITH new_blobs AS ( \
+                 INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, base, value) \
+                 SELECT $1, $2, ch, v, b, val \
+                 FROM UNNEST($7::text[], $8::bigint[], $9::bigint[], $10::bytea[]) AS u(ch, v, b, val) \
+                 ON CONFLICT DO NOTHING \
+             ), stale_writes AS ( \
+                 DELETE FROM checkpoint_writes \
+                 WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3 \
+             ) \
+             INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, \
+                                      checkpoint, metadata) \
+             VALUES ($1, $2, $3, $4, $5, $6) \
+             ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET \
+                 parent_checkpoint_id = EXCLUDED.parent_checkpoint_id, \
+                 checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata",
+        )
+        .bind(thread_id)
+        .bind(checkpoint_ns)
+        .bind(&stored.id)
+        .bind(parent_id)
+        .bind(Json(&stored))
+        .bind(Json(jsonb_safe(metadata)))
+        .bind(channels)
+        .bind(versions)
+        .bind(bases)
+        .bind(values)
+        .execute(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(())
+    }
+
+    async fn put_writes(
+        &self,
+        thread_id: &str,
+        checkpoint_ns: &str,
+        checkpoint_id: &str,
+        writes: &[PendingWrite],
+    ) -> Result<(), CheckpointError> {
+        let plan = plan_writes(writes);
+        let values = plan
+            .insert
+            .iter()
+            .map(|w| encode_write(w))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut tx = self.pool.begin().await.map_err(backend)?;
+        // Tasks of one step finish concurrently and save against the same checkpoint: locking
+        // its row serialises them, so each sees the others' last index. (The next statement
+        // takes a new snapshot, after the lock was granted.)
+        let exists: Option<i32> = sqlx::query_scalar(
+            "SELECT 1 FROM checkpoints \
+             WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3 FOR UPDATE",
+        )
+        .bind(thread_id)
+        .bind(checkpoint_ns)
+        .bind(checkpoint_id)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(backend)?;
+        if exists.is_none() {
+            return Err(CheckpointError::Missing(format!(
+                "checkpoint {checkpoint_id} of {thread_id}"
+            )));
+        }
+        let replace_tasks: Vec<&str> = plan.replace.iter().map(|(t, _)| *t).collect();
+        let replace_channels: Vec<&str> = plan.replace.iter().map(|(_, c)| *c).collect();
+        let tasks: Vec<&str> = plan.insert.iter().map(|w| w.task_id.as_str()).collect();
+        let channels: Vec<&str> = plan.insert.iter().map(|w| w.channel.as_str()).collect();
+        let values: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
+        // The `DELETE` and the next index read the same snapshot: indexes of replaced writes
+        // are not reused, which only leaves gaps.
+        sqlx::query(
+            "WITH replaced AS ( \
+                 DELETE FROM checkpoint_writes \
+                 WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3 \
+                   AND (task_id, channel) IN (SELECT * FROM UNNEST($4::text[], $5::text[])) \
+             ), next AS ( \
+                 SELECT COALESCE(MAX(idx), -1) + 1 AS idx FROM checkpoint_writes \
+                 WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3 \
+             ) \
+             INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, idx, task_id, \
+                                            channel, value) \
+             SELECT $1, $2, $3, next.idx + u.n - 1, u.task, u.ch, u.val \
+             FROM next, UNNEST($6::text[], $7::text[], $8::bytea[]) WITH ORDINALITY AS u(task, ch, val, n)",
+        )
+        .bind(thread_id)
+        .bind(checkpoint_ns)
+        .bind(checkpoint_id)
+        .bind(replace_tasks)
+        .bind(replace_channels)
+        .bind(tasks)
+        .bind(channels)
+        .bind(values)
+        .execute(&mut *tx)
+        .await
+        .map_err(backend)?;
+        tx.commit().await.map_err(backend)
+    }
+
+    async fn get_tuple(
+        &self,
+        thread_id: &str,
+        checkpoint_ns: &str,
+        checkpoint_id: Option<&str>,
+    ) -> Result<Option<CheckpointTuple>, CheckpointError> {
+        let mut conn = self.pool.acquire().await.map_err(backend)?;
+        let sql = match checkpoint_id {
+            Some(_) => format!(
+                "SELECT {CHECKPOINT_COLUMNS} FROM checkpoints \
+                 WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3"
+            ),
+            None => format!(
+                "SELECT {CHECKPOINT_COLUMNS} FROM checkpoints \
+                 WHERE thread_id = $1 AND checkpoint_ns = $2 \
+                 ORDER BY checkpoint_id DESC LIMIT 1"
+            ),
+        };
+        let mut query = sqlx::query_as(&sql).bind(thread_id).bind(checkpoint_ns);
+        if let Some(id) = checkpoint_id {
+            query = query.bind(id);
+        }
+        let rows: Vec<CheckpointRow> = query.fetch_all(&mut *conn).await.map_err(backend)?;
+        Ok(load(&mut conn, thread_id, rows, false).await?.pop())
+    }
+
+    async fn list(
+        &self,
+        thread_id: &str,
+        checkpoint_ns: Option<&str>,
+        filter: &ListFilter,
+    ) -> Result<Vec<CheckpointTuple>, CheckpointError> {
+        let mut conn = self.pool.acquire().await.map_err(backend)?;
+        let mut qb: QueryBuilder<'_, Postgres> = QueryBuilder::new(format!(
+            "SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE thread_id = "
+        ));
+        qb.push_bind(thread_id);
+        if let Some(ns) = checkpoint_ns {
+            qb.push(" AND checkpoint_ns = ").push_bind(ns);
+        }
+        if let Some(before) = &filter.before {
+            qb.push(" AND checkpoint_id < ").push_bind(before.as_str());
+        }
+        if let Some(metadata) = metadata_filter(filter.metadata.as_ref()) {
+            qb.push(" AND metadata @> ").push_bind(Json(metadata));
+        }
+        qb.push(" ORDER BY checkpoint_id DESC");
+        if checkpoint_ns.is_none() {
+            qb.push(", checkpoint_ns DESC");
+        }
+        if filter.limit.is_some() {
+            qb.push(" LIMIT ").push_bind(limit_to_db(filter.limit));
+        }
+        let rows: Vec<CheckpointRow> = qb
+            .build_query_as()
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(backend)?;
+        load(&mut conn, thread_id, rows, true).await
+    }
+
+    async fn delete_thread(&self, thread_id: &str) -> Result<(), CheckpointError> {
+        sqlx::query(
+            "WITH w AS (DELETE FROM checkpoint_writes WHERE thread_id = $1), \
+                  b AS (DELETE FROM checkpoint_blobs WHERE thread_id = $1) \
+             DELETE FROM checkpoints WHERE thread_id = $1",
+        )
+        .bind(thread_id)
+        .execute(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(())
+    }
+
+    async fn copy_thread(&self, from: &str, to: &str) -> Result<(), CheckpointError> {
+        if from == to {
+            return Ok(());
+        }
+        let mut tx = self.pool.begin().await.map_err(backend)?;
+        let exists: Option<i32> =
+            sqlx::query_scalar("SELECT 1 FROM checkpoints WHERE thread_id = $1 LIMIT 1")
+                .bind(from)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(backend)?;
+        if exists.is_none() {
+            return Ok(());
+        }
+        // The copy replaces whatever `to` had, as the engine's in-memory saver does. The
+        // deletions and insertions are separate statements: in one statement the inserts
+        // would not see the deletions and collide with the rows they remove.
+        sqlx::query(
+            "WITH w AS (DELETE FROM checkpoint_writes WHERE thread_id = $1), \
+                  b AS (DELETE FROM checkpoint_blobs WHERE thread_id = $1) \
+             DELETE FROM checkpoints WHERE thread_id = $1",
+        )
+        .bind(to)
+        .execute(&mut *tx)
+        .await
+        .map_err(backend)?;
+        sqlx::query(
+            "WITH c AS ( \
+                 INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, \
+                                          parent_checkpoint_id, checkpoint, metadata, created_at) \
+                 SELECT $2, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, \
+                        metadata, created_at \
+                 FROM checkpoints WHERE thread_id = $1 \
+             ), b AS ( \
+                 INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, base, value) \
+                 SELECT $2, checkpoint_ns, channel, version, base, value \
+                 FROM checkpoint_blobs WHERE thread_id = $1 \
+             ) \
+             INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, idx, task_id, \
+                                            channel, value) \
+             SELECT $2, checkpoint_ns, checkpoint_id, idx, task_id, channel, value \
+             FROM checkpoint_writes WHERE thread_id = $1",
+        )
+        .bind(from)
+        .bind(to)
+        .execute(&mut *tx)
+        .await
+        .map_err(backend)?;
+        tx.commit().await.map_err(backend)
+    }
+}

@@ -1,0 +1,432 @@
+//! Checkpoints in SQLite: writes through the storage's one writer connection, reads through
+//! its read-only pool, each read in one transaction so its queries see one snapshot.
+
+use async_trait::async_trait;
+use chrono::Utc;
+use serde_json::Value;
+use spindle_graph::checkpoint::{
+    ChannelBlob, Checkpoint, CheckpointError, CheckpointTuple, Checkpointer, ListFilter,
+    PendingWrite,
+};
+use sqlx::sqlite::SqlitePool;
+use sqlx::types::Json;
+use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
+
+use super::{
+    assemble, backend, encode_blobs, encode_write, limit_to_db, metadata_filter, plan_writes,
+    stored_checkpoint, wanted_blobs, BlobRow, Blobs, CheckpointRow, WriteRow, CHECKPOINT_COLUMNS,
+};
+use crate::json_filter::push_sqlite_contains;
+
+/// Rows per multi-row `INSERT`, well under SQLite's limit on bound parameters.
+const INSERT_CHUNK: usize = 500;
+
+/// The engine's [`Checkpointer`] over the SQLite backend's pools.
+pub struct SqliteCheckpointer {
+    read: SqlitePool,
+    write: SqlitePool,
+}
+
+impl SqliteCheckpointer {
+    /// `write` must be the storage's single-connection writer pool.
+    pub(crate) fn new(read: SqlitePool, write: SqlitePool) -> Self {
+        Self { read, write }
+    }
+}
+
+/// The blobs of delta chains: a recursive CTE starts from the wanted `(namespace, channel,
+/// version)` triples (`$2`, a JSON array of them) and follows `base`, ending each chain with a
+/// `NULL` version, which matches no blob.
+///
+/// The step looks `base` up in a scalar subquery rather than a join: given `sqlite_stat1`
+/// (after `ANALYZE` or `PRAGMA optimize`), SQLite would put a Bloom filter on a joined
+/// lookup, and building it scans the table at every step of the recursion.
+const BLOBS_SQL: &str = "WITH RECURSIVE chain(checkpoint_ns, channel, version) AS ( \
+        SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), \
+               json_extract(value, '$[2]') FROM json_each($2) \
+      UNION \
+        SELECT c.checkpoint_ns, c.channel, \
+               (SELECT b.base FROM checkpoint_blobs b WHERE b.thread_id = $1 \
+                  AND b.checkpoint_ns = c.checkpoint_ns AND b.channel = c.channel \
+                  AND b.version = c.version AND b.base < b.version) \
+        FROM chain c WHERE c.version IS NOT NULL \
+    ) \
+    SELECT b.checkpoint_ns, b.channel, b.version, b.value FROM chain c \
+    JOIN checkpoint_blobs b ON b.thread_id = $1 AND b.checkpoint_ns = c.checkpoint_ns \
+     AND b.channel = c.channel AND b.version = c.version";
+
+/// The blobs that rebuild `rows`' channels, delta chains included, in one query
+/// ([`BLOBS_SQL`]).
+async fn fetch_blobs(
+    conn: &mut SqliteConnection,
+    thread_id: &str,
+    rows: &[CheckpointRow],
+) -> Result<Blobs, CheckpointError> {
+    let wanted = wanted_blobs(rows)?;
+    if wanted.is_empty() {
+        return Ok(Blobs::default());
+    }
+    let wanted = serde_json::to_string(&wanted)
+        .map_err(|e| CheckpointError::Backend(format!("cannot encode blob keys: {e}")))?;
+    let rows: Vec<BlobRow> = sqlx::query_as(BLOBS_SQL)
+        .bind(thread_id)
+        .bind(wanted)
+        .fetch_all(conn)
+        .await
+        .map_err(backend)?;
+    Blobs::decode(rows)
+}
+
+/// The pending writes of `rows`' checkpoints, ordered by checkpoint and `idx`.
+async fn fetch_writes(
+    conn: &mut SqliteConnection,
+    thread_id: &str,
+    rows: &[CheckpointRow],
+) -> Result<Vec<WriteRow>, CheckpointError> {
+    let keys: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|r| (r.checkpoint_ns.as_str(), r.checkpoint_id.as_str()))
+        .collect();
+    let keys = serde_json::to_string(&keys)
+        .map_err(|e| CheckpointError::Backend(format!("cannot encode checkpoint keys: {e}")))?;
+    sqlx::query_as(
+        "WITH page(checkpoint_ns, checkpoint_id) AS ( \
+             SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each($2) \
+         ) \
+         SELECT w.checkpoint_ns, w.checkpoint_id, w.task_id, w.channel, w.value \
+         FROM page p JOIN checkpoint_writes w ON w.thread_id = $1 \
+          AND w.checkpoint_ns = p.checkpoint_ns AND w.checkpoint_id = p.checkpoint_id \
+         ORDER BY w.checkpoint_ns, w.checkpoint_id, w.idx",
+    )
+    .bind(thread_id)
+    .bind(keys)
+    .fetch_all(conn)
+    .await
+    .map_err(backend)
+}
+
+async fn load(
+    conn: &mut SqliteConnection,
+    thread_id: &str,
+    rows: Vec<CheckpointRow>,
+    shared_blobs: bool,
+) -> Result<Vec<CheckpointTuple>, CheckpointError> {
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let blobs = fetch_blobs(conn, thread_id, &rows).await?;
+    let writes = fetch_writes(conn, thread_id, &rows).await?;
+    assemble(thread_id, rows, blobs, writes, shared_blobs)
+}
+
+#[async_trait]
+impl Checkpointer for SqliteCheckpointer {
+    async fn put(
+        &self,
+        thread_id: &str,
+        checkpoint_ns: &str,
+        checkpoint: &Checkpoint,
+        metadata: &Value,
+        parent_id: Option<&str>,
+        blobs: &[ChannelBlob],
+    ) -> Result<(), CheckpointError> {
+        let stored = stored_checkpoint(checkpoint);
+        let blobs = encode_blobs(blobs)?;
+        let mut tx = self.write.begin().await.map_err(backend)?;
+        for chunk in blobs.chunks(INSERT_CHUNK) {
+            let mut qb: QueryBuilder<'_, Sqlite> = QueryBuilder::new(
+                "INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, base, value) ",
+            );
+            qb.push_values(chunk, |mut row, b| {
+                row.push_bind(thread_id)
+                    .push_bind(checkpoint_ns)
+                    .push_bind(b.channel)
+                    .push_bind(b.version)
+                    .push_bind(b.base)
+                    .push_bind(b.value.as_slice());
+            });
+            // Versions are immutable: an existing blob already holds this content.
+            qb.push(" ON CONFLICT DO NOTHING");
+            qb.build().execute(&mut *tx).await.map_err(backend)?;
+        }
+        let inserted = sqlx::query(
+            "INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, \
+             checkpoint, metadata, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+             ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO NOTHING",
+        )
+        .bind(thread_id)
+        .bind(checkpoint_ns)
+        .bind(&stored.id)
+        .bind(parent_id)
+        .bind(Json(&stored))
+        .bind(Json(metadata))
+        .bind(Utc::now())
+        .execute(&mut *tx)
+        .await
+        .map_err(backend)?;
+        if inserted.rows_affected() == 0 {
+            // Saved again under the same id: it replaces the earlier one, writes included.
+            sqlx::query(
+                "UPDATE checkpoints SET parent_checkpoint_id = $4, checkpoint = $5, metadata = $6 \
+                 WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3",
+            )
+            .bind(thread_id)
+            .bind(checkpoint_ns)
+            .bind(&stored.id)
+            .bind(parent_id)
+            .bind(Json(&stored))
+            .bind(Json(metadata))
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
+            sqlx::query(
+                "DELETE FROM checkpoint_writes \
+                 WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3",
+            )
+            .bind(thread_id)
+            .bind(checkpoint_ns)
+            .bind(&stored.id)
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
+        }
+        tx.commit().await.map_err(backend)
+    }
+
+    async fn put_writes(
+        &self,
+        thread_id: &str,
+        checkpoint_ns: &str,
+        checkpoint_id: &str,
+        writes: &[PendingWrite],
+    ) -> Result<(), CheckpointError> {
+        let plan = plan_writes(writes);
+        let values = plan
+            .insert
+            .iter()
+            .map(|w| encode_write(w))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut tx = self.write.begin().await.map_err(backend)?;
+        // The checkpoint must exist; the next index follows its last write. The one writer
+        // connection serialises concurrent calls.
+        let next: Option<i64> = sqlx::query_scalar(
+            "SELECT (SELECT COALESCE(MAX(idx), -1) + 1 FROM checkpoint_writes w \
+                     WHERE w.thread_id = $1 AND w.checkpoint_ns = $2 AND w.checkpoint_id = $3) \
+             FROM checkpoints WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3",
+        )
+        .bind(thread_id)
+        .bind(checkpoint_ns)
+        .bind(checkpoint_id)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(backend)?;
+        let Some(next) = next else {
+            return Err(CheckpointError::Missing(format!(
+                "checkpoint {checkpoint_id} of {thread_id}"
+            )));
+        };
+        if !plan.replace.is_empty() {
+            let mut qb: QueryBuilder<'_, Sqlite> =
+                QueryBuilder::new("DELETE FROM checkpoint_writes WHERE thread_id = ");
+            qb.push_bind(thread_id)
+                .push(" AND checkpoint_ns = ")
+                .push_bind(checkpoint_ns)
+                .push(" AND checkpoint_id = ")
+                .push_bind(checkpoint_id)
+                .push(" AND (task_id, channel) IN (");
+            qb.push_values(&plan.replace, |mut row, (task, channel)| {
+                row.push_bind(*task).push_bind(*channel);
+            });
+            qb.push(")");
+            qb.build().execute(&mut *tx).await.map_err(backend)?;
+        }
+        let rows: Vec<(i64, &PendingWrite, &[u8])> = plan
+            .insert
+            .iter()
+            .zip(&values)
+            .enumerate()
+            .map(|(i, (w, v))| (next + i as i64, *w, v.as_slice()))
+            .collect();
+        for chunk in rows.chunks(INSERT_CHUNK) {
+            let mut qb: QueryBuilder<'_, Sqlite> = QueryBuilder::new(
+                "INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, idx, task_id, \
+                 channel, value) ",
+            );
+            qb.push_values(chunk, |mut row, (idx, w, value)| {
+                row.push_bind(thread_id)
+                    .push_bind(checkpoint_ns)
+                    .push_bind(checkpoint_id)
+                    .push_bind(*idx)
+                    .push_bind(w.task_id.as_str())
+                    .push_bind(w.channel.as_str())
+                    .push_bind(*value);
+            });
+            qb.build().execute(&mut *tx).await.map_err(backend)?;
+        }
+        tx.commit().await.map_err(backend)
+    }
+
+    async fn get_tuple(
+        &self,
+        thread_id: &str,
+        checkpoint_ns: &str,
+        checkpoint_id: Option<&str>,
+    ) -> Result<Option<CheckpointTuple>, CheckpointError> {
+        let mut tx = self.read.begin().await.map_err(backend)?;
+        let mut qb: QueryBuilder<'_, Sqlite> = QueryBuilder::new(format!(
+            "SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE thread_id = "
+        ));
+        qb.push_bind(thread_id)
+            .push(" AND checkpoint_ns = ")
+            .push_bind(checkpoint_ns);
+        if let Some(id) = checkpoint_id {
+            qb.push(" AND checkpoint_id = ").push_bind(id);
+        }
+        qb.push(" ORDER BY checkpoint_id DESC LIMIT 1");
+        let rows: Vec<CheckpointRow> = qb
+            .build_query_as()
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(backend)?;
+        let tuple = load(&mut tx, thread_id, rows, false).await?.pop();
+        tx.commit().await.map_err(backend)?;
+        Ok(tuple)
+    }
+
+    async fn list(
+        &self,
+        thread_id: &str,
+        checkpoint_ns: Option<&str>,
+        filter: &ListFilter,
+    ) -> Result<Vec<CheckpointTuple>, CheckpointError> {
+        let mut tx = self.read.begin().await.map_err(backend)?;
+        let mut qb: QueryBuilder<'_, Sqlite> = QueryBuilder::new(format!(
+            "SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE thread_id = "
+        ));
+        qb.push_bind(thread_id);
+        if let Some(ns) = checkpoint_ns {
+            qb.push(" AND checkpoint_ns = ").push_bind(ns);
+        }
+        if let Some(before) = &filter.before {
+            qb.push(" AND checkpoint_id < ").push_bind(before.as_str());
+        }
+        if let Some(metadata) = metadata_filter(filter.metadata.as_ref()) {
+            qb.push(" AND ");
+            push_sqlite_contains(&mut qb, "metadata", metadata);
+        }
+        qb.push(" ORDER BY checkpoint_id DESC");
+        if checkpoint_ns.is_none() {
+            qb.push(", checkpoint_ns DESC");
+        }
+        qb.push(" LIMIT ").push_bind(limit_to_db(filter.limit));
+        let rows: Vec<CheckpointRow> = qb
+            .build_query_as()
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(backend)?;
+        let tuples = load(&mut tx, thread_id, rows, true).await?;
+        tx.commit().await.map_err(backend)?;
+        Ok(tuples)
+    }
+
+    async fn delete_thread(&self, thread_id: &str) -> Result<(), CheckpointError> {
+        let mut tx = self.write.begin().await.map_err(backend)?;
+        for table in ["checkpoint_writes", "checkpoint_blobs", "checkpoints"] {
+            sqlx::query(&format!("DELETE FROM {table} WHERE thread_id = $1"))
+                .bind(thread_id)
+                .execute(&mut *tx)
+                .await
+                .map_err(backend)?;
+        }
+        tx.commit().await.map_err(backend)
+    }
+
+    async fn copy_thread(&self, from: &str, to: &str) -> Result<(), CheckpointError> {
+        if from == to {
+            return Ok(());
+        }
+        let mut tx = self.write.begin().await.map_err(backend)?;
+        let exists: Option<i64> =
+            sqlx::query_scalar("SELECT 1 FROM checkpoints WHERE thread_id = $1 LIMIT 1")
+                .bind(from)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(backend)?;
+        if exists.is_none() {
+            return Ok(());
+        }
+        // The copy replaces whatever `to` had, as the engine's in-memory saver does.
+        for table in ["checkpoint_writes", "checkpoint_blobs", "checkpoints"] {
+            sqlx::query(&format!("DELETE FROM {table} WHERE thread_id = $1"))
+                .bind(to)
+                .execute(&mut *tx)
+                .await
+                .map_err(backend)?;
+        }
+        for sql in COPY_SQL {
+            sqlx::query(sql)
+                .bind(from)
+                .bind(to)
+                .execute(&mut *tx)
+                .await
+                .map_err(backend)?;
+        }
+        tx.commit().await.map_err(backend)
+    }
+}
+
+/// Copies every row of thread `$1` to thread `$2`.
+const COPY_SQL: [&str; 3] = [
+    "INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, \
+     checkpoint, metadata, created_at) \
+     SELECT $2, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata, created_at \
+     FROM checkpoints WHERE thread_id = $1",
+    "INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, base, value) \
+     SELECT $2, checkpoint_ns, channel, version, base, value FROM checkpoint_blobs WHERE thread_id = $1",
+    "INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, idx, task_id, channel, value) \
+     SELECT $2, checkpoint_ns, checkpoint_id, idx, task_id, channel, value \
+     FROM checkpoint_writes WHERE thread_id = $1",
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// With table statistics, SQLite must still walk a delta chain by index lookups, without
+    /// a Bloom filter (which scans the table) or a scan of the blobs.
+    #[tokio::test]
+    async fn delta_chains_are_walked_by_index_lookups_even_with_statistics() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = crate::sqlite::SqliteStorage::open(dir.path().join("db").to_str().unwrap())
+            .await
+            .unwrap();
+        let pool = storage.write_pool();
+        sqlx::query(
+            "WITH RECURSIVE t(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM t WHERE i < 2000) \
+             INSERT INTO checkpoint_blobs SELECT 't' || (i % 20), '', 'messages', i, \
+             CASE WHEN i > 20 THEN i - 20 END, x'00' FROM t",
+        )
+        .execute(pool)
+        .await
+        .unwrap();
+        sqlx::query("ANALYZE").execute(pool).await.unwrap();
+        let plan: Vec<(i64, i64, i64, String)> =
+            sqlx::query_as(&format!("EXPLAIN QUERY PLAN {BLOBS_SQL}"))
+                .bind("t1")
+                .bind(r#"[["", "messages", 1981]]"#)
+                .fetch_all(pool)
+                .await
+                .unwrap();
+        let plan: Vec<String> = plan.into_iter().map(|r| r.3).collect();
+        let plan = plan.join("\n");
+        assert!(!plan.contains("BLOOM"), "{plan}");
+        assert!(!plan.contains("SCAN b"), "{plan}");
+        let rows: Vec<BlobRow> = sqlx::query_as(BLOBS_SQL)
+            .bind("t1")
+            .bind(r#"[["", "messages", 1981]]"#)
+            .fetch_all(pool)
+            .await
+            .unwrap();
+        assert_eq!(rows.len(), 100, "the whole chain, 1981 back to 1");
+    }
+}

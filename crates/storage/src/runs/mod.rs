@@ -1,0 +1,413 @@
+//! Runs: the queue workers claim from, and the per-thread event log streams read.
+//!
+//! A run is stored `pending` by the request that creates it, in the same transaction that
+//! marks its thread `busy` and applies the multitask strategy. A worker claims it with a lease
+//! (PostgreSQL: `FOR UPDATE SKIP LOCKED`), renews the lease while it executes, and ends it in one
+//! transaction that writes the run's status and its thread's status and values. A partial
+//! unique index allows at most one `running` run per thread, so the database, not a map in
+//! memory, keeps runs of a thread from overlapping.
+//!
+//! Every event a run emits gets a sequence number per thread (`seq`), assigned by the worker
+//! holding the lease (the only writer for that thread at a time), and is appended to the event
+//! log in batches. Streams subscribe to live events first and replay from the log second.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::model::{JsonObject, Page, Scope, ThreadStatus};
+use crate::StorageResult;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunStatus {
+    Pending,
+    Running,
+    Success,
+    Error,
+    Timeout,
+    Interrupted,
+}
+
+impl RunStatus {
+    pub const ALL: [RunStatus; 6] = [
+        RunStatus::Pending,
+        RunStatus::Running,
+        RunStatus::Success,
+        RunStatus::Error,
+        RunStatus::Timeout,
+        RunStatus::Interrupted,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Pending => "pending",
+            RunStatus::Running => "running",
+            RunStatus::Success => "success",
+            RunStatus::Error => "error",
+            RunStatus::Timeout => "timeout",
+            RunStatus::Interrupted => "interrupted",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|status| status.as_str() == s)
+    }
+
+    /// Pending or running: the run still holds its thread.
+    pub fn is_active(self) -> bool {
+        matches!(self, RunStatus::Pending | RunStatus::Running)
+    }
+}
+
+/// What to do with a new run when its thread already has an active one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MultitaskStrategy {
+    /// Refuse the new run (conflict).
+    Reject,
+    /// Stop the active runs (they end `interrupted`), then run the new one.
+    Interrupt,
+    /// Stop the active runs and delete them with the checkpoints they wrote.
+    Rollback,
+    /// Run the new one after the active ones.
+    #[default]
+    Enqueue,
+}
+
+impl MultitaskStrategy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MultitaskStrategy::Reject => "reject",
+            MultitaskStrategy::Interrupt => "interrupt",
+            MultitaskStrategy::Rollback => "rollback",
+            MultitaskStrategy::Enqueue => "enqueue",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::Reject, Self::Interrupt, Self::Rollback, Self::Enqueue]
+            .into_iter()
+            .find(|m| m.as_str() == s)
+    }
+}
+
+/// How a cancelled run ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CancelAction {
+    /// The run ends `interrupted`; what it wrote stays.
+    #[default]
+    Interrupt,
+    /// The run and the checkpoints it wrote are deleted.
+    Rollback,
+}
+
+impl CancelAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CancelAction::Interrupt => "interrupt",
+            CancelAction::Rollback => "rollback",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::Interrupt, Self::Rollback]
+            .into_iter()
+            .find(|a| a.as_str() == s)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Run {
+    pub run_id: Uuid,
+    pub thread_id: Uuid,
+    pub assistant_id: Uuid,
+    pub user_id: Option<String>,
+    pub status: RunStatus,
+    /// Everything the run was asked to do (input, command, config, context, stream modes,
+    /// interrupt_before/after, checkpoint, durability, webhook, ...), as the server wrote it.
+    pub kwargs: JsonObject,
+    pub metadata: JsonObject,
+    pub multitask_strategy: MultitaskStrategy,
+    /// 0 until claimed; +1 at each claim (a run resumed after its worker died has attempt 2).
+    pub attempt: i32,
+    /// Not claimed before this time (`after_seconds`).
+    pub run_after: DateTime<Utc>,
+    /// Set when someone asked the run to stop; the worker ends it accordingly.
+    pub cancel: Option<CancelAction>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// What happens when the run's thread does not exist.
+#[derive(Debug, Clone, PartialEq)]
+pub enum IfThreadMissing {
+    /// Not found.
+    Reject,
+    /// Create it, owned by the caller, with this metadata.
+    Create { metadata: JsonObject },
+}
+
+#[derive(Debug, Clone)]
+pub struct NewRun {
+    pub run_id: Uuid,
+    pub thread_id: Uuid,
+    pub assistant_id: Uuid,
+    pub kwargs: JsonObject,
+    pub metadata: JsonObject,
+    pub multitask_strategy: MultitaskStrategy,
+    pub run_after: DateTime<Utc>,
+    pub if_thread_missing: IfThreadMissing,
+}
+
+/// The result of creating a run.
+#[derive(Debug, Clone)]
+pub struct CreatedRun {
+    pub run: Run,
+    /// Active runs of the thread that the multitask strategy asked to stop; the server signals
+    /// their workers.
+    pub cancelled: Vec<Uuid>,
+}
+
+/// A run a worker now holds.
+#[derive(Debug, Clone)]
+pub struct ClaimedRun {
+    pub run: Run,
+    /// The seq of the thread's last logged event; the worker numbers new events after it.
+    pub last_seq: i64,
+}
+
+/// How a run ended, written in one transaction with its thread's new state.
+#[derive(Debug, Clone)]
+pub struct RunEnd {
+    pub status: RunStatus,
+    /// `{error, message}` when the run failed.
+    pub error: Option<Value>,
+    /// The thread's status once no other run is active: `error`, `interrupted` or `idle`.
+    /// (While other runs of the thread are pending it stays `busy`.)
+    pub thread_status: ThreadStatus,
+    /// The values of the thread's latest checkpoint, for `GET /threads/{id}`.
+    pub thread_values: Option<Value>,
+    /// Interrupts by task id, for `GET /threads/{id}`.
+    pub thread_interrupts: JsonObject,
+}
+
+/// One event of a run, as kept in the thread's log.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoggedEvent {
+    pub thread_id: Uuid,
+    pub seq: i64,
+    pub run_id: Uuid,
+    /// SSE event name (`values`, `updates|child:1`, `metadata`, `end`, ...).
+    pub event: String,
+    pub data: Value,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct RunFilter {
+    pub status: Option<RunStatus>,
+}
+
+/// Runs and their event log.
+#[async_trait::async_trait]
+pub trait RunStore: Send + Sync {
+    /// In one transaction: applies the thread's missing-thread rule, the multitask strategy
+    /// (`Reject` with an active run is a conflict), inserts the run `pending` and marks the
+    /// thread `busy`. A thread the caller cannot see (missing, or another user's) is
+    /// `NotFound`, also with [`IfThreadMissing::Create`]. `cancelled` lists, oldest first,
+    /// every active run the strategy stopped (pending ones have ended, running ones are flagged).
+    async fn create_run(&self, scope: &Scope, new: NewRun) -> StorageResult<CreatedRun>;
+    async fn get_run(&self, scope: &Scope, thread_id: Uuid, run_id: Uuid) -> StorageResult<Run>;
+    /// Newest first. `NotFound` when the caller cannot see the thread.
+    async fn list_runs(
+        &self,
+        scope: &Scope,
+        thread_id: Uuid,
+        filter: RunFilter,
+        page: Page,
+    ) -> StorageResult<Vec<Run>>;
+    /// Deletes a run that is not active (an active one is a conflict), with its events.
+    async fn delete_run(&self, scope: &Scope, thread_id: Uuid, run_id: Uuid) -> StorageResult<()>;
+    /// Asks active runs to stop. Pending runs end at once (`interrupted`, or deleted for
+    /// rollback); running ones are flagged for their worker. Returns the runs flagged or ended.
+    /// Ids that are not active runs of the thread are skipped; `NotFound` when none is. When
+    /// no run of the thread is active afterwards, the thread is `idle`.
+    async fn cancel_runs(
+        &self,
+        scope: &Scope,
+        thread_id: Uuid,
+        run_ids: &[Uuid],
+        action: CancelAction,
+    ) -> StorageResult<Vec<Uuid>>;
+
+    /// Claims the oldest due pending run whose thread has no running run, for `lease`.
+    /// Also reclaims runs whose lease expired (their worker died), up to `max_attempts`;
+    /// past that they end `error` and their thread is released. (An expired run that was
+    /// asked to stop ends as asked instead of being resumed.) `None` when nothing is due, or
+    /// when every due run is being claimed by another worker at this moment.
+    async fn claim_run(
+        &self,
+        worker_id: &str,
+        lease: std::time::Duration,
+        max_attempts: i32,
+    ) -> StorageResult<Option<ClaimedRun>>;
+    /// Extends the lease; returns the run as it now is (to see a cancel request), or `None`
+    /// when the worker no longer holds it.
+    async fn renew_lease(
+        &self,
+        run_id: Uuid,
+        worker_id: &str,
+        lease: std::time::Duration,
+    ) -> StorageResult<Option<Run>>;
+    /// Ends a run and updates its thread, in one transaction. A rollback end deletes the run.
+    /// `NotFound` when the worker no longer holds the run (its lease was taken over, or the
+    /// run or its thread was deleted); `Invalid` for an active `end.status`.
+    async fn finish_run(&self, run_id: Uuid, worker_id: &str, end: RunEnd) -> StorageResult<()>;
+
+    /// Appends events (one transaction per batch). Seqs are unique per thread: a taken seq is
+    /// a `Conflict`; an event of a run that no longer exists is `NotFound`.
+    async fn append_events(&self, events: &[LoggedEvent]) -> StorageResult<()>;
+    /// Events of a thread with `seq > after`, oldest first, optionally of one run.
+    async fn read_events(
+        &self,
+        thread_id: Uuid,
+        after: i64,
+        run_id: Option<Uuid>,
+        limit: i64,
+    ) -> StorageResult<Vec<LoggedEvent>>;
+}
+
+mod postgres;
+mod sqlite;
+
+/// How many runs with an expired lease one claim ends (past `max_attempts`) before it gives up
+/// looking for one it can run, so that a claim stays a short transaction.
+const EXPIRED_PER_CLAIM: usize = 16;
+/// How many pending candidates one claim tries when another worker takes them first.
+const CANDIDATES_PER_CLAIM: usize = 8;
+
+/// The error a run whose worker died too often ends with.
+fn worker_lost(attempts: i32) -> Value {
+    serde_json::json!({
+        "error": "WorkerLost",
+        "message": format!(
+            "the run's worker stopped renewing its lease {attempts} time(s); giving up"
+        ),
+    })
+}
+
+/// The columns a run is read with, in [`RunRow`]'s order.
+const RUN_COLUMNS: &str = "run_id, thread_id, assistant_id, user_id, status, kwargs, metadata, \
+     multitask_strategy, attempt, run_after, cancel, created_at, updated_at";
+
+#[derive(sqlx::FromRow)]
+struct RunRow<Id> {
+    run_id: Id,
+    thread_id: Id,
+    assistant_id: Id,
+    user_id: Option<String>,
+    status: String,
+    kwargs: sqlx::types::Json<JsonObject>,
+    metadata: sqlx::types::Json<JsonObject>,
+    multitask_strategy: String,
+    attempt: i32,
+    run_after: DateTime<Utc>,
+    cancel: Option<String>,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+}
+
+impl<Id: crate::rows::IntoUuid> TryFrom<RunRow<Id>> for Run {
+    type Error = crate::StorageError;
+
+    fn try_from(row: RunRow<Id>) -> StorageResult<Self> {
+        let corrupt = |what: &str, value: &str| {
+            crate::StorageError::Corrupt(format!("unknown run {what} {value:?}"))
+        };
+        Ok(Run {
+            run_id: row.run_id.into_uuid(),
+            thread_id: row.thread_id.into_uuid(),
+            assistant_id: row.assistant_id.into_uuid(),
+            user_id: row.user_id,
+            status: RunStatus::parse(&row.status).ok_or_else(|| corrupt("status", &row.status))?,
+            kwargs: row.kwargs.0,
+            metadata: row.metadata.0,
+            multitask_strategy: MultitaskStrategy::parse(&row.multitask_strategy)
+                .ok_or_else(|| corrupt("multitask strategy", &row.multitask_strategy))?,
+            attempt: row.attempt,
+            run_after: row.run_after,
+            cancel: match row.cancel.as_deref() {
+                None => None,
+                Some(c) => Some(CancelAction::parse(c).ok_or_else(|| corrupt("cancel", c))?),
+            },
+            created_at: row.created_at,
+            updated_at: row.updated_at,
+        })
+    }
+}
+
+/// The columns an event is read with, in [`EventRow`]'s order (`data` as text on both
+/// backends).
+#[derive(sqlx::FromRow)]
+struct EventRow<Id> {
+    thread_id: Id,
+    seq: i64,
+    run_id: Id,
+    event: String,
+    data: String,
+    created_at: DateTime<Utc>,
+}
+
+impl<Id: crate::rows::IntoUuid> TryFrom<EventRow<Id>> for LoggedEvent {
+    type Error = crate::StorageError;
+
+    fn try_from(row: EventRow<Id>) -> StorageResult<Self> {
+        let data = serde_json::from_str(&row.data)
+            .map_err(|e| crate::StorageError::Corrupt(format!("event {} data: {e}", row.seq)))?;
+        Ok(LoggedEvent {
+            thread_id: row.thread_id.into_uuid(),
+            seq: row.seq,
+            run_id: row.run_id.into_uuid(),
+            event: row.event,
+            data,
+            created_at: row.created_at,
+        })
+    }
+}
+
+/// Active runs split by what stopping them means: pending ones end now, running ones are
+/// flagged for their worker.
+fn split_active(active: &[(Uuid, RunStatus)]) -> (Vec<Uuid>, Vec<Uuid>) {
+    let pending = active
+        .iter()
+        .filter(|(_, s)| *s == RunStatus::Pending)
+        .map(|(id, _)| *id)
+        .collect();
+    let running = active
+        .iter()
+        .filter(|(_, s)| *s == RunStatus::Running)
+        .map(|(id, _)| *id)
+        .collect();
+    (pending, running)
+}
+
+/// Parses `(run_id, status)` rows of active runs.
+fn parse_active<Id: crate::rows::IntoUuid>(
+    rows: Vec<(Id, String)>,
+) -> StorageResult<Vec<(Uuid, RunStatus)>> {
+    rows.into_iter()
+        .map(|(id, status)| {
+            let status = RunStatus::parse(&status).ok_or_else(|| {
+                crate::StorageError::Corrupt(format!("unknown run status {status:?}"))
+            })?;
+            Ok((id.into_uuid(), status))
+        })
+        .collect()
+}
+
+/// A lease's end, `lease` from `now`.
+fn lease_end(now: DateTime<Utc>, lease: std::time::Duration) -> DateTime<Utc> {
+    chrono::Duration::from_std(lease)
+        .ok()
+        .and_then(|lease| now.checked_add_signed(lease))
+        .unwrap_or_else(|| now + chrono::Duration::days(36500))
+}

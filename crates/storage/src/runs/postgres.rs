@@ -1,0 +1,686 @@
+//! [`RunStore`] on PostgreSQL, for several processes claiming from one queue.
+//!
+//! Claims take candidates with `FOR NO KEY UPDATE SKIP LOCKED`, so workers never wait on
+//! each other's rows. Two claims can still pick two pending runs of one thread at once; the
+//! partial unique index lets only one become `running`, and the other claim rolls back to a
+//! savepoint and looks again.
+//!
+//! Lock order, to stay free of deadlocks: a thread row before its runs' rows. Whatever decides
+//! a thread's status from its active runs (create, cancel, finish, ending an abandoned run)
+//! holds the thread's row while it counts, so a run created meanwhile is never missed.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::types::Json;
+use sqlx::{PgConnection, Postgres, QueryBuilder, Transaction};
+use uuid::Uuid;
+
+use super::*;
+use crate::error::conflict_if_taken;
+use crate::postgres::PostgresStorage;
+use crate::StorageError;
+
+/// Whether the caller sees the thread; `lock` also locks its row for the transaction.
+async fn thread_visible(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    thread_id: Uuid,
+    lock: bool,
+) -> StorageResult<bool> {
+    let sql = format!(
+        "SELECT 1 FROM threads WHERE thread_id = $1 AND (user_id = $2 OR user_id IS NULL){}",
+        if lock { " FOR NO KEY UPDATE" } else { "" }
+    );
+    let found: Option<i32> = sqlx::query_scalar(&sql)
+        .bind(thread_id)
+        .bind(&scope.user_id)
+        .fetch_optional(conn)
+        .await?;
+    Ok(found.is_some())
+}
+
+/// Locks the thread's row; false when it no longer exists.
+async fn lock_thread(conn: &mut PgConnection, thread_id: Uuid) -> StorageResult<bool> {
+    let found: Option<i32> =
+        sqlx::query_scalar("SELECT 1 FROM threads WHERE thread_id = $1 FOR NO KEY UPDATE")
+            .bind(thread_id)
+            .fetch_optional(conn)
+            .await?;
+    Ok(found.is_some())
+}
+
+/// The thread's active runs, oldest first, locked; only those among `only` when given.
+/// (A run a claim is starting is waited for and seen as it ends up.)
+async fn active_runs(
+    conn: &mut PgConnection,
+    thread_id: Uuid,
+    only: Option<&[Uuid]>,
+) -> StorageResult<Vec<(Uuid, RunStatus)>> {
+    let rows: Vec<(Uuid, String)> = match only {
+        None => {
+            sqlx::query_as(
+                "SELECT run_id, status FROM runs WHERE thread_id = $1 \
+                 AND status IN ('pending', 'running') ORDER BY created_at FOR NO KEY UPDATE",
+            )
+            .bind(thread_id)
+            .fetch_all(conn)
+            .await?
+        }
+        Some(ids) => {
+            sqlx::query_as(
+                "SELECT run_id, status FROM runs WHERE thread_id = $1 \
+                 AND status IN ('pending', 'running') \
+                 AND run_id = ANY($2) ORDER BY created_at FOR NO KEY UPDATE",
+            )
+            .bind(thread_id)
+            .bind(ids)
+            .fetch_all(conn)
+            .await?
+        }
+    };
+    parse_active(rows)
+}
+
+/// Stops active runs: pending ones end now (`interrupted`, or deleted for a rollback),
+/// running ones are flagged for their worker. Returns the ids stopped or flagged.
+async fn stop_runs(
+    conn: &mut PgConnection,
+    active: &[(Uuid, RunStatus)],
+    action: CancelAction,
+    now: DateTime<Utc>,
+) -> StorageResult<Vec<Uuid>> {
+    let (pending, running) = split_active(active);
+    if !pending.is_empty() {
+        match action {
+            CancelAction::Interrupt => {
+                sqlx::query(
+                    "UPDATE runs SET status = 'interrupted', updated_at = $2 \
+                     WHERE run_id = ANY($1)",
+                )
+                .bind(&pending)
+                .bind(now)
+                .execute(&mut *conn)
+                .await?;
+            }
+            CancelAction::Rollback => {
+                sqlx::query("DELETE FROM runs WHERE run_id = ANY($1)")
+                    .bind(&pending)
+                    .execute(&mut *conn)
+                    .await?;
+            }
+        }
+    }
+    if !running.is_empty() {
+        // A rollback request wins over an interrupt request, whichever came first.
+        sqlx::query(
+            "UPDATE runs SET cancel = CASE WHEN $1 = 'rollback' THEN 'rollback' \
+             ELSE COALESCE(cancel, $1) END, updated_at = $2 \
+             WHERE run_id = ANY($3)",
+        )
+        .bind(action.as_str())
+        .bind(now)
+        .bind(&running)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(active.iter().map(|(id, _)| *id).collect())
+}
+
+async fn count_active(conn: &mut PgConnection, thread_id: Uuid) -> StorageResult<i64> {
+    Ok(sqlx::query_scalar(
+        "SELECT COUNT(*) FROM runs WHERE thread_id = $1 AND status IN ('pending', 'running')",
+    )
+    .bind(thread_id)
+    .fetch_one(conn)
+    .await?)
+}
+
+/// The thread's status once runs ended: `busy` while a run is still active, else `status`.
+async fn thread_status_after(
+    conn: &mut PgConnection,
+    thread_id: Uuid,
+    status: ThreadStatus,
+) -> StorageResult<ThreadStatus> {
+    Ok(if count_active(conn, thread_id).await? > 0 {
+        ThreadStatus::Busy
+    } else {
+        status
+    })
+}
+
+/// Sets the thread's status (and error) after runs ended without a worker to report values.
+async fn release_thread(
+    conn: &mut PgConnection,
+    thread_id: Uuid,
+    status: ThreadStatus,
+    error: Option<&Value>,
+    now: DateTime<Utc>,
+) -> StorageResult<()> {
+    let status = thread_status_after(conn, thread_id, status).await?;
+    let error = error.filter(|_| status == ThreadStatus::Error);
+    sqlx::query("UPDATE threads SET status = $2, error = $3, updated_at = $4 WHERE thread_id = $1")
+        .bind(thread_id)
+        .bind(status.as_str())
+        .bind(error.map(Json))
+        .bind(now)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+async fn last_seq(conn: &mut PgConnection, thread_id: Uuid) -> StorageResult<i64> {
+    Ok(
+        sqlx::query_scalar("SELECT COALESCE(MAX(seq), 0) FROM run_events WHERE thread_id = $1")
+            .bind(thread_id)
+            .fetch_one(conn)
+            .await?,
+    )
+}
+
+/// Ends a running run whose worker died and that is not to be resumed: a cancelled one as
+/// it asked, any other `error` (the worker was lost too often).
+async fn end_abandoned(
+    conn: &mut PgConnection,
+    run: &Run,
+    now: DateTime<Utc>,
+) -> StorageResult<()> {
+    let id = run.run_id;
+    match run.cancel {
+        Some(CancelAction::Rollback) => {
+            sqlx::query("DELETE FROM runs WHERE run_id = $1")
+                .bind(id)
+                .execute(&mut *conn)
+                .await?;
+            release_thread(conn, run.thread_id, ThreadStatus::Idle, None, now).await
+        }
+        Some(CancelAction::Interrupt) => {
+            sqlx::query(
+                "UPDATE runs SET status = 'interrupted', lease_expires_at = NULL, updated_at = $2 \
+                 WHERE run_id = $1",
+            )
+            .bind(id)
+            .bind(now)
+            .execute(&mut *conn)
+            .await?;
+            release_thread(conn, run.thread_id, ThreadStatus::Idle, None, now).await
+        }
+        None => {
+            let error = worker_lost(run.attempt);
+            sqlx::query(
+                "UPDATE runs SET status = 'error', error = $2, lease_expires_at = NULL, \
+                 updated_at = $3 WHERE run_id = $1",
+            )
+            .bind(id)
+            .bind(Json(&error))
+            .bind(now)
+            .execute(&mut *conn)
+            .await?;
+            release_thread(conn, run.thread_id, ThreadStatus::Error, Some(&error), now).await
+        }
+    }
+}
+
+async fn claimed(conn: &mut PgConnection, row: RunRow<Uuid>) -> StorageResult<ClaimedRun> {
+    let run = Run::try_from(row)?;
+    let last_seq = last_seq(conn, run.thread_id).await?;
+    Ok(ClaimedRun { run, last_seq })
+}
+
+#[async_trait]
+impl RunStore for PostgresStorage {
+    async fn create_run(&self, scope: &Scope, new: NewRun) -> StorageResult<CreatedRun> {
+        let mut tx = self.pool.begin().await?;
+        let result = async {
+            let now = Utc::now();
+            if !thread_visible(&mut tx, scope, new.thread_id, true).await? {
+                let IfThreadMissing::Create { metadata } = &new.if_thread_missing else {
+                    return Err(StorageError::NotFound("thread"));
+                };
+                // Another user's thread of that id is not found, not taken.
+                let inserted = sqlx::query(
+                    "INSERT INTO threads (thread_id, user_id, metadata, created_at, updated_at, \
+                     state_updated_at) VALUES ($1, $2, $3, $4, $4, $4) ON CONFLICT (thread_id) DO NOTHING",
+                )
+                .bind(new.thread_id)
+                .bind(&scope.user_id)
+                .bind(Json(metadata))
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+                // Created meanwhile by the caller's other request, or another user's.
+                if inserted.rows_affected() == 0
+                    && !thread_visible(&mut tx, scope, new.thread_id, true).await?
+                {
+                    return Err(StorageError::NotFound("thread"));
+                }
+            }
+
+            let active = active_runs(&mut tx, new.thread_id, None).await?;
+            let cancelled = match new.multitask_strategy {
+                MultitaskStrategy::Reject if !active.is_empty() => {
+                    return Err(StorageError::Conflict(format!(
+                        "thread {} has an active run",
+                        new.thread_id
+                    )))
+                }
+                MultitaskStrategy::Interrupt => {
+                    stop_runs(&mut tx, &active, CancelAction::Interrupt, now).await?
+                }
+                MultitaskStrategy::Rollback => {
+                    stop_runs(&mut tx, &active, CancelAction::Rollback, now).await?
+                }
+                MultitaskStrategy::Reject | MultitaskStrategy::Enqueue => Vec::new(),
+            };
+
+            let sql = format!(
+                "INSERT INTO runs (run_id, thread_id, assistant_id, user_id, status, kwargs, metadata, \
+                 multitask_strategy, attempt, run_after, created_at, updated_at) \
+                 VALUES ($1, $2, $3, $4, 'pending', $5, $6, $7, 0, $8, $9, $9) RETURNING {RUN_COLUMNS}"
+            );
+            let row: RunRow<Uuid> = sqlx::query_as(&sql)
+                .bind(new.run_id)
+                .bind(new.thread_id)
+                .bind(new.assistant_id)
+                .bind(&scope.user_id)
+                .bind(Json(&new.kwargs))
+                .bind(Json(&new.metadata))
+                .bind(new.multitask_strategy.as_str())
+                .bind(new.run_after)
+                .bind(now)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(|e| conflict_if_taken(e, || format!("run {} already exists", new.run_id)))?;
+            sqlx::query("UPDATE threads SET status = 'busy', updated_at = $2 WHERE thread_id = $1")
+                .bind(new.thread_id)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+            Ok(CreatedRun {
+                run: row.try_into()?,
+                cancelled,
+            })
+        }
+        .await;
+        settle(tx, result).await
+    }
+
+    async fn get_run(&self, scope: &Scope, thread_id: Uuid, run_id: Uuid) -> StorageResult<Run> {
+        let sql = format!(
+            "SELECT {RUN_COLUMNS} FROM runs WHERE run_id = $1 AND thread_id = $2 AND EXISTS \
+             (SELECT 1 FROM threads t WHERE t.thread_id = runs.thread_id \
+              AND (t.user_id = $3 OR t.user_id IS NULL))"
+        );
+        let row: Option<RunRow<Uuid>> = sqlx::query_as(&sql)
+            .bind(run_id)
+            .bind(thread_id)
+            .bind(&scope.user_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.ok_or(StorageError::NotFound("run"))?.try_into()
+    }
+
+    async fn list_runs(
+        &self,
+        scope: &Scope,
+        thread_id: Uuid,
+        filter: RunFilter,
+        page: Page,
+    ) -> StorageResult<Vec<Run>> {
+        let mut conn = self.pool.acquire().await?;
+        if !thread_visible(&mut conn, scope, thread_id, false).await? {
+            return Err(StorageError::NotFound("thread"));
+        }
+        let mut qb: QueryBuilder<Postgres> =
+            QueryBuilder::new(format!("SELECT {RUN_COLUMNS} FROM runs WHERE thread_id = "));
+        qb.push_bind(thread_id);
+        if let Some(status) = filter.status {
+            qb.push(" AND status = ").push_bind(status.as_str());
+        }
+        qb.push(" ORDER BY created_at DESC, run_id DESC LIMIT ")
+            .push_bind(page.limit)
+            .push(" OFFSET ")
+            .push_bind(page.offset);
+        let rows: Vec<RunRow<Uuid>> = qb.build_query_as().fetch_all(&mut *conn).await?;
+        rows.into_iter().map(Run::try_from).collect()
+    }
+
+    async fn delete_run(&self, scope: &Scope, thread_id: Uuid, run_id: Uuid) -> StorageResult<()> {
+        let mut tx = self.pool.begin().await?;
+        let result = async {
+            let status: Option<String> = sqlx::query_scalar(
+                "SELECT status FROM runs WHERE run_id = $1 AND thread_id = $2 AND EXISTS \
+                 (SELECT 1 FROM threads t WHERE t.thread_id = runs.thread_id \
+                  AND (t.user_id = $3 OR t.user_id IS NULL)) FOR UPDATE",
+            )
+            .bind(run_id)
+            .bind(thread_id)
+            .bind(&scope.user_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+            let status = status.ok_or(StorageError::NotFound("run"))?;
+            if RunStatus::parse(&status).is_some_and(RunStatus::is_active) {
+                return Err(StorageError::Conflict(format!("run {run_id} is {status}")));
+            }
+            // Its events go with it (ON DELETE CASCADE).
+            sqlx::query("DELETE FROM runs WHERE run_id = $1")
+                .bind(run_id)
+                .execute(&mut *tx)
+                .await?;
+            Ok(())
+        }
+        .await;
+        settle(tx, result).await
+    }
+
+    async fn cancel_runs(
+        &self,
+        scope: &Scope,
+        thread_id: Uuid,
+        run_ids: &[Uuid],
+        action: CancelAction,
+    ) -> StorageResult<Vec<Uuid>> {
+        let mut tx = self.pool.begin().await?;
+        let result = async {
+            if !thread_visible(&mut tx, scope, thread_id, true).await? {
+                return Err(StorageError::NotFound("thread"));
+            }
+            let active = active_runs(&mut tx, thread_id, Some(run_ids)).await?;
+            if active.is_empty() {
+                return Err(StorageError::NotFound("run"));
+            }
+            let now = Utc::now();
+            let stopped = stop_runs(&mut tx, &active, action, now).await?;
+            if count_active(&mut tx, thread_id).await? == 0 {
+                sqlx::query(
+                    "UPDATE threads SET status = 'idle', updated_at = $2 WHERE thread_id = $1",
+                )
+                .bind(thread_id)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+            }
+            Ok(stopped)
+        }
+        .await;
+        settle(tx, result).await
+    }
+
+    async fn claim_run(
+        &self,
+        worker_id: &str,
+        lease: Duration,
+        max_attempts: i32,
+    ) -> StorageResult<Option<ClaimedRun>> {
+        let mut tx = self.pool.begin().await?;
+        let result = async {
+            let now = Utc::now();
+            let expires = lease_end(now, lease);
+
+            // Runs whose worker died first: they still hold their thread.
+            // The thread's row is locked with the run's (skipping both when either is busy), as
+            // ending the run sets the thread's status.
+            let expired_sql = format!(
+                "SELECT {} FROM runs r JOIN threads t ON t.thread_id = r.thread_id \
+                 WHERE r.status = 'running' AND r.lease_expires_at < $1 \
+                 ORDER BY r.lease_expires_at LIMIT 1 FOR NO KEY UPDATE OF r, t SKIP LOCKED",
+                qualified_run_columns()
+            );
+            let reclaim_sql = format!(
+                "UPDATE runs SET attempt = attempt + 1, lease_owner = $2, lease_expires_at = $3, \
+                 updated_at = $4 WHERE run_id = $1 RETURNING {RUN_COLUMNS}"
+            );
+            for _ in 0..EXPIRED_PER_CLAIM {
+                let row: Option<RunRow<Uuid>> = sqlx::query_as(&expired_sql)
+                    .bind(now)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                let Some(row) = row else { break };
+                let run = Run::try_from(row)?;
+                if run.cancel.is_none() && run.attempt < max_attempts {
+                    let row: RunRow<Uuid> = sqlx::query_as(&reclaim_sql)
+                        .bind(run.run_id)
+                        .bind(worker_id)
+                        .bind(expires)
+                        .bind(now)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                    let claimed = claimed(&mut tx, row).await?;
+                    return Ok(Some(claimed));
+                }
+                end_abandoned(&mut tx, &run, now).await?;
+            }
+
+            let claim_sql = format!(
+                "UPDATE runs SET status = 'running', attempt = attempt + 1, lease_owner = $2, \
+                 lease_expires_at = $3, updated_at = $4 WHERE run_id = $1 AND status = 'pending' \
+                 RETURNING {RUN_COLUMNS}"
+            );
+            for _ in 0..CANDIDATES_PER_CLAIM {
+                // In a savepoint: a claim that loses the race for a thread rolls back to here,
+                // releasing the candidate's lock, and looks again.
+                let mut savepoint = sqlx::Connection::begin(&mut *tx).await?;
+                let candidate: Option<Uuid> = sqlx::query_scalar(
+                    "SELECT run_id FROM runs r WHERE status = 'pending' AND run_after <= $1 \
+                     AND NOT EXISTS (SELECT 1 FROM runs o WHERE o.thread_id = r.thread_id \
+                                     AND o.status = 'running') \
+                     ORDER BY created_at LIMIT 1 FOR NO KEY UPDATE OF r SKIP LOCKED",
+                )
+                .bind(now)
+                .fetch_optional(&mut *savepoint)
+                .await?;
+                let Some(candidate) = candidate else {
+                    savepoint.rollback().await?;
+                    break;
+                };
+                let row: Result<Option<RunRow<Uuid>>, _> = sqlx::query_as(&claim_sql)
+                    .bind(candidate)
+                    .bind(worker_id)
+                    .bind(expires)
+                    .bind(now)
+                    .fetch_optional(&mut *savepoint)
+                    .await;
+                match row {
+                    Ok(Some(row)) => {
+                        savepoint.commit().await?;
+                        let claimed = claimed(&mut tx, row).await?;
+                        return Ok(Some(claimed));
+                    }
+                    Ok(None) => savepoint.rollback().await?,
+                    // Another claim started a run of this thread first.
+                    Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+                        savepoint.rollback().await?
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            // Commits the ends of abandoned runs, if any.
+            Ok(None)
+        }
+        .await;
+        settle(tx, result).await
+    }
+
+    async fn renew_lease(
+        &self,
+        run_id: Uuid,
+        worker_id: &str,
+        lease: Duration,
+    ) -> StorageResult<Option<Run>> {
+        let sql = format!(
+            "UPDATE runs SET lease_expires_at = $3 WHERE run_id = $1 AND lease_owner = $2 \
+             AND status = 'running' RETURNING {RUN_COLUMNS}"
+        );
+        let row: Option<RunRow<Uuid>> = sqlx::query_as(&sql)
+            .bind(run_id)
+            .bind(worker_id)
+            .bind(lease_end(Utc::now(), lease))
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(Run::try_from).transpose()
+    }
+
+    async fn finish_run(&self, run_id: Uuid, worker_id: &str, end: RunEnd) -> StorageResult<()> {
+        if end.status.is_active() {
+            return Err(StorageError::Invalid(format!(
+                "a run cannot end {}",
+                end.status.as_str()
+            )));
+        }
+        let mut tx = self.pool.begin().await?;
+        let result = async {
+            // The thread's row first (see the lock order in the module docs).
+            let thread_id: Option<Uuid> =
+                sqlx::query_scalar("SELECT thread_id FROM runs WHERE run_id = $1")
+                    .bind(run_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            let thread_id = thread_id.ok_or(StorageError::NotFound("run"))?;
+            if !lock_thread(&mut tx, thread_id).await? {
+                return Err(StorageError::NotFound("run"));
+            }
+            let held: Option<Option<String>> = sqlx::query_scalar(
+                "SELECT cancel FROM runs WHERE run_id = $1 AND status = 'running' \
+                 AND lease_owner = $2 FOR NO KEY UPDATE",
+            )
+            .bind(run_id)
+            .bind(worker_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+            let cancel = held.ok_or(StorageError::NotFound("run"))?;
+            let now = Utc::now();
+            if cancel.as_deref() == Some(CancelAction::Rollback.as_str()) {
+                sqlx::query("DELETE FROM runs WHERE run_id = $1")
+                    .bind(run_id)
+                    .execute(&mut *tx)
+                    .await?;
+            } else {
+                sqlx::query(
+                    "UPDATE runs SET status = $2, error = $3, lease_expires_at = NULL, updated_at = $4 \
+                     WHERE run_id = $1",
+                )
+                .bind(run_id)
+                .bind(end.status.as_str())
+                .bind(end.error.as_ref().map(Json))
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+            }
+            let status = thread_status_after(&mut tx, thread_id, end.thread_status).await?;
+            let error = end.error.as_ref().filter(|_| status == ThreadStatus::Error);
+            sqlx::query(
+                "UPDATE threads SET status = $2, state_values = $3, interrupts = $4, error = $5, \
+                 state_updated_at = $6, updated_at = $6 WHERE thread_id = $1",
+            )
+            .bind(thread_id)
+            .bind(status.as_str())
+            .bind(end.thread_values.as_ref().map(Json))
+            .bind(Json(&end.thread_interrupts))
+            .bind(error.map(Json))
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+            Ok(())
+        }
+        .await;
+        settle(tx, result).await
+    }
+
+    async fn append_events(&self, events: &[LoggedEvent]) -> StorageResult<()> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        // One statement whatever the batch size (arrays, not a row of parameters per
+        // event), so it stays one prepared statement. `data` goes in as text cast to json,
+        // which keeps it as written.
+        let mut thread_ids = Vec::with_capacity(events.len());
+        let mut seqs = Vec::with_capacity(events.len());
+        let mut run_ids = Vec::with_capacity(events.len());
+        let mut names = Vec::with_capacity(events.len());
+        let mut data = Vec::with_capacity(events.len());
+        let mut created = Vec::with_capacity(events.len());
+        for event in events {
+            thread_ids.push(event.thread_id);
+            seqs.push(event.seq);
+            run_ids.push(event.run_id);
+            names.push(event.event.as_str());
+            data.push(event.data.to_string());
+            created.push(event.created_at);
+        }
+        sqlx::query(
+            "INSERT INTO run_events (thread_id, seq, run_id, event, data, created_at) \
+             SELECT t, s, r, e, d::json, c FROM UNNEST($1::uuid[], $2::int8[], $3::uuid[], \
+             $4::text[], $5::text[], $6::timestamptz[]) AS x(t, s, r, e, d, c)",
+        )
+        .bind(&thread_ids)
+        .bind(&seqs)
+        .bind(&run_ids)
+        .bind(&names)
+        .bind(&data)
+        .bind(&created)
+        .execute(&self.pool)
+        .await
+        .map_err(event_insert_error)?;
+        Ok(())
+    }
+
+    async fn read_events(
+        &self,
+        thread_id: Uuid,
+        after: i64,
+        run_id: Option<Uuid>,
+        limit: i64,
+    ) -> StorageResult<Vec<LoggedEvent>> {
+        let mut qb: QueryBuilder<Postgres> = QueryBuilder::new(
+            "SELECT thread_id, seq, run_id, event, data::text AS data, created_at FROM run_events \
+             WHERE thread_id = ",
+        );
+        qb.push_bind(thread_id).push(" AND seq > ").push_bind(after);
+        if let Some(run_id) = run_id {
+            qb.push(" AND run_id = ").push_bind(run_id);
+        }
+        qb.push(" ORDER BY seq LIMIT ").push_bind(limit);
+        let rows: Vec<EventRow<Uuid>> = qb.build_query_as().fetch_all(&self.pool).await?;
+        rows.into_iter().map(LoggedEvent::try_from).collect()
+    }
+}
+
+/// Commits on success. On failure rolls back now: a transaction merely dropped is rolled back
+/// only when its pooled connection is next used, and until then its row locks would make
+/// claims skip runs that are free.
+async fn settle<T>(tx: Transaction<'_, Postgres>, result: StorageResult<T>) -> StorageResult<T> {
+    match result {
+        Ok(value) => {
+            tx.commit().await?;
+            Ok(value)
+        }
+        Err(error) => {
+            if let Err(rollback) = tx.rollback().await {
+                tracing::warn!(%rollback, "rolling back a failed run transaction");
+            }
+            Err(error)
+        }
+    }
+}
+
+/// [`RUN_COLUMNS`] of the table aliased `r`.
+fn qualified_run_columns() -> String {
+    RUN_COLUMNS
+        .split(", ")
+        .map(|column| format!("r.{column}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A taken seq is a conflict; a run or thread that no longer exists (deleted while its
+/// worker ran) is not found.
+pub(super) fn event_insert_error(error: sqlx::Error) -> StorageError {
+    match &error {
+        sqlx::Error::Database(e) if e.is_foreign_key_violation() => StorageError::NotFound("run"),
+        _ => conflict_if_taken(error, || {
+            "an event of that seq is already logged".to_owned()
+        }),
+    }
+}

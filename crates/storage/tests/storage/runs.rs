@@ -1,0 +1,1121 @@
+use std::collections::HashSet;
+use std::time::Duration;
+
+use chrono::Utc;
+use serde_json::json;
+use spindle_storage::test_util::for_each_backend;
+use spindle_storage::*;
+use uuid::Uuid;
+
+use crate::common::*;
+
+const LEASE: Duration = Duration::from_secs(60);
+const ATTEMPTS: i32 = 3;
+
+fn new_run(thread_id: Uuid, strategy: MultitaskStrategy) -> NewRun {
+    NewRun {
+        run_id: Uuid::new_v4(),
+        thread_id,
+        assistant_id: Uuid::new_v4(),
+        kwargs: obj(json!({"input": {"zeta": 1, "alpha": 2}, "stream_mode": ["values"]})),
+        metadata: obj(json!({"m": 1})),
+        multitask_strategy: strategy,
+        run_after: Utc::now(),
+        if_thread_missing: IfThreadMissing::Reject,
+    }
+}
+
+async fn thread_of(s: &dyn Storage, scope: &Scope) -> Uuid {
+    s.create_thread(scope, new_thread(json!({})))
+        .await
+        .unwrap()
+        .thread_id
+}
+
+async fn run_on(s: &dyn Storage, scope: &Scope, thread: Uuid, strategy: MultitaskStrategy) -> Run {
+    s.create_run(scope, new_run(thread, strategy))
+        .await
+        .unwrap()
+        .run
+}
+
+async fn claim(s: &dyn Storage, worker: &str) -> Option<ClaimedRun> {
+    s.claim_run(worker, LEASE, ATTEMPTS).await.unwrap()
+}
+
+fn end(status: RunStatus, thread_status: ThreadStatus) -> RunEnd {
+    RunEnd {
+        status,
+        error: None,
+        thread_status,
+        thread_values: Some(json!({"done": status.as_str()})),
+        thread_interrupts: JsonObject::new(),
+    }
+}
+
+async fn run_status(s: &dyn Storage, scope: &Scope, thread: Uuid, run: Uuid) -> RunStatus {
+    s.get_run(scope, thread, run).await.unwrap().status
+}
+
+async fn thread_status(s: &dyn Storage, scope: &Scope, thread: Uuid) -> ThreadStatus {
+    s.get_thread(scope, thread).await.unwrap().status
+}
+
+/// Ends `worker`'s lease on the run now, as if it had died.
+async fn expire(s: &dyn Storage, run_id: Uuid, worker: &str) {
+    s.renew_lease(run_id, worker, Duration::ZERO)
+        .await
+        .unwrap()
+        .expect("the worker holds the run");
+    // Past the lease's end on any clock resolution.
+    tokio::time::sleep(Duration::from_millis(2)).await;
+}
+
+fn event(thread_id: Uuid, run_id: Uuid, seq: i64) -> LoggedEvent {
+    LoggedEvent {
+        thread_id,
+        seq,
+        run_id,
+        event: if seq % 2 == 0 {
+            "values"
+        } else {
+            "updates|child:1"
+        }
+        .to_owned(),
+        // Key order is not alphabetical: the log keeps it as written.
+        data: json!({"seq": seq, "b": [1, 2], "a": {"z": null, "y": "text"}}),
+        created_at: Utc::now(),
+    }
+}
+
+fn seqs(events: &[LoggedEvent]) -> Vec<i64> {
+    events.iter().map(|e| e.seq).collect()
+}
+
+#[tokio::test]
+async fn create_stores_a_pending_run_and_marks_the_thread_busy() {
+    for_each_backend(|db| async move {
+        let s = db.storage();
+        let alice = fresh_user();
+        let thread = thread_of(s, &alice).await;
+        let new = new_run(thread, MultitaskStrategy::Enqueue);
+        let created = s.create_run(&alice, new.clone()).await.unwrap();
+        assert!(created.cancelled.is_empty());
+        let run = created.run;
+        assert_eq!(run.run_id, new.run_id);
+        assert_eq!(run.thread_id, thread);
+        assert_eq!(run.assistant_id, new.assistant_id);
+        assert_eq!(run.user_id.as_deref(), Some(alice.user_id.as_str()));
+        assert_eq!(run.status, RunStatus::Pending);
+        assert_eq!(run.kwargs, new.kwargs);
+        assert_eq!(
+            serde_json::to_string(&run.kwargs["input"]).unwrap(),
+            r#"{"zeta":1,"alpha":2}"#
+        );
+        assert_eq!(run.metadata, new.metadata);
+        assert_eq!(run.multitask_strategy, MultitaskStrategy::Enqueue);
+        assert_eq!(run.attempt, 0);
+        assert_eq!(run.cancel, None);
+        assert_eq!(run.created_at, run.updated_at);
+        assert_eq!(s.get_run(&alice, thread, run.run_id).await.unwrap(), run);
+        assert_eq!(
+            s.list_runs(&alice, thread, RunFilter::default(), all())
+                .await
+                .unwrap(),
+            vec![run.clone()]
+        );
+        let t = s.get_thread(&alice, thread).await.unwrap();
+        assert_eq!(t.status, ThreadStatus::Busy);
+        assert!(t.updated_at >= run.created_at);
+
+        assert_conflict(
+            s.create_run(&alice, new.clone()).await,
+            "a run id that is taken",
+        );
+        assert_not_found(
+            s.get_run(&alice, Uuid::new_v4(), run.run_id).await,
+            "a run under another thread id",
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_missing_thread_is_refused_or_created() {
+    for_each_backend(|db| async move {
+        let s = db.storage();
+        let alice = fresh_user();
+        let bob = fresh_user();
+        let missing = Uuid::new_v4();
+        assert_not_found(
+            s.create_run(&alice, new_run(missing, MultitaskStrategy::Enqueue))
+                .await,
+            "reject on a missing thread",
+        );
+        assert_not_found(s.get_thread(&alice, missing).await, "nothing created");
+
+        let create = NewRun {
+            if_thread_missing: IfThreadMissing::Create {
+                metadata: obj(json!({"graph_id": "echo"})),
+            },
+            ..new_run(missing, MultitaskStrategy::Reject)
+        };
+        let run = s.create_run(&alice, create.clone()).await.unwrap().run;
+        let thread = s.get_thread(&alice, missing).await.unwrap();
+        assert_eq!(thread.user_id.as_deref(), Some(alice.user_id.as_str()));
+        assert_eq!(thread.metadata, obj(json!({"graph_id": "echo"})));
+        assert_eq!(thread.status, ThreadStatus::Busy);
+        assert_eq!(run.thread_id, missing);
+
+        // Another user's thread is not there to be used, nor to be created.
+        assert_not_found(
+            s.create_run(
+                &bob,
+                NewRun {
+                    run_id: Uuid::new_v4(),
+                    ..create
+                },
+            )
+            .await,
+            "create on another user's thread",
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn another_users_runs_do_not_exist() {
+    for_each_backend(|db| async move {
+        let s = db.storage();
+        let alice = fresh_user();
+        let bob = fresh_user();
+        let thread = thread_of(s, &alice).await;
+        let run = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        assert_not_found(
+            s.create_run(&bob, new_run(thread, MultitaskStrategy::Enqueue))
+                .await,
+            "bob runs on alice's thread",
+        );
+        assert_not_found(s.get_run(&bob, thread, run.run_id).await, "bob gets");
+        assert_not_found(
+            s.list_runs(&bob, thread, RunFilter::default(), all()).await,
+            "bob lists",
+        );
+        assert_not_found(
+            s.cancel_runs(&bob, thread, &[run.run_id], CancelAction::Interrupt)
+                .await,
+            "bob cancels",
+        );
+        let claimed = claim(s, "w").await.unwrap();
+        s.finish_run(run.run_id, "w", end(RunStatus::Success, ThreadStatus::Idle))
+            .await
+            .unwrap();
+        assert_eq!(claimed.run.run_id, run.run_id);
+        assert_not_found(s.delete_run(&bob, thread, run.run_id).await, "bob deletes");
+        assert_eq!(
+            run_status(s, &alice, thread, run.run_id).await,
+            RunStatus::Success
+        );
+        assert_eq!(
+            s.list_runs(&alice, thread, RunFilter::default(), all())
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn list_is_newest_first_with_status_filter_and_paging() {
+    for_each_backend(|db| async move {
+        let s = db.storage();
+        let alice = fresh_user();
+        let thread = thread_of(s, &alice).await;
+        let mut ids = Vec::new();
+        for _ in 0..4 {
+            ids.push(
+                run_on(s, &alice, thread, MultitaskStrategy::Enqueue)
+                    .await
+                    .run_id,
+            );
+        }
+        claim(s, "w").await.unwrap();
+        let listed: Vec<Uuid> = s
+            .list_runs(&alice, thread, RunFilter::default(), all())
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.run_id)
+            .collect();
+        assert_eq!(listed, ids.iter().rev().copied().collect::<Vec<_>>());
+        let page2: Vec<Uuid> = s
+            .list_runs(&alice, thread, RunFilter::default(), page(2, 1))
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.run_id)
+            .collect();
+        assert_eq!(page2, vec![ids[2], ids[1]]);
+        let running = s
+            .list_runs(
+                &alice,
+                thread,
+                RunFilter {
+                    status: Some(RunStatus::Running),
+                },
+                all(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(running.len(), 1);
+        assert_eq!(running[0].run_id, ids[0]);
+        assert_not_found(
+            s.list_runs(&alice, Uuid::new_v4(), RunFilter::default(), all())
+                .await,
+            "runs of a missing thread",
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn reject_conflicts_while_a_run_is_pending_or_running() {
+    for_each_backend(|db| async move {
+        let s = db.storage();
+        let alice = fresh_user();
+        let thread = thread_of(s, &alice).await;
+        let first = run_on(s, &alice, thread, MultitaskStrategy::Reject).await;
+        assert_conflict(
+            s.create_run(&alice, new_run(thread, MultitaskStrategy::Reject))
+                .await,
+            "reject with a pending run",
+        );
+        claim(s, "w").await.unwrap();
+        assert_conflict(
+            s.create_run(&alice, new_run(thread, MultitaskStrategy::Reject))
+                .await,
+            "reject with a running run",
+        );
+        let listed = s
+            .list_runs(&alice, thread, RunFilter::default(), all())
+            .await
+            .unwrap();
+        assert_eq!(listed.len(), 1, "a refused run is not stored");
+        s.finish_run(
+            first.run_id,
+            "w",
+            end(RunStatus::Success, ThreadStatus::Idle),
+        )
+        .await
+        .unwrap();
+        assert_eq!(thread_status(s, &alice, thread).await, ThreadStatus::Idle);
+        run_on(s, &alice, thread, MultitaskStrategy::Reject).await;
+        assert_eq!(thread_status(s, &alice, thread).await, ThreadStatus::Busy);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn enqueue_runs_one_after_the_other_oldest_first() {
+    for_each_backend(|db| async move {
+        let s = db.storage();
+        let alice = fresh_user();
+        let thread = thread_of(s, &alice).await;
+        let first = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        let second = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+
+        let claimed = claim(s, "w1").await.unwrap();
+        assert_eq!(claimed.run.run_id, first.run_id);
+        assert_eq!(claimed.run.status, RunStatus::Running);
+        assert_eq!(claimed.run.attempt, 1);
+        assert_eq!(claimed.last_seq, 0);
+        assert!(
+            claim(s, "w2").await.is_none(),
+            "the thread's next run waits for the running one"
+        );
+        assert_eq!(
+            run_status(s, &alice, thread, second.run_id).await,
+            RunStatus::Pending
+        );
+
+        s.finish_run(
+            first.run_id,
+            "w1",
+            end(RunStatus::Success, ThreadStatus::Idle),
+        )
+        .await
+        .unwrap();
+        let t = s.get_thread(&alice, thread).await.unwrap();
+        assert_eq!(t.status, ThreadStatus::Busy, "another run is pending");
+        assert_eq!(t.values, Some(json!({"done": "success"})));
+
+        let claimed = claim(s, "w2").await.unwrap();
+        assert_eq!(claimed.run.run_id, second.run_id);
+        s.finish_run(
+            second.run_id,
+            "w2",
+            end(RunStatus::Success, ThreadStatus::Idle),
+        )
+        .await
+        .unwrap();
+        assert_eq!(thread_status(s, &alice, thread).await, ThreadStatus::Idle);
+        assert!(claim(s, "w2").await.is_none());
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn interrupt_ends_pending_runs_and_flags_the_running_one() {
+    for_each_backend(|db| async move {
+        let s = db.storage();
+        let alice = fresh_user();
+        let thread = thread_of(s, &alice).await;
+        let running = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        claim(s, "w1").await.unwrap();
+        let pending = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+
+        let created = s
+            .create_run(&alice, new_run(thread, MultitaskStrategy::Interrupt))
+            .await
+            .unwrap();
+        assert_eq!(created.cancelled, vec![running.run_id, pending.run_id]);
+        assert_eq!(
+            run_status(s, &alice, thread, pending.run_id).await,
+            RunStatus::Interrupted
+        );
+        let flagged = s.get_run(&alice, thread, running.run_id).await.unwrap();
+        assert_eq!(flagged.status, RunStatus::Running);
+        assert_eq!(flagged.cancel, Some(CancelAction::Interrupt));
+        let renewed = s
+            .renew_lease(running.run_id, "w1", LEASE)
+            .await
+            .unwrap()
+            .expect("w1 still holds the run");
+        assert_eq!(renewed.cancel, Some(CancelAction::Interrupt));
+
+        assert!(claim(s, "w2").await.is_none(), "still running");
+        s.finish_run(
+            running.run_id,
+            "w1",
+            end(RunStatus::Interrupted, ThreadStatus::Idle),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            run_status(s, &alice, thread, running.run_id).await,
+            RunStatus::Interrupted
+        );
+        assert_eq!(thread_status(s, &alice, thread).await, ThreadStatus::Busy);
+        let next = claim(s, "w2").await.unwrap();
+        assert_eq!(next.run.run_id, created.run.run_id);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn rollback_deletes_pending_runs_and_the_running_one_when_it_ends() {
+    for_each_backend(|db| async move {
+        let s = db.storage();
+        let alice = fresh_user();
+        let thread = thread_of(s, &alice).await;
+        let running = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        claim(s, "w1").await.unwrap();
+        s.append_events(&[
+            event(thread, running.run_id, 1),
+            event(thread, running.run_id, 2),
+        ])
+        .await
+        .unwrap();
+        let pending = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+
+        let created = s
+            .create_run(&alice, new_run(thread, MultitaskStrategy::Rollback))
+            .await
+            .unwrap();
+        assert_eq!(created.cancelled, vec![running.run_id, pending.run_id]);
+        assert_not_found(
+            s.get_run(&alice, thread, pending.run_id).await,
+            "a pending run rolled back",
+        );
+        assert_eq!(
+            s.get_run(&alice, thread, running.run_id)
+                .await
+                .unwrap()
+                .cancel,
+            Some(CancelAction::Rollback)
+        );
+        s.finish_run(
+            running.run_id,
+            "w1",
+            end(RunStatus::Interrupted, ThreadStatus::Idle),
+        )
+        .await
+        .unwrap();
+        assert_not_found(
+            s.get_run(&alice, thread, running.run_id).await,
+            "a running run rolled back once it ended",
+        );
+        assert!(s
+            .read_events(thread, 0, None, 100)
+            .await
+            .unwrap()
+            .is_empty());
+        assert_eq!(thread_status(s, &alice, thread).await, ThreadStatus::Busy);
+        let next = claim(s, "w2").await.unwrap();
+        assert_eq!(next.run.run_id, created.run.run_id);
+        assert_eq!(next.last_seq, 0);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn racing_claims_run_one_run_per_thread() {
+    for_each_backend(|db| async move {
+        let s = db.storage_arc();
+        let alice = fresh_user();
+        let mut threads = Vec::new();
+        for _ in 0..4 {
+            let thread = thread_of(&*s, &alice).await;
+            for _ in 0..3 {
+                run_on(&*s, &alice, thread, MultitaskStrategy::Enqueue).await;
+            }
+            threads.push(thread);
+        }
+        for round in 0..3 {
+            let claims: Vec<_> = (0..12)
+                .map(|i| {
+                    let s = s.clone();
+                    let worker = format!("w{i}");
+                    tokio::spawn(async move {
+                        let claimed = s.claim_run(&worker, LEASE, ATTEMPTS).await;
+                        (worker, claimed)
+                    })
+                })
+                .collect();
+            let mut claimed = Vec::new();
+            for handle in claims {
+                let (worker, result) = handle.await.unwrap();
+                if let Some(c) = result.expect("a claim never fails") {
+                    claimed.push((worker, c.run));
+                }
+            }
+            let claimed_threads: HashSet<Uuid> = claimed.iter().map(|(_, r)| r.thread_id).collect();
+            assert_eq!(claimed.len(), 4, "round {round}: one claim per thread");
+            assert_eq!(claimed_threads, threads.iter().copied().collect());
+            for thread in &threads {
+                let running = s
+                    .list_runs(
+                        &alice,
+                        *thread,
+                        RunFilter {
+                            status: Some(RunStatus::Running),
+                        },
+                        all(),
+                    )
+                    .await
+                    .unwrap();
+                assert_eq!(running.len(), 1, "round {round}");
+            }
+            for (worker, run) in claimed {
+                assert_eq!(run.attempt, 1);
+                assert!(
+                    s.renew_lease(run.run_id, "nobody", LEASE)
+                        .await
+                        .unwrap()
+                        .is_none(),
+                    "only the owner renews"
+                );
+                s.finish_run(
+                    run.run_id,
+                    &worker,
+                    end(RunStatus::Success, ThreadStatus::Idle),
+                )
+                .await
+                .unwrap();
+            }
+        }
+        for thread in &threads {
+            assert_eq!(
+                thread_status(&*s, &alice, *thread).await,
+                ThreadStatus::Idle
+            );
+        }
+        assert!(claim(&*s, "w").await.is_none());
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_run_is_not_claimed_before_its_time() {
+    for_each_backend(|db| async move {
+        let s = db.storage();
+        let alice = fresh_user();
+        let later_thread = thread_of(s, &alice).await;
+        let later = s
+            .create_run(
+                &alice,
+                NewRun {
+                    run_after: Utc::now() + chrono::Duration::hours(1),
+                    ..new_run(later_thread, MultitaskStrategy::Enqueue)
+                },
+            )
+            .await
+            .unwrap()
+            .run;
+        assert!(claim(s, "w").await.is_none(), "not due yet");
+        let now_thread = thread_of(s, &alice).await;
+        let now = run_on(s, &alice, now_thread, MultitaskStrategy::Enqueue).await;
+        assert_eq!(claim(s, "w").await.unwrap().run.run_id, now.run_id);
+        assert!(claim(s, "w").await.is_none());
+        assert_eq!(
+            run_status(s, &alice, later_thread, later.run_id).await,
+            RunStatus::Pending
+        );
+
+        let soon_thread = thread_of(s, &alice).await;
+        let soon = s
+            .create_run(
+                &alice,
+                NewRun {
+                    run_after: Utc::now() + chrono::Duration::milliseconds(50),
+                    ..new_run(soon_thread, MultitaskStrategy::Enqueue)
+                },
+            )
+            .await
+            .unwrap()
+            .run;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(claim(s, "w").await.unwrap().run.run_id, soon.run_id);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_expired_lease_is_reclaimed_until_attempts_run_out() {
+    for_each_backend(|db| async move {
+        let s = db.storage();
+        let alice = fresh_user();
+        let thread = thread_of(s, &alice).await;
+        let run = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        let first = s.claim_run("w1", LEASE, 2).await.unwrap().unwrap();
+        assert_eq!(first.run.attempt, 1);
+        s.append_events(&[event(thread, run.run_id, 1), event(thread, run.run_id, 2)])
+            .await
+            .unwrap();
+        assert!(
+            s.claim_run("w2", LEASE, 2).await.unwrap().is_none(),
+            "the lease still holds"
+        );
+
+        // The worker dies: its lease runs out (a zero renewal ends it now, with no timing
+        // to depend on).
+        expire(s, run.run_id, "w1").await;
+        let second = s.claim_run("w2", LEASE, 2).await.unwrap().unwrap();
+        assert_eq!(second.run.run_id, run.run_id);
+        assert_eq!(second.run.attempt, 2);
+        assert_eq!(second.run.status, RunStatus::Running);
+        assert_eq!(second.last_seq, 2, "the new worker numbers after the log");
+        assert_eq!(s.renew_lease(run.run_id, "w1", LEASE).await.unwrap(), None);
+        assert_not_found(
+            s.finish_run(
+                run.run_id,
+                "w1",
+                end(RunStatus::Success, ThreadStatus::Idle),
+            )
+            .await,
+            "the old worker lost the run",
+        );
+
+        expire(s, run.run_id, "w2").await;
+        assert!(s.claim_run("w3", LEASE, 2).await.unwrap().is_none());
+        assert_eq!(
+            run_status(s, &alice, thread, run.run_id).await,
+            RunStatus::Error
+        );
+        let t = s.get_thread(&alice, thread).await.unwrap();
+        assert_eq!(t.status, ThreadStatus::Error, "the thread is not left busy");
+        assert_eq!(t.error.as_ref().unwrap()["error"], json!("WorkerLost"));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_lost_run_past_its_attempts_frees_the_thread_for_the_next() {
+    for_each_backend(|db| async move {
+        let s = db.storage();
+        let alice = fresh_user();
+        let thread = thread_of(s, &alice).await;
+        let lost = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        let next = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        s.claim_run("w1", LEASE, 1).await.unwrap().unwrap();
+        expire(s, lost.run_id, "w1").await;
+        let claimed = s.claim_run("w2", LEASE, 1).await.unwrap().unwrap();
+        assert_eq!(
+            claimed.run.run_id, next.run_id,
+            "the same claim takes the next run"
+        );
+        assert_eq!(
+            run_status(s, &alice, thread, lost.run_id).await,
+            RunStatus::Error
+        );
+        assert_eq!(thread_status(s, &alice, thread).await, ThreadStatus::Busy);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_lost_run_that_was_cancelled_ends_as_asked() {
+    for_each_backend(|db| async move {
+        let s = db.storage();
+        let alice = fresh_user();
+        let thread = thread_of(s, &alice).await;
+        let run = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        claim(s, "w1").await.unwrap();
+        s.cancel_runs(&alice, thread, &[run.run_id], CancelAction::Interrupt)
+            .await
+            .unwrap();
+        expire(s, run.run_id, "w1").await;
+        assert!(claim(s, "w2").await.is_none(), "not resumed");
+        assert_eq!(
+            run_status(s, &alice, thread, run.run_id).await,
+            RunStatus::Interrupted
+        );
+        assert_eq!(thread_status(s, &alice, thread).await, ThreadStatus::Idle);
+
+        // Rolled back, it is deleted.
+        let thread = thread_of(s, &alice).await;
+        let run = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        claim(s, "w1").await.unwrap();
+        s.cancel_runs(&alice, thread, &[run.run_id], CancelAction::Rollback)
+            .await
+            .unwrap();
+        expire(s, run.run_id, "w1").await;
+        assert!(claim(s, "w2").await.is_none(), "not resumed");
+        assert_not_found(s.get_run(&alice, thread, run.run_id).await, "rolled back");
+        assert_eq!(thread_status(s, &alice, thread).await, ThreadStatus::Idle);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn finishing_sets_the_threads_status_values_and_error() {
+    for_each_backend(|db| async move {
+        let s = db.storage();
+        let alice = fresh_user();
+        let thread = thread_of(s, &alice).await;
+        let first = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        let second = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        claim(s, "w").await.unwrap();
+
+        match s
+            .finish_run(
+                first.run_id,
+                "w",
+                end(RunStatus::Running, ThreadStatus::Idle),
+            )
+            .await
+        {
+            Err(StorageError::Invalid(_)) => {}
+            other => panic!("ending as running: {other:?}"),
+        }
+        assert_not_found(
+            s.finish_run(
+                first.run_id,
+                "other",
+                end(RunStatus::Success, ThreadStatus::Idle),
+            )
+            .await,
+            "finish by a worker that does not hold the run",
+        );
+
+        let failure = json!({"error": "ValueError", "message": "boom"});
+        s.finish_run(
+            first.run_id,
+            "w",
+            RunEnd {
+                error: Some(failure.clone()),
+                ..end(RunStatus::Error, ThreadStatus::Error)
+            },
+        )
+        .await
+        .unwrap();
+        let t = s.get_thread(&alice, thread).await.unwrap();
+        assert_eq!(t.status, ThreadStatus::Busy, "a run is still pending");
+        assert_eq!(t.error, None);
+        assert_eq!(t.values, Some(json!({"done": "error"})));
+        assert_eq!(
+            run_status(s, &alice, thread, first.run_id).await,
+            RunStatus::Error
+        );
+
+        claim(s, "w").await.unwrap();
+        let interrupts = obj(json!({"task-1": [{"id": "i1", "value": "approve?"}]}));
+        s.finish_run(
+            second.run_id,
+            "w",
+            RunEnd {
+                thread_interrupts: interrupts.clone(),
+                ..end(RunStatus::Success, ThreadStatus::Interrupted)
+            },
+        )
+        .await
+        .unwrap();
+        let t = s.get_thread(&alice, thread).await.unwrap();
+        assert_eq!(t.status, ThreadStatus::Interrupted);
+        assert_eq!(t.interrupts, interrupts);
+        assert!(t.state_updated_at >= t.created_at);
+        assert_eq!(t.updated_at, t.state_updated_at);
+
+        let third = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        claim(s, "w").await.unwrap();
+        s.finish_run(
+            third.run_id,
+            "w",
+            RunEnd {
+                error: Some(failure.clone()),
+                ..end(RunStatus::Error, ThreadStatus::Error)
+            },
+        )
+        .await
+        .unwrap();
+        let t = s.get_thread(&alice, thread).await.unwrap();
+        assert_eq!(t.status, ThreadStatus::Error);
+        assert_eq!(t.error, Some(failure));
+        assert!(t.interrupts.is_empty());
+
+        let fourth = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        claim(s, "w").await.unwrap();
+        s.finish_run(
+            fourth.run_id,
+            "w",
+            end(RunStatus::Success, ThreadStatus::Idle),
+        )
+        .await
+        .unwrap();
+        let t = s.get_thread(&alice, thread).await.unwrap();
+        assert_eq!(t.status, ThreadStatus::Idle);
+        assert_eq!(t.error, None);
+        assert_not_found(
+            s.finish_run(
+                fourth.run_id,
+                "w",
+                end(RunStatus::Success, ThreadStatus::Idle),
+            )
+            .await,
+            "finish twice",
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn cancel_ends_pending_runs_and_flags_running_ones() {
+    for_each_backend(|db| async move {
+        let s = db.storage();
+        let alice = fresh_user();
+
+        // A pending run ends at once, and its thread is idle again.
+        let thread = thread_of(s, &alice).await;
+        let pending = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        let stopped = s
+            .cancel_runs(&alice, thread, &[pending.run_id], CancelAction::Interrupt)
+            .await
+            .unwrap();
+        assert_eq!(stopped, vec![pending.run_id]);
+        assert_eq!(
+            run_status(s, &alice, thread, pending.run_id).await,
+            RunStatus::Interrupted
+        );
+        assert_eq!(thread_status(s, &alice, thread).await, ThreadStatus::Idle);
+        assert!(claim(s, "w").await.is_none());
+        assert_not_found(
+            s.cancel_runs(&alice, thread, &[pending.run_id], CancelAction::Interrupt)
+                .await,
+            "cancel of a finished run",
+        );
+
+        // Rolled back, it is gone.
+        let pending = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        s.cancel_runs(&alice, thread, &[pending.run_id], CancelAction::Rollback)
+            .await
+            .unwrap();
+        assert_not_found(
+            s.get_run(&alice, thread, pending.run_id).await,
+            "rolled back",
+        );
+        assert_eq!(thread_status(s, &alice, thread).await, ThreadStatus::Idle);
+
+        // A running one is flagged; the thread stays busy until its worker ends it.
+        let running = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        claim(s, "w").await.unwrap();
+        let other_thread = thread_of(s, &alice).await;
+        assert_not_found(
+            s.cancel_runs(
+                &alice,
+                other_thread,
+                &[running.run_id],
+                CancelAction::Interrupt,
+            )
+            .await,
+            "a run of another thread",
+        );
+        assert_not_found(
+            s.cancel_runs(&alice, thread, &[Uuid::new_v4()], CancelAction::Interrupt)
+                .await,
+            "a missing run",
+        );
+        let stopped = s
+            .cancel_runs(
+                &alice,
+                thread,
+                &[running.run_id, Uuid::new_v4()],
+                CancelAction::Interrupt,
+            )
+            .await
+            .unwrap();
+        assert_eq!(stopped, vec![running.run_id]);
+        let flagged = s.get_run(&alice, thread, running.run_id).await.unwrap();
+        assert_eq!(flagged.status, RunStatus::Running);
+        assert_eq!(flagged.cancel, Some(CancelAction::Interrupt));
+        assert_eq!(thread_status(s, &alice, thread).await, ThreadStatus::Busy);
+        // A later rollback request wins over the interrupt.
+        s.cancel_runs(&alice, thread, &[running.run_id], CancelAction::Rollback)
+            .await
+            .unwrap();
+        s.cancel_runs(&alice, thread, &[running.run_id], CancelAction::Interrupt)
+            .await
+            .unwrap();
+        assert_eq!(
+            s.get_run(&alice, thread, running.run_id)
+                .await
+                .unwrap()
+                .cancel,
+            Some(CancelAction::Rollback)
+        );
+        s.finish_run(
+            running.run_id,
+            "w",
+            end(RunStatus::Interrupted, ThreadStatus::Idle),
+        )
+        .await
+        .unwrap();
+        assert_not_found(
+            s.get_run(&alice, thread, running.run_id).await,
+            "rolled back",
+        );
+        assert_eq!(thread_status(s, &alice, thread).await, ThreadStatus::Idle);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn delete_refuses_an_active_run_and_takes_its_events() {
+    for_each_backend(|db| async move {
+        let s = db.storage();
+        let alice = fresh_user();
+        let thread = thread_of(s, &alice).await;
+        let run = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        assert_conflict(s.delete_run(&alice, thread, run.run_id).await, "pending");
+        claim(s, "w").await.unwrap();
+        assert_conflict(s.delete_run(&alice, thread, run.run_id).await, "running");
+        s.append_events(&[event(thread, run.run_id, 1)])
+            .await
+            .unwrap();
+        s.finish_run(run.run_id, "w", end(RunStatus::Success, ThreadStatus::Idle))
+            .await
+            .unwrap();
+        let kept = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        claim(s, "w").await.unwrap();
+        s.append_events(&[event(thread, kept.run_id, 2)])
+            .await
+            .unwrap();
+
+        s.delete_run(&alice, thread, run.run_id).await.unwrap();
+        assert_not_found(s.get_run(&alice, thread, run.run_id).await, "deleted");
+        assert_not_found(s.delete_run(&alice, thread, run.run_id).await, "twice");
+        assert_not_found(
+            s.delete_run(&alice, thread, Uuid::new_v4()).await,
+            "a missing run",
+        );
+        assert_eq!(
+            seqs(&s.read_events(thread, 0, None, 100).await.unwrap()),
+            vec![2],
+            "only the deleted run's events went"
+        );
+        assert_eq!(thread_status(s, &alice, thread).await, ThreadStatus::Busy);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_event_log_pages_by_seq_and_filters_by_run() {
+    for_each_backend(|db| async move {
+        let s = db.storage();
+        let alice = fresh_user();
+        let thread = thread_of(s, &alice).await;
+        let first = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        let second = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        let other_thread = thread_of(s, &alice).await;
+        let other = run_on(s, &alice, other_thread, MultitaskStrategy::Enqueue).await;
+
+        assert!(s.read_events(thread, 0, None, 10).await.unwrap().is_empty());
+        s.append_events(&[]).await.unwrap();
+        let batch: Vec<LoggedEvent> = (1..=5)
+            .map(|seq| event(thread, first.run_id, seq))
+            .collect();
+        s.append_events(&batch).await.unwrap();
+        let mut mixed: Vec<LoggedEvent> = (6..=10)
+            .map(|seq| event(thread, second.run_id, seq))
+            .collect();
+        mixed.push(event(other_thread, other.run_id, 1));
+        s.append_events(&mixed).await.unwrap();
+
+        let page1 = s.read_events(thread, 0, None, 3).await.unwrap();
+        assert_eq!(seqs(&page1), vec![1, 2, 3]);
+        assert_eq!(page1[0], batch[0].clone().with_stored_time(&page1[0]));
+        assert_eq!(
+            serde_json::to_string(&page1[0].data).unwrap(),
+            serde_json::to_string(&batch[0].data).unwrap(),
+            "data is kept as written, key order included"
+        );
+        assert_eq!(page1[1].event, "values");
+        assert_eq!(page1[0].event, "updates|child:1");
+        assert_eq!(
+            seqs(&s.read_events(thread, 3, None, 100).await.unwrap()),
+            vec![4, 5, 6, 7, 8, 9, 10]
+        );
+        assert_eq!(
+            seqs(
+                &s.read_events(thread, 0, Some(second.run_id), 100)
+                    .await
+                    .unwrap()
+            ),
+            vec![6, 7, 8, 9, 10]
+        );
+        assert_eq!(
+            seqs(
+                &s.read_events(thread, 7, Some(second.run_id), 2)
+                    .await
+                    .unwrap()
+            ),
+            vec![8, 9]
+        );
+        assert_eq!(
+            seqs(
+                &s.read_events(thread, 0, Some(first.run_id), 100)
+                    .await
+                    .unwrap()
+            ),
+            vec![1, 2, 3, 4, 5]
+        );
+        assert!(s
+            .read_events(thread, 10, None, 100)
+            .await
+            .unwrap()
+            .is_empty());
+        assert_eq!(
+            seqs(&s.read_events(other_thread, 0, None, 100).await.unwrap()),
+            vec![1]
+        );
+
+        // A batch is one transaction: a taken seq refuses the whole batch.
+        let clash = vec![
+            event(thread, second.run_id, 11),
+            event(thread, second.run_id, 3),
+        ];
+        assert_conflict(s.append_events(&clash).await, "a taken seq");
+        assert_eq!(s.read_events(thread, 10, None, 100).await.unwrap(), vec![]);
+        assert_not_found(
+            s.append_events(&[event(thread, Uuid::new_v4(), 11)]).await,
+            "events of a run that does not exist",
+        );
+
+        // A large batch.
+        let big: Vec<LoggedEvent> = (11..=2500)
+            .map(|seq| event(thread, second.run_id, seq))
+            .collect();
+        s.append_events(&big).await.unwrap();
+        assert_eq!(
+            s.read_events(thread, 0, None, 10_000).await.unwrap().len(),
+            2500
+        );
+
+        // The claim tells the worker where the thread's log ends.
+        let claimed = claim(s, "w").await.unwrap();
+        assert_eq!(claimed.run.thread_id, thread);
+        assert_eq!(claimed.last_seq, 2500);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn deleting_a_thread_takes_its_runs_and_events() {
+    for_each_backend(|db| async move {
+        let s = db.storage();
+        let alice = fresh_user();
+        let thread = thread_of(s, &alice).await;
+        let running = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        let pending = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        claim(s, "w").await.unwrap();
+        s.append_events(&[event(thread, running.run_id, 1)])
+            .await
+            .unwrap();
+
+        s.delete_thread(&alice, thread).await.unwrap();
+        assert_not_found(
+            s.get_run(&alice, thread, running.run_id).await,
+            "running run",
+        );
+        assert_not_found(
+            s.get_run(&alice, thread, pending.run_id).await,
+            "pending run",
+        );
+        assert!(s
+            .read_events(thread, 0, None, 100)
+            .await
+            .unwrap()
+            .is_empty());
+        assert_eq!(
+            s.renew_lease(running.run_id, "w", LEASE).await.unwrap(),
+            None
+        );
+        assert_not_found(
+            s.finish_run(
+                running.run_id,
+                "w",
+                end(RunStatus::Success, ThreadStatus::Idle),
+            )
+            .await,
+            "finish after the thread went",
+        );
+        assert_not_found(
+            s.append_events(&[event(thread, running.run_id, 2)]).await,
+            "events after the thread went",
+        );
+        assert!(claim(s, "w").await.is_none());
+    })
+    .await;
+}
+
+trait StoredTime {
+    fn with_stored_time(self, stored: &LoggedEvent) -> Self;
+}
+
+impl StoredTime for LoggedEvent {
+    /// PostgreSQL keeps microseconds; compare everything else exactly.
+    fn with_stored_time(self, stored: &LoggedEvent) -> Self {
+        assert!(
+            (self.created_at - stored.created_at)
+                .num_microseconds()
+                .unwrap()
+                .abs()
+                < 1
+        );
+        LoggedEvent {
+            created_at: stored.created_at,
+            ..self
+        }
+    }
+}

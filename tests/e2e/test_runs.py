@@ -1,0 +1,207 @@
+"""Runs on a thread through the official Python client: wait, stream, interrupts, failures,
+multitask strategies, listing, deletion, join and cancel."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from e2e_util import assert_error_body, assert_status, describe
+from langgraph_sdk.errors import ConflictError
+
+
+async def test_wait_returns_final_values(client, tag):
+    """`runs.wait` answers the run's final values: chain adds 1 three times."""
+    thread = await client.threads.create(metadata={"tag": tag})
+    result = await client.runs.wait(thread["thread_id"], "chain", input={"n": 1})
+    assert result == {"n": 4}
+    got = await client.threads.get(thread["thread_id"])
+    assert got["status"] == "idle"
+    assert got["values"] == {"n": 4}
+
+
+async def test_stream_sends_metadata_then_values(client, tag):
+    """A streamed run starts with `metadata {run_id, attempt}` and ends with the final values."""
+    thread = await client.threads.create(metadata={"tag": tag})
+    parts = [
+        part
+        async for part in client.runs.stream(
+            thread["thread_id"], "echo", input={"messages": [{"role": "user", "content": "hi"}]}
+        )
+    ]
+    assert parts[0].event == "metadata", parts
+    assert parts[0].data["attempt"] == 1
+    values = [p.data for p in parts if p.event == "values"]
+    assert values, parts
+    messages = values[-1]["messages"]
+    assert [m["type"] for m in messages] == ["human", "ai"]
+    assert messages[-1]["content"] == "echo: hi"
+
+
+async def test_stream_modes_updates(client, tag):
+    """`stream_mode=updates` sends one `{node: update}` per node, in order."""
+    thread = await client.threads.create(metadata={"tag": tag})
+    parts = [
+        part
+        async for part in client.runs.stream(thread["thread_id"], "chain", input={"n": 0}, stream_mode="updates")
+    ]
+    updates = [p.data for p in parts if p.event == "updates"]
+    assert updates == [{"a": {"n": 1}}, {"b": {"n": 2}}, {"c": {"n": 3}}]
+
+
+async def test_interrupt_then_resume(client, tag):
+    """A run that reaches `interrupt()` leaves the thread interrupted with `__interrupt__` in its
+    result; a run with `command.resume` finishes it."""
+    thread = await client.threads.create(metadata={"tag": tag})
+    tid = thread["thread_id"]
+    first = await client.runs.wait(tid, "approval", input={"messages": [{"role": "user", "content": "go"}]})
+    assert first["__interrupt__"][0]["value"] == {"question": "approve?"}
+    assert (await client.threads.get(tid))["status"] == "interrupted"
+    second = await client.runs.wait(tid, "approval", command={"resume": "yes"})
+    assert second["messages"][-1]["content"] == "decision: yes"
+    assert "__interrupt__" not in second
+    assert (await client.threads.get(tid))["status"] == "idle"
+
+
+async def test_failed_run_reports_its_error(client, tag, http):
+    """A failing node ends the run `error`, the thread `error`, and `/wait` answers 200 with
+    `__error__ {error, message}`."""
+    thread = await client.threads.create(metadata={"tag": tag})
+    tid = thread["thread_id"]
+    r = http.post(f"/threads/{tid}/runs/wait", json={"assistant_id": "fail", "input": {"n": 0}})
+    assert_status(r, 200)
+    assert r.json()["__error__"] == {"error": "ValueError", "message": "boom"}
+    assert (await client.threads.get(tid))["status"] == "error"
+    runs = await client.runs.list(tid)
+    assert runs[0]["status"] == "error"
+
+
+async def test_stream_of_a_failed_run_has_an_error_event(client, tag):
+    """The SSE stream of a failed run carries an `error` event with `{error, message}`."""
+    thread = await client.threads.create(metadata={"tag": tag})
+    events = [p async for p in client.runs.stream(thread["thread_id"], "fail", input={"n": 0})]
+    errors = [p.data for p in events if p.event == "error"]
+    assert errors == [{"error": "ValueError", "message": "boom"}], events
+
+
+async def test_background_run_then_join_and_list(client, tag):
+    """A background run is listed newest first; join waits for it and answers its values."""
+    thread = await client.threads.create(metadata={"tag": tag})
+    tid = thread["thread_id"]
+    run = await client.runs.create(tid, "chain", input={"n": 10}, metadata={"who": "e2e"})
+    assert run["status"] in ("pending", "running", "success")
+    assert run["metadata"] == {"who": "e2e"}
+    assert await client.runs.join(tid, run["run_id"]) == {"n": 13}
+    got = await client.runs.get(tid, run["run_id"])
+    assert got["status"] == "success"
+    listed = await client.runs.list(tid)
+    assert [r["run_id"] for r in listed] == [run["run_id"]]
+
+
+async def test_join_stream_replays_a_finished_run(client, tag, http):
+    """Joining the stream of a finished run replays its events from the log, with ids; a
+    `Last-Event-ID` resumes after that event."""
+    thread = await client.threads.create(metadata={"tag": tag})
+    tid = thread["thread_id"]
+    run = await client.runs.create(tid, "chain", input={"n": 0}, stream_mode=["values", "updates"])
+    await client.runs.join(tid, run["run_id"])
+    r = http.get(f"/threads/{tid}/runs/{run['run_id']}/stream")
+    assert_status(r, 200)
+    frames = [f for f in r.text.split("\r\n\r\n") if f.strip()]
+    ids = [int(line[4:]) for f in frames for line in f.split("\r\n") if line.startswith("id: ")]
+    assert frames[0].startswith("event: metadata"), frames[0]
+    assert ids == sorted(ids) and len(ids) == len(frames)
+    resumed = http.get(f"/threads/{tid}/runs/{run['run_id']}/stream", headers={"Last-Event-ID": str(ids[2])})
+    again = [f for f in resumed.text.split("\r\n\r\n") if f.strip()]
+    assert again == frames[3:]
+
+
+async def test_reject_strategy_conflicts_while_busy(client, tag):
+    """With `multitask_strategy=reject` a run on a busy thread is refused with 409."""
+    thread = await client.threads.create(metadata={"tag": tag})
+    tid = thread["thread_id"]
+    slow = await client.runs.create(tid, "slow", input={"delay_ms": 400, "ticks": 0})
+    with pytest.raises(ConflictError):
+        await client.runs.create(tid, "chain", input={"n": 0}, multitask_strategy="reject")
+    await client.runs.join(tid, slow["run_id"])
+
+
+async def test_enqueue_runs_one_after_another(client, tag):
+    """Enqueued runs of a thread run in order, never at the same time."""
+    thread = await client.threads.create(metadata={"tag": tag})
+    tid = thread["thread_id"]
+    first = await client.runs.create(tid, "slow", input={"delay_ms": 200, "ticks": 0})
+    second = await client.runs.create(tid, "chain", input={"n": 0}, multitask_strategy="enqueue")
+    assert await client.runs.join(tid, second["run_id"]) == {"n": 3}
+    a = await client.runs.get(tid, first["run_id"])
+    b = await client.runs.get(tid, second["run_id"])
+    assert a["status"] == "success" and b["status"] == "success"
+
+
+async def test_interrupt_strategy_stops_the_running_run(client, tag):
+    """`multitask_strategy=interrupt` ends the running run `interrupted` and runs the new one."""
+    thread = await client.threads.create(metadata={"tag": tag})
+    tid = thread["thread_id"]
+    slow = await client.runs.create(tid, "slow", input={"delay_ms": 2000, "ticks": 0})
+    time.sleep(0.3)
+    new = await client.runs.create(tid, "chain", input={"n": 0}, multitask_strategy="interrupt")
+    assert await client.runs.join(tid, new["run_id"]) == {"n": 3}
+    assert (await client.runs.get(tid, slow["run_id"]))["status"] == "interrupted"
+
+
+async def test_delete_active_run_needs_force(client, tag, http):
+    """Deleting an active run with force=0 is 409 and the run stays; force=1 cancels then
+    deletes it (204)."""
+    thread = await client.threads.create(metadata={"tag": tag})
+    tid = thread["thread_id"]
+    run = await client.runs.create(tid, "slow", input={"delay_ms": 2000, "ticks": 0})
+    r = http.delete(f"/threads/{tid}/runs/{run['run_id']}?force=0")
+    assert_error_body(r, 409)
+    assert_status(http.get(f"/threads/{tid}/runs/{run['run_id']}"), 200)
+    r = http.delete(f"/threads/{tid}/runs/{run['run_id']}?force=1")
+    assert_status(r, 204)
+    assert_status(http.get(f"/threads/{tid}/runs/{run['run_id']}"), 404)
+
+
+async def test_cancel_and_wait(client, tag, http):
+    """Cancelling with wait=1 returns once the run stopped; it ends `interrupted`."""
+    thread = await client.threads.create(metadata={"tag": tag})
+    tid = thread["thread_id"]
+    run = await client.runs.create(tid, "slow", input={"delay_ms": 3000, "ticks": 0})
+    time.sleep(0.3)
+    r = http.post(f"/threads/{tid}/runs/{run['run_id']}/cancel?wait=1")
+    assert r.status_code in (202, 204), describe(r)
+    assert (await client.runs.get(tid, run["run_id"]))["status"] == "interrupted"
+    r = http.post(f"/threads/{tid}/runs/{run['run_id']}/cancel")
+    assert_error_body(r, 404)
+
+
+@pytest.mark.spindle_only
+async def test_run_metadata_limits(client, tag, http):
+    """Run metadata: at most 32 keys matching [A-Za-z0-9_-]{1,64}, primitive values, strings of
+    at most 512 characters; anything else is 422 naming the key."""
+    thread = await client.threads.create(metadata={"tag": tag})
+    tid = thread["thread_id"]
+    cases = [
+        ({f"k{i}": i for i in range(33)}, "metadata"),
+        ({"bad key": 1}, "bad key"),
+        ({"k": "x" * 513}, "k"),
+        ({"k": {"nested": 1}}, "k"),
+    ]
+    for metadata, field in cases:
+        r = http.post(f"/threads/{tid}/runs", json={"assistant_id": "chain", "metadata": metadata})
+        assert_status(r, 422)
+        assert any(field in item["loc"] for item in r.json()["detail"]), describe(r)
+    assert await client.runs.list(tid) == []
+
+
+async def test_run_on_missing_thread(client, http):
+    """A run on a thread that does not exist is 404, unless `if_not_exists=create`."""
+    import uuid
+
+    tid = str(uuid.uuid4())
+    r = http.post(f"/threads/{tid}/runs", json={"assistant_id": "chain", "input": {"n": 0}})
+    assert_error_body(r, 404)
+    result = await client.runs.wait(tid, "chain", input={"n": 0}, if_not_exists="create")
+    assert result == {"n": 3}
+    assert (await client.threads.get(tid))["metadata"]["graph_id"] == "chain"
