@@ -205,3 +205,28 @@ async def test_run_on_missing_thread(client, http):
     result = await client.runs.wait(tid, "chain", input={"n": 0}, if_not_exists="create")
     assert result == {"n": 3}
     assert (await client.threads.get(tid))["metadata"]["graph_id"] == "chain"
+
+
+async def test_deleting_a_thread_cancels_its_runs(client, tag, http):
+    """Deleting a thread with an active run cancels the run first; the thread is gone."""
+    thread = await client.threads.create(metadata={"tag": tag})
+    tid = thread["thread_id"]
+    await client.runs.create(tid, "slow", input={"delay_ms": 3000, "ticks": 0})
+    time.sleep(0.2)
+    r = http.delete(f"/threads/{tid}")
+    assert_status(r, 200)
+    assert r.json() == {}
+    assert_status(http.get(f"/threads/{tid}"), 404)
+
+
+async def test_copied_thread_continues_from_the_history(client, tag):
+    """A copy carries the thread's checkpoints: a run on the copy continues its conversation,
+    and the original is unchanged."""
+    thread = await client.threads.create(metadata={"tag": tag})
+    tid = thread["thread_id"]
+    await client.runs.wait(tid, "echo", input={"messages": [{"role": "user", "content": "one"}]})
+    copy = await client.threads.copy(tid)
+    result = await client.runs.wait(copy["thread_id"], "echo", input={"messages": [{"role": "user", "content": "two"}]})
+    assert [m["content"] for m in result["messages"]] == ["one", "echo: one", "two", "echo: two"]
+    original = await client.threads.get(tid)
+    assert len(original["values"]["messages"]) == 2

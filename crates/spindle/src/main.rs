@@ -44,9 +44,13 @@ fn init_logging() {
     let filter = EnvFilter::try_from_env("SPINDLE_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())
         .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
+    // Logs go to stderr (stdout carries the start-up banner), coloured only on a terminal.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false)
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr)
         .init();
 }
 

@@ -7,18 +7,21 @@ use axum::Json;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use spindle_storage::{NewThread, Thread, ThreadFilter, ThreadSearch, ThreadSortBy, ThreadStatus};
+use spindle_storage::{
+    CancelAction, NewThread, RunFilter, RunStatus, Scope, Thread, ThreadFilter, ThreadSearch,
+    ThreadSortBy, ThreadStatus,
+};
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use crate::error::{ApiResult, ErrorBody, ValidationErrorBody};
+use crate::error::{ApiError, ApiResult, ErrorBody, ValidationErrorBody};
 use crate::extract::{ApiJson, Validate, Violations};
 use crate::state::{AppState, Caller};
 use crate::wire::{
     page, pagination_headers, path_uuid, select_fields, validate_page, IfExistsWire, JsonObject,
-    SortOrderWire,
+    SortOrderWire, MAX_LIMIT,
 };
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -356,8 +359,45 @@ async fn delete_thread(
     Path(thread_id): Path<String>,
 ) -> ApiResult<Json<Value>> {
     let id = path_uuid("thread_id", &thread_id)?;
+    state.storage.get_thread(&scope, id).await?;
+    stop_active_runs(&state, &scope, id).await?;
     state.storage.delete_thread(&scope, id).await?;
+    // Checkpoints are keyed by thread id only; a failure here leaves unreachable rows, not a
+    // visible thread, so it is logged rather than failing a deletion that already happened.
+    if let Err(err) = state
+        .storage
+        .checkpointer()
+        .delete_thread(&id.to_string())
+        .await
+    {
+        tracing::warn!(thread_id = %id, error = %err, "cannot delete the thread's checkpoints");
+    }
     Ok(Json(json!({})))
+}
+
+/// Cancels the thread's pending and running runs: the interface cancels active runs before it
+/// deletes their thread.
+async fn stop_active_runs(state: &AppState, scope: &Scope, thread_id: Uuid) -> ApiResult<()> {
+    let mut active = Vec::new();
+    for status in [RunStatus::Pending, RunStatus::Running] {
+        let filter = RunFilter {
+            status: Some(status),
+        };
+        let runs = state
+            .storage
+            .list_runs(scope, thread_id, filter, page(Some(MAX_LIMIT), None))
+            .await?;
+        active.extend(runs.into_iter().map(|r| r.run_id));
+    }
+    if active.is_empty() {
+        return Ok(());
+    }
+    let cancelled = state
+        .storage
+        .cancel_runs(scope, thread_id, &active, CancelAction::Interrupt)
+        .await?;
+    state.workers.cancel_local(&cancelled);
+    Ok(())
 }
 
 #[utoipa::path(post, path = "/threads/{thread_id}/copy", tag = "threads", request_body = ThreadCopyRequest,
@@ -375,5 +415,16 @@ async fn copy_thread(
         .storage
         .copy_thread(&scope, id, Uuid::new_v4())
         .await?;
+    let checkpoints = state.storage.checkpointer();
+    if let Err(err) = checkpoints
+        .copy_thread(&id.to_string(), &copy.thread_id.to_string())
+        .await
+    {
+        // Without its history the copy is not a copy: remove it and report the failure.
+        let _ = state.storage.delete_thread(&scope, copy.thread_id).await;
+        return Err(ApiError::internal(format!(
+            "cannot copy the thread's checkpoints: {err}"
+        )));
+    }
     Ok(Json(copy.into()))
 }
