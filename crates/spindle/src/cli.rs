@@ -42,6 +42,18 @@ pub struct ServerArgs {
     #[arg(long, env = "SPINDLE_PORT")]
     pub port: Option<u16>,
 
+    /// Runs this process executes at once [default: 16]
+    #[arg(long, env = "SPINDLE_WORKERS")]
+    pub workers: Option<usize>,
+
+    /// A run still executing after this many seconds ends `timeout` [default: no limit]
+    #[arg(long, env = "SPINDLE_RUN_TIMEOUT_SECS")]
+    pub run_timeout_secs: Option<u64>,
+
+    /// Attempts before a run whose worker keeps dying ends `error` [default: 3]
+    #[arg(long, env = "SPINDLE_MAX_ATTEMPTS", value_parser = clap::value_parser!(i32).range(1..))]
+    pub max_attempts: Option<i32>,
+
     #[command(flatten)]
     pub database: DatabaseArgs,
 }

@@ -45,6 +45,9 @@ pub struct ServerSection {
     pub port: Option<u16>,
     pub database_url: Option<String>,
     pub data_dir: Option<PathBuf>,
+    pub workers: Option<usize>,
+    pub run_timeout_secs: Option<u64>,
+    pub max_attempts: Option<i32>,
 }
 
 /// A config file and the folder its relative paths start from.

@@ -6,11 +6,11 @@ mod graphs;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use spindle_server::AppState;
+use spindle_server::{AppState, WorkerConfig};
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 
@@ -121,6 +121,7 @@ async fn serve(args: ServerArgs, mode: Mode) -> Result<()> {
 
     let host = args
         .host
+        .clone()
         .or(config.file.server.host.clone())
         .unwrap_or_else(|| DEFAULT_HOST.into());
     let port = args
@@ -159,7 +160,7 @@ async fn serve(args: ServerArgs, mode: Mode) -> Result<()> {
     );
     tracing::info!(%addr, backend = storage.backend().as_str(), graphs = graph_ids.len(), "listening");
 
-    let state = AppState::new(storage, Arc::new(registry));
+    let state = AppState::with_workers(storage, Arc::new(registry), worker_config(&args, &config));
     spindle_server::serve(listener, state, shutdown_signal()).await?;
     tracing::info!("stopped");
     Ok(())
@@ -179,6 +180,30 @@ fn warn_unused_sections(config: &LoadedConfig) {
                 "this config section is not used by this version of Spindle yet"
             );
         }
+    }
+}
+
+/// Run execution settings: flag or environment, else the config file, else the defaults.
+fn worker_config(args: &ServerArgs, config: &LoadedConfig) -> WorkerConfig {
+    let file = &config.file.server;
+    let defaults = WorkerConfig::default();
+    WorkerConfig {
+        concurrency: args
+            .workers
+            .or(file.workers)
+            .unwrap_or(defaults.concurrency)
+            .max(1),
+        max_attempts: args
+            .max_attempts
+            .or(file.max_attempts)
+            .unwrap_or(defaults.max_attempts)
+            .max(1),
+        run_timeout: args
+            .run_timeout_secs
+            .or(file.run_timeout_secs)
+            .map(Duration::from_secs)
+            .or(defaults.run_timeout),
+        ..defaults
     }
 }
 
