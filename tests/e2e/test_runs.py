@@ -230,3 +230,23 @@ async def test_copied_thread_continues_from_the_history(client, tag):
     assert [m["content"] for m in result["messages"]] == ["one", "echo: one", "two", "echo: two"]
     original = await client.threads.get(tid)
     assert len(original["values"]["messages"]) == 2
+
+
+async def test_stream_wire_format(client, tag, http):
+    """The run stream is `text/event-stream` with CRLF-framed events, `metadata` first, and
+    `Location`/`Content-Location` naming the run; `/wait` carries the same headers."""
+    thread = await client.threads.create(metadata={"tag": tag})
+    tid = thread["thread_id"]
+    r = http.post(f"/threads/{tid}/runs/stream", json={"assistant_id": "chain", "input": {"n": 0}})
+    assert_status(r, 200)
+    assert r.headers["content-type"].startswith("text/event-stream")
+    assert r.headers["cache-control"] == "no-store"
+    run_path = r.headers["content-location"]
+    assert run_path.startswith(f"/threads/{tid}/runs/")
+    assert r.headers["location"] == run_path + "/join"
+    assert r.text.startswith("event: metadata\r\ndata: {")
+    assert r.text.endswith("\r\n\r\n")
+    w = http.post(f"/threads/{tid}/runs/wait", json={"assistant_id": "chain", "input": {"n": 0}})
+    assert_status(w, 200)
+    assert w.headers["location"].endswith("/join")
+    assert w.json() == {"n": 3}

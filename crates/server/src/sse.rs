@@ -33,8 +33,8 @@ pub fn json_frame(event: &str, data: &Value, id: Option<i64>) -> Bytes {
     frame(event, &data.to_string(), id)
 }
 
-/// Headers of every event stream, plus where the run can be joined.
-pub fn headers(location: Option<(&str, &str)>) -> HeaderMap {
+/// Headers of every event stream.
+pub fn headers() -> HeaderMap {
     let mut headers = HeaderMap::new();
     headers.insert(
         header::CONTENT_TYPE,
@@ -45,14 +45,6 @@ pub fn headers(location: Option<(&str, &str)>) -> HeaderMap {
         HeaderName::from_static("x-accel-buffering"),
         HeaderValue::from_static("no"),
     );
-    if let Some((join, run)) = location {
-        if let Ok(v) = HeaderValue::from_str(join) {
-            headers.insert(header::LOCATION, v);
-        }
-        if let Ok(v) = HeaderValue::from_str(run) {
-            headers.insert(header::CONTENT_LOCATION, v);
-        }
-    }
     headers
 }
 

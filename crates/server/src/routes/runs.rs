@@ -443,9 +443,17 @@ async fn start_run(
     Ok(created.run)
 }
 
-fn locations(run: &Run) -> (String, String) {
+/// `Location` (where to join the run) and `Content-Location` (the run itself), as the
+/// reference sends them on every response that creates or follows a run.
+fn locations(run: &Run) -> HeaderMap {
     let base = format!("/threads/{}/runs/{}", run.thread_id, run.run_id);
-    (format!("{base}/join"), base)
+    let mut headers = HeaderMap::new();
+    // Both are built from UUIDs, so they are always valid header values.
+    if let (Ok(join), Ok(content)) = (format!("{base}/join").parse(), base.parse()) {
+        headers.insert(axum::http::header::LOCATION, join);
+        headers.insert(axum::http::header::CONTENT_LOCATION, content);
+    }
+    headers
 }
 
 /// An SSE response following `run` from its first event.
@@ -456,8 +464,8 @@ fn stream_response(
     after: i64,
     cancel_on_disconnect: bool,
 ) -> Response {
-    let (join, content) = locations(run);
-    let headers = sse::headers(Some((&join, &content)));
+    let mut headers = sse::headers();
+    headers.extend(locations(run));
     let workers = state.workers.clone();
     let storage = state.storage.clone();
     let (thread_id, run_id) = (run.thread_id, run.run_id);
@@ -564,7 +572,7 @@ async fn wait_for_end(state: &AppState, scope: &Scope, run: &Run) -> ApiResult<R
 /// Waits for the run and answers its final values, with a newline every 5 s while waiting so
 /// proxies keep the connection open.
 fn wait_response(state: AppState, scope: Scope, run: Run, temporary_delete: bool) -> Response {
-    let (join, content) = locations(&run);
+    let mut headers = locations(&run);
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, std::convert::Infallible>>(4);
     tokio::spawn(async move {
         let mut ticker = tokio::time::interval(Duration::from_secs(5));
@@ -596,15 +604,10 @@ fn wait_response(state: AppState, scope: Scope, run: Run, temporary_delete: bool
             }
         }
     });
-    let mut headers = HeaderMap::new();
     headers.insert(
         axum::http::header::CONTENT_TYPE,
-        "application/json".parse().expect("static header"),
+        axum::http::HeaderValue::from_static("application/json"),
     );
-    if let (Ok(join), Ok(content)) = (join.parse(), content.parse()) {
-        headers.insert(axum::http::header::LOCATION, join);
-        headers.insert(axum::http::header::CONTENT_LOCATION, content);
-    }
     let stream = futures::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|item| (item, rx))
     });
@@ -624,13 +627,7 @@ async fn create_run(
 ) -> ApiResult<Response> {
     let thread_id = path_uuid("thread_id", &thread_id)?;
     let run = start_run(&state, &scope, thread_id, &body, false).await?;
-    let (join, content) = locations(&run);
-    let mut headers = HeaderMap::new();
-    if let (Ok(join), Ok(content)) = (join.parse(), content.parse()) {
-        headers.insert(axum::http::header::LOCATION, join);
-        headers.insert(axum::http::header::CONTENT_LOCATION, content);
-    }
-    Ok((headers, Json(RunOut::from(run))).into_response())
+    Ok((locations(&run), Json(RunOut::from(run))).into_response())
 }
 
 #[utoipa::path(post, path = "/threads/{thread_id}/runs/stream", tag = "runs", request_body = RunCreate,
