@@ -250,3 +250,38 @@ async def test_stream_wire_format(client, tag, http):
     assert_status(w, 200)
     assert w.headers["location"].endswith("/join")
     assert w.json() == {"n": 3}
+
+
+async def test_stateless_wait_and_stream(client, http):
+    """Stateless runs (`thread_id=None` in the client) answer like thread runs and remove their
+    temporary thread afterwards (`on_completion=delete`, the default)."""
+    assert await client.runs.wait(None, "chain", input={"n": 5}) == {"n": 8}
+    parts = [p async for p in client.runs.stream(None, "echo", input={"messages": [{"role": "user", "content": "x"}]})]
+    assert parts[0].event == "metadata"
+    assert parts[-1].data["messages"][-1]["content"] == "echo: x"
+    r = http.post("/runs/wait", json={"assistant_id": "chain", "input": {"n": 0}})
+    assert_status(r, 200)
+    thread_path = r.headers["content-location"].rsplit("/runs/", 1)[0]
+    for _ in range(50):
+        if http.get(thread_path).status_code == 404:
+            break
+        time.sleep(0.05)
+    assert_status(http.get(thread_path), 404)
+
+
+async def test_stateless_keep_and_background(client, http):
+    """`on_completion=keep` keeps the thread with the run's state; a background stateless run
+    deletes its thread when it ends."""
+    r = http.post("/runs/wait", json={"assistant_id": "chain", "input": {"n": 1}, "on_completion": "keep"})
+    assert_status(r, 200)
+    thread_path = r.headers["content-location"].rsplit("/runs/", 1)[0]
+    kept = http.get(thread_path)
+    assert_status(kept, 200)
+    assert kept.json()["values"] == {"n": 4}
+    run = await client.runs.create(None, "chain", input={"n": 0})
+    tid = run["thread_id"]
+    for _ in range(100):
+        if http.get(f"/threads/{tid}").status_code == 404:
+            break
+        time.sleep(0.05)
+    assert_status(http.get(f"/threads/{tid}"), 404)

@@ -25,6 +25,7 @@ use crate::routes::assistants::resolve_assistant_id;
 use crate::runs::execute::keys;
 use crate::runs::hub::HubMessage;
 use crate::runs::stream::{run_stream, Follow};
+use crate::runs::worker::CLEANUP_BY_WORKER;
 use crate::sse;
 use crate::state::{AppState, Caller};
 use crate::wire::{page, path_uuid, validate_page, JsonObject};
@@ -38,6 +39,9 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(join_run))
         .routes(routes!(join_run_stream))
         .routes(routes!(cancel_run))
+        .routes(routes!(create_stateless_run))
+        .routes(routes!(stream_stateless_run))
+        .routes(routes!(wait_stateless_run))
 }
 
 /// A run as clients read it.
@@ -393,13 +397,45 @@ impl RunCreate {
     }
 }
 
+/// Who removes the thread of a stateless run, and when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stateless {
+    /// A run on a thread the client named.
+    No,
+    /// `on_completion=keep`: the thread stays.
+    Keep,
+    /// The handler that streams or waits deletes it once it has answered.
+    DeleteAfterResponse,
+    /// Nobody waits (`POST /runs`): the worker deletes it when the run ends.
+    DeleteByWorker,
+}
+
+impl Stateless {
+    fn of(body: &RunCreate, background: bool) -> Self {
+        match (body.on_completion.unwrap_or_default(), background) {
+            (OnCompletion::Keep, _) => Stateless::Keep,
+            (OnCompletion::Delete, true) => Stateless::DeleteByWorker,
+            (OnCompletion::Delete, false) => Stateless::DeleteAfterResponse,
+        }
+    }
+
+    fn kwarg(self) -> Option<&'static str> {
+        match self {
+            Stateless::No => None,
+            Stateless::Keep => Some("keep"),
+            Stateless::DeleteAfterResponse => Some("response"),
+            Stateless::DeleteByWorker => Some(CLEANUP_BY_WORKER),
+        }
+    }
+}
+
 /// Creates a run on `thread_id` (pending) and wakes a worker.
 async fn start_run(
     state: &AppState,
     scope: &Scope,
     thread_id: Uuid,
     body: &RunCreate,
-    temporary: bool,
+    stateless: Stateless,
 ) -> ApiResult<Run> {
     let assistant_id = resolve_assistant_id(state, &body.assistant_id).map_err(|_| {
         ApiError::field(
@@ -410,9 +446,10 @@ async fn start_run(
     })?;
     let assistant = state.storage.get_assistant(scope, assistant_id).await?;
     let mut kwargs = body.kwargs();
-    if temporary {
-        kwargs.insert(keys::TEMPORARY.into(), json!(true));
+    if let Some(cleanup) = stateless.kwarg() {
+        kwargs.insert(keys::TEMPORARY.into(), json!(cleanup));
     }
+    let temporary = stateless != Stateless::No;
     let if_thread_missing = match (temporary, body.if_not_exists.unwrap_or_default()) {
         (true, _) | (false, IfNotExists::Create) => {
             let mut metadata = Map::new();
@@ -456,33 +493,49 @@ fn locations(run: &Run) -> HeaderMap {
     headers
 }
 
-/// An SSE response following `run` from its first event.
+/// An SSE response following `run` from its first event (or after `after`). When the client
+/// leaves first and `cancel_on_disconnect`, the run is cancelled; with `delete_after`, the
+/// run's (stateless) thread is deleted once the run has ended.
 fn stream_response(
     state: &AppState,
     scope: Scope,
     run: &Run,
     after: i64,
     cancel_on_disconnect: bool,
+    delete_after: bool,
 ) -> Response {
     let mut headers = sse::headers();
     headers.extend(locations(run));
-    let workers = state.workers.clone();
-    let storage = state.storage.clone();
     let (thread_id, run_id) = (run.thread_id, run.run_id);
-    let cancel_scope = scope.clone();
-    let on_gone = move || {
-        if cancel_on_disconnect {
-            tokio::spawn(async move {
+    let done_state = state.clone();
+    let done_scope = scope.clone();
+    let done_run = run.clone();
+    let on_done = move |ended: bool| {
+        if ended && !delete_after {
+            return;
+        }
+        tokio::spawn(async move {
+            let (state, scope) = (done_state, done_scope);
+            if !ended && cancel_on_disconnect {
                 tracing::info!(%run_id, "client disconnected; cancelling the run (on_disconnect=cancel)");
-                match storage
-                    .cancel_runs(&cancel_scope, thread_id, &[run_id], CancelAction::Interrupt)
+                match state
+                    .storage
+                    .cancel_runs(&scope, thread_id, &[run_id], CancelAction::Interrupt)
                     .await
                 {
-                    Ok(ids) => workers.cancel_local(&ids),
+                    Ok(ids) => state.workers.cancel_local(&ids),
                     Err(err) => tracing::warn!(%run_id, error = %err, "cannot cancel the run"),
                 }
-            });
-        }
+            }
+            if delete_after {
+                let _ = wait_for_end(&state, &scope, &done_run).await;
+                if let Err(err) =
+                    crate::runs::delete_thread(state.storage.as_ref(), &scope, thread_id).await
+                {
+                    tracing::warn!(%thread_id, error = %err, "cannot delete the stateless run's thread");
+                }
+            }
+        });
     };
     let follow = Follow {
         thread_id,
@@ -496,7 +549,7 @@ fn stream_response(
         scope,
         follow,
         state.keepalive,
-        on_gone,
+        on_done,
     );
     (headers, Body::from_stream(body)).into_response()
 }
@@ -599,7 +652,9 @@ fn wait_response(state: AppState, scope: Scope, run: Run, temporary_delete: bool
         };
         let _ = tx.send(Ok(bytes::Bytes::from(body.to_string()))).await;
         if temporary_delete {
-            if let Err(err) = state.storage.delete_thread(&scope, run.thread_id).await {
+            if let Err(err) =
+                crate::runs::delete_thread(state.storage.as_ref(), &scope, run.thread_id).await
+            {
                 tracing::warn!(thread_id = %run.thread_id, error = %err, "cannot delete the temporary thread");
             }
         }
@@ -626,7 +681,7 @@ async fn create_run(
     ApiJson(body): ApiJson<RunCreate>,
 ) -> ApiResult<Response> {
     let thread_id = path_uuid("thread_id", &thread_id)?;
-    let run = start_run(&state, &scope, thread_id, &body, false).await?;
+    let run = start_run(&state, &scope, thread_id, &body, Stateless::No).await?;
     Ok((locations(&run), Json(RunOut::from(run))).into_response())
 }
 
@@ -641,9 +696,9 @@ async fn stream_run(
     ApiJson(body): ApiJson<RunCreate>,
 ) -> ApiResult<Response> {
     let thread_id = path_uuid("thread_id", &thread_id)?;
-    let run = start_run(&state, &scope, thread_id, &body, false).await?;
+    let run = start_run(&state, &scope, thread_id, &body, Stateless::No).await?;
     let cancel = body.on_disconnect.unwrap_or_default() == OnDisconnect::Cancel;
-    Ok(stream_response(&state, scope, &run, 0, cancel))
+    Ok(stream_response(&state, scope, &run, 0, cancel, false))
 }
 
 #[utoipa::path(post, path = "/threads/{thread_id}/runs/wait", tag = "runs", request_body = RunCreate,
@@ -657,7 +712,7 @@ async fn wait_run(
     ApiJson(body): ApiJson<RunCreate>,
 ) -> ApiResult<Response> {
     let thread_id = path_uuid("thread_id", &thread_id)?;
-    let run = start_run(&state, &scope, thread_id, &body, false).await?;
+    let run = start_run(&state, &scope, thread_id, &body, Stateless::No).await?;
     Ok(wait_response(state, scope, run, false))
 }
 
@@ -821,7 +876,7 @@ async fn join_run_stream(
             )
         })?,
     };
-    Ok(stream_response(&state, scope, &run, after, false))
+    Ok(stream_response(&state, scope, &run, after, false, false))
 }
 
 #[derive(Debug, Default, Deserialize, IntoParams)]
@@ -884,4 +939,56 @@ async fn cancel_run(
         }
     }
     Ok(StatusCode::ACCEPTED)
+}
+
+/// Starts a stateless run: a new thread made for it, removed afterwards unless
+/// `on_completion=keep`.
+async fn start_stateless(
+    state: &AppState,
+    scope: &Scope,
+    body: &RunCreate,
+    background: bool,
+) -> ApiResult<(Run, Stateless)> {
+    let stateless = Stateless::of(body, background);
+    let run = start_run(state, scope, Uuid::new_v4(), body, stateless).await?;
+    Ok((run, stateless))
+}
+
+#[utoipa::path(post, path = "/runs", tag = "runs", request_body = RunCreate,
+    responses((status = 200, description = "the run, pending, on a new thread", body = RunOut),
+              (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
+async fn create_stateless_run(
+    State(state): State<AppState>,
+    Caller(scope): Caller,
+    ApiJson(body): ApiJson<RunCreate>,
+) -> ApiResult<Response> {
+    let (run, _) = start_stateless(&state, &scope, &body, true).await?;
+    Ok((locations(&run), Json(RunOut::from(run))).into_response())
+}
+
+#[utoipa::path(post, path = "/runs/stream", tag = "runs", request_body = RunCreate,
+    responses((status = 200, description = "Server-Sent Events of a run on a new thread", content_type = "text/event-stream", body = String),
+              (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
+async fn stream_stateless_run(
+    State(state): State<AppState>,
+    Caller(scope): Caller,
+    ApiJson(body): ApiJson<RunCreate>,
+) -> ApiResult<Response> {
+    let (run, stateless) = start_stateless(&state, &scope, &body, false).await?;
+    let cancel = body.on_disconnect.unwrap_or_default() == OnDisconnect::Cancel;
+    let delete = stateless == Stateless::DeleteAfterResponse;
+    Ok(stream_response(&state, scope, &run, 0, cancel, delete))
+}
+
+#[utoipa::path(post, path = "/runs/wait", tag = "runs", request_body = RunCreate,
+    responses((status = 200, description = "the final values of a run on a new thread", body = Object),
+              (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
+async fn wait_stateless_run(
+    State(state): State<AppState>,
+    Caller(scope): Caller,
+    ApiJson(body): ApiJson<RunCreate>,
+) -> ApiResult<Response> {
+    let (run, stateless) = start_stateless(&state, &scope, &body, false).await?;
+    let delete = stateless == Stateless::DeleteAfterResponse;
+    Ok(wait_response(state, scope, run, delete))
 }

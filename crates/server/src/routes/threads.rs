@@ -361,17 +361,7 @@ async fn delete_thread(
     let id = path_uuid("thread_id", &thread_id)?;
     state.storage.get_thread(&scope, id).await?;
     stop_active_runs(&state, &scope, id).await?;
-    state.storage.delete_thread(&scope, id).await?;
-    // Checkpoints are keyed by thread id only; a failure here leaves unreachable rows, not a
-    // visible thread, so it is logged rather than failing a deletion that already happened.
-    if let Err(err) = state
-        .storage
-        .checkpointer()
-        .delete_thread(&id.to_string())
-        .await
-    {
-        tracing::warn!(thread_id = %id, error = %err, "cannot delete the thread's checkpoints");
-    }
+    crate::runs::delete_thread(state.storage.as_ref(), &scope, id).await?;
     Ok(Json(json!({})))
 }
 

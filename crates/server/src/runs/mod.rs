@@ -6,5 +6,26 @@ pub mod hub;
 pub mod stream;
 pub mod worker;
 
+use spindle_storage::{Scope, Storage, StorageResult};
+use uuid::Uuid;
+
 pub use hub::{EventHub, HubMessage};
 pub use worker::{RunWorkers, WorkerConfig};
+
+/// Deletes a thread with its checkpoints. Checkpoints are keyed by thread id alone, so a
+/// failure to remove them leaves unreachable rows, not a visible thread: it is logged.
+pub async fn delete_thread(
+    storage: &dyn Storage,
+    scope: &Scope,
+    thread_id: Uuid,
+) -> StorageResult<()> {
+    storage.delete_thread(scope, thread_id).await?;
+    if let Err(err) = storage
+        .checkpointer()
+        .delete_thread(&thread_id.to_string())
+        .await
+    {
+        tracing::warn!(%thread_id, error = %err, "cannot delete the thread's checkpoints");
+    }
+    Ok(())
+}

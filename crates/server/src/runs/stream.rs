@@ -31,14 +31,15 @@ pub struct Follow {
     pub with_ids: bool,
 }
 
-/// The SSE body of a run. `on_gone` runs when the client disconnects before the run ended.
+/// The SSE body of a run. `on_done` runs when the stream stops, told whether the run had
+/// ended (false: the client went away first).
 pub fn run_stream(
     storage: Arc<dyn Storage>,
     hub: Arc<EventHub>,
     scope: Scope,
     follow: Follow,
     keepalive: Duration,
-    on_gone: impl FnOnce() + Send + 'static,
+    on_done: impl FnOnce(bool) + Send + 'static,
 ) -> impl Stream<Item = Result<Bytes, std::convert::Infallible>> {
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     let mut live = hub.subscribe(follow.thread_id);
@@ -91,9 +92,7 @@ pub fn run_stream(
                 break;
             }
         }
-        if !ended {
-            on_gone();
-        }
+        on_done(ended);
     });
     futures::stream::unfold(
         rx,

@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::execute::{run_config, run_input};
+use super::execute::{keys, run_config, run_input};
 use super::hub::{EventHub, HubMessage};
 use crate::graphs::GraphRegistry;
 
@@ -52,6 +52,10 @@ impl Default for WorkerConfig {
         }
     }
 }
+
+/// `kwargs.temporary` of a stateless background run: nobody waits for it, so the worker
+/// deletes its thread when it ends (`on_completion=delete`).
+pub const CLEANUP_BY_WORKER: &str = "worker";
 
 /// Most events one log write carries; a model streaming tokens fills batches, not transactions.
 const MAX_BATCH: usize = 256;
@@ -248,6 +252,13 @@ impl RunWorkers {
             .finish_run(run.run_id, &self.worker_id, end)
             .await
             .map_err(|e| e.to_string())?;
+        if run.kwargs.get(keys::TEMPORARY).and_then(Value::as_str) == Some(CLEANUP_BY_WORKER) {
+            if let Err(err) =
+                super::delete_thread(self.storage.as_ref(), &scope, run.thread_id).await
+            {
+                tracing::warn!(error = %err, "cannot delete the stateless run's thread");
+            }
+        }
         Ok(status)
     }
 
