@@ -129,3 +129,41 @@ def test_dev_reuses_its_data_dir(tmp_path):
         r = httpx.get(f"{srv.base_url}/threads/{tid}")
         assert r.status_code == 200, r.text
         assert r.json()["metadata"] == {"k": 1}
+
+
+def test_run_survives_sigkill(storage):
+    """A server killed with SIGKILL during a `slow` run and started again finishes that run from
+    its last checkpoint (attempt 2; the node that had finished does not run again), and the
+    run's stream replays every event of both attempts."""
+    import signal
+
+    def serve(port):
+        return storage.serve_args(port) + ["--run-lease-secs", "1"]
+
+    srv = harness.start(storage.backend, serve, storage.workdir)
+    try:
+        with get_sync_client(url=srv.base_url, api_key=None, timeout=30) as c:
+            tid = c.threads.create()["thread_id"]
+            run = c.runs.create(
+                tid, "slow", input={"delay_ms": 1500, "ticks": 0}, stream_mode=["values", "custom"]
+            )
+        # Follow the run until node `b` has started (node `a` has checkpointed), then kill.
+        url = f"{srv.base_url}/threads/{tid}/runs/{run['run_id']}/stream"
+        with httpx.stream("GET", url, timeout=30) as r:
+            for line in r.iter_lines():
+                if '"tick":"b"' in line.replace(" ", ""):
+                    break
+    finally:
+        srv.proc.send_signal(signal.SIGKILL)
+        srv.proc.wait(timeout=10)
+
+    with running(storage, serve) as srv:
+        with get_sync_client(url=srv.base_url, api_key=None, timeout=60) as c:
+            assert c.runs.join(tid, run["run_id"]) == {"delay_ms": 1500, "ticks": 2}
+            assert c.runs.get(tid, run["run_id"])["status"] == "success"
+            parts = list(c.runs.join_stream(tid, run["run_id"], last_event_id="-1"))
+    attempts = [p.data["attempt"] for p in parts if p.event == "metadata"]
+    assert attempts == [1, 2], parts
+    ticks = [p.data["tick"] for p in parts if p.event == "custom"]
+    assert ticks.count("a") == 1, ticks
+    assert parts[-1].event == "values" and parts[-1].data["ticks"] == 2

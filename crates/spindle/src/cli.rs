@@ -54,6 +54,11 @@ pub struct ServerArgs {
     #[arg(long, env = "SPINDLE_MAX_ATTEMPTS", value_parser = clap::value_parser!(i32).range(1..))]
     pub max_attempts: Option<i32>,
 
+    /// Seconds a worker's claim on a run lasts without renewal; a run whose process died is
+    /// resumed by another worker after this [default: 30]
+    #[arg(long, env = "SPINDLE_RUN_LEASE_SECS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub run_lease_secs: Option<u64>,
+
     #[command(flatten)]
     pub database: DatabaseArgs,
 }

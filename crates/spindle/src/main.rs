@@ -203,6 +203,11 @@ fn worker_config(args: &ServerArgs, config: &LoadedConfig) -> WorkerConfig {
             .or(file.run_timeout_secs)
             .map(Duration::from_secs)
             .or(defaults.run_timeout),
+        lease: args
+            .run_lease_secs
+            .or(file.run_lease_secs)
+            .map(Duration::from_secs)
+            .unwrap_or(defaults.lease),
         ..defaults
     }
 }
