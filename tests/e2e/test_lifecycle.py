@@ -167,3 +167,20 @@ def test_run_survives_sigkill(storage):
     ticks = [p.data["tick"] for p in parts if p.event == "custom"]
     assert ticks.count("a") == 1, ticks
     assert parts[-1].event == "values" and parts[-1].data["ticks"] == 2
+
+
+def test_idle_streams_get_keepalive_comments(tmp_path):
+    """While a run is quiet, its event stream carries `: heartbeat` comments at the configured
+    interval (`--keepalive-interval-secs`), so proxies keep the connection open."""
+    storage = Storage("sqlite", tmp_path)
+
+    def dev(port):
+        return ["dev", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(tmp_path / "d"),
+                "--keepalive-interval-secs", "1"]
+
+    with running(storage, dev) as srv:
+        tid = httpx.post(srv.base_url + "/threads", json={}).json()["thread_id"]
+        body = {"assistant_id": "slow", "input": {"delay_ms": 1600, "ticks": 0}, "stream_mode": ["custom"]}
+        r = httpx.post(f"{srv.base_url}/threads/{tid}/runs/stream", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    assert ": heartbeat\r\n\r\n" in r.text, r.text

@@ -59,6 +59,11 @@ pub struct ServerArgs {
     #[arg(long, env = "SPINDLE_RUN_LEASE_SECS", value_parser = clap::value_parser!(u64).range(1..))]
     pub run_lease_secs: Option<u64>,
 
+    /// Seconds between keepalive comments on event streams, so idle proxies keep them open
+    /// [default: 5]
+    #[arg(long, env = "SPINDLE_KEEPALIVE_INTERVAL_SECS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub keepalive_interval_secs: Option<u64>,
+
     #[command(flatten)]
     pub database: DatabaseArgs,
 }

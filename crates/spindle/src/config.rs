@@ -49,6 +49,7 @@ pub struct ServerSection {
     pub run_timeout_secs: Option<u64>,
     pub max_attempts: Option<i32>,
     pub run_lease_secs: Option<u64>,
+    pub keepalive_interval_secs: Option<u64>,
 }
 
 /// A config file and the folder its relative paths start from.

@@ -160,7 +160,14 @@ async fn serve(args: ServerArgs, mode: Mode) -> Result<()> {
     );
     tracing::info!(%addr, backend = storage.backend().as_str(), graphs = graph_ids.len(), "listening");
 
-    let state = AppState::with_workers(storage, Arc::new(registry), worker_config(&args, &config));
+    let mut state =
+        AppState::with_workers(storage, Arc::new(registry), worker_config(&args, &config));
+    if let Some(secs) = args
+        .keepalive_interval_secs
+        .or(config.file.server.keepalive_interval_secs)
+    {
+        state.keepalive = Duration::from_secs(secs);
+    }
     spindle_server::serve(listener, state, shutdown_signal()).await?;
     tracing::info!("stopped");
     Ok(())
