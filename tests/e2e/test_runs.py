@@ -285,3 +285,23 @@ async def test_stateless_keep_and_background(client, http):
             break
         time.sleep(0.05)
     assert_status(http.get(f"/threads/{tid}"), 404)
+
+
+async def test_batch_and_cancel_many(client, tag, http):
+    """`runs.create_batch` starts stateless runs (one thread each); `runs.cancel_many` stops runs
+    of a thread by id; a bad item of a batch is a 422 naming its index."""
+    runs = await client.runs.create_batch(
+        [{"assistant_id": "chain", "input": {"n": i}} for i in range(3)]
+    )
+    assert len(runs) == 3 and len({r["thread_id"] for r in runs}) == 3
+    r = http.post("/runs/batch", json=[{"assistant_id": "chain"}, {"assistant_id": "chain", "stream_mode": "bogus"}])
+    assert_status(r, 422)
+    assert r.json()["detail"][0]["loc"][:2] == ["body", 1], describe(r)
+
+    thread = await client.threads.create(metadata={"tag": tag})
+    tid = thread["thread_id"]
+    run = await client.runs.create(tid, "slow", input={"delay_ms": 3000, "ticks": 0})
+    time.sleep(0.2)
+    await client.runs.cancel_many(thread_id=tid, run_ids=[run["run_id"]])
+    assert await client.runs.join(tid, run["run_id"]) is not None
+    assert (await client.runs.get(tid, run["run_id"]))["status"] == "interrupted"

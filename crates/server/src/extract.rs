@@ -22,6 +22,20 @@ pub trait Validate {
 /// A free-form JSON object has no rules of its own.
 impl Validate for serde_json::Map<String, Value> {}
 
+/// A list checks each item, locating failures by index (`["body", 2, "limit"]`).
+impl<T: Validate> Validate for Vec<T> {
+    fn validate(&self, v: &mut Violations) {
+        for (index, item) in self.iter().enumerate() {
+            let mut inner = Violations::new(v.prefix);
+            item.validate(&mut inner);
+            for mut failure in inner.items {
+                failure.loc.insert(1, json!(index));
+                v.items.push(failure);
+            }
+        }
+    }
+}
+
 /// Collects validation failures under one location prefix (`body`, `query`).
 pub struct Violations {
     prefix: &'static str,

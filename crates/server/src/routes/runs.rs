@@ -42,6 +42,8 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(create_stateless_run))
         .routes(routes!(stream_stateless_run))
         .routes(routes!(wait_stateless_run))
+        .routes(routes!(create_run_batch))
+        .routes(routes!(cancel_many_runs))
 }
 
 /// A run as clients read it.
@@ -991,4 +993,88 @@ async fn wait_stateless_run(
     let (run, stateless) = start_stateless(&state, &scope, &body, false).await?;
     let delete = stateless == Stateless::DeleteAfterResponse;
     Ok(wait_response(state, scope, run, delete))
+}
+
+#[utoipa::path(post, path = "/runs/batch", tag = "runs", request_body = Vec<RunCreate>,
+    responses((status = 200, description = "the runs, pending, each on a new thread", body = Vec<RunOut>),
+              (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
+async fn create_run_batch(
+    State(state): State<AppState>,
+    Caller(scope): Caller,
+    ApiJson(bodies): ApiJson<Vec<RunCreate>>,
+) -> ApiResult<Json<Vec<RunOut>>> {
+    let mut runs = Vec::with_capacity(bodies.len());
+    for body in &bodies {
+        let (run, _) = start_stateless(&state, &scope, body, true).await?;
+        runs.push(RunOut::from(run));
+    }
+    Ok(Json(runs))
+}
+
+/// Which runs `POST /runs/cancel` stops.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct CancelManyRequest {
+    pub thread_id: Option<Uuid>,
+    #[serde(default)]
+    pub run_ids: Option<Vec<Uuid>>,
+    /// Not supported yet: refused rather than ignored.
+    #[serde(default)]
+    pub status: Option<String>,
+}
+
+impl Validate for CancelManyRequest {
+    fn validate(&self, v: &mut Violations) {
+        if let Some(status) = &self.status {
+            v.push(
+                &["status"],
+                "not_supported",
+                "cancelling runs by status is not supported by this server yet",
+                json!(status),
+                Value::Null,
+            );
+        }
+        if self.thread_id.is_none() {
+            v.push(
+                &["thread_id"],
+                "missing",
+                "Field required (with run_ids)",
+                Value::Null,
+                Value::Null,
+            );
+        }
+        if self.run_ids.as_ref().is_none_or(Vec::is_empty) {
+            v.push(
+                &["run_ids"],
+                "missing",
+                "Field required: the runs to cancel",
+                Value::Null,
+                Value::Null,
+            );
+        }
+    }
+}
+
+#[utoipa::path(post, path = "/runs/cancel", tag = "runs", request_body = CancelManyRequest, params(CancelQuery),
+    responses((status = 204, description = "cancel requested"), (status = 404, body = ErrorBody),
+              (status = 422, body = ValidationErrorBody)))]
+async fn cancel_many_runs(
+    State(state): State<AppState>,
+    Caller(scope): Caller,
+    ApiQuery(query): ApiQuery<CancelQuery>,
+    ApiJson(body): ApiJson<CancelManyRequest>,
+) -> ApiResult<StatusCode> {
+    let (Some(thread_id), Some(run_ids)) = (body.thread_id, body.run_ids) else {
+        return Err(ApiError::internal("validated request lost its fields"));
+    };
+    let action = query
+        .action
+        .as_deref()
+        .and_then(CancelAction::parse)
+        .unwrap_or_default();
+    let cancelled = state
+        .storage
+        .cancel_runs(&scope, thread_id, &run_ids, action)
+        .await?;
+    state.workers.cancel_local(&cancelled);
+    Ok(StatusCode::NO_CONTENT)
 }

@@ -21,6 +21,7 @@ use spindle_storage::{
 };
 use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 use uuid::Uuid;
 
 use super::execute::{keys, run_config, run_input};
@@ -142,16 +143,23 @@ impl RunWorkers {
     }
 
     async fn execute(&self, claimed: ClaimedRun) {
-        let run = claimed.run;
+        let run = &claimed.run;
+        // Instrumented, not entered: a span guard held across `.await` would be entered on one
+        // thread and left on another.
         let span = tracing::info_span!("run", run_id = %run.run_id, thread_id = %run.thread_id, attempt = run.attempt);
-        let _enter = span.enter();
+        self.execute_in_span(run, claimed.last_seq)
+            .instrument(span)
+            .await;
+    }
+
+    async fn execute_in_span(&self, run: &Run, last_seq: i64) {
         let cancel = CancellationToken::new();
         self.executing
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(run.run_id, cancel.clone());
         let started = std::time::Instant::now();
-        let result = self.execute_claimed(&run, claimed.last_seq, &cancel).await;
+        let result = self.execute_claimed(run, last_seq, &cancel).await;
         self.executing
             .lock()
             .unwrap_or_else(|e| e.into_inner())
