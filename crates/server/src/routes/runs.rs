@@ -576,27 +576,10 @@ async fn final_values(state: &AppState, scope: &Scope, run: &Run) -> ApiResult<V
             values.insert("__interrupt__".into(), Value::Array(interrupts));
         }
     }
-    if let Some(error) = run_error(state, run).await {
+    if let Some(error) = run.error.clone() {
         values.insert("__error__".into(), error);
     }
     Ok(Value::Object(values))
-}
-
-/// The `error` event of a failed run, from the log.
-async fn run_error(state: &AppState, run: &Run) -> Option<Value> {
-    if run.status == RunStatus::Success || run.status == RunStatus::Interrupted {
-        return None;
-    }
-    let events = state
-        .storage
-        .read_events(run.thread_id, 0, Some(run.run_id), 100_000)
-        .await
-        .ok()?;
-    events
-        .into_iter()
-        .rev()
-        .find(|e| e.event == "error")
-        .map(|e| e.data)
 }
 
 /// Waits until the run ends, then returns it as it ended.

@@ -133,6 +133,8 @@ pub struct Run {
     pub run_after: DateTime<Utc>,
     /// Set when someone asked the run to stop; the worker ends it accordingly.
     pub cancel: Option<CancelAction>,
+    /// `{error, message}` once the run failed (or timed out).
+    pub error: Option<Value>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -297,7 +299,7 @@ fn worker_lost(attempts: i32) -> Value {
 
 /// The columns a run is read with, in [`RunRow`]'s order.
 const RUN_COLUMNS: &str = "run_id, thread_id, assistant_id, user_id, status, kwargs, metadata, \
-     multitask_strategy, attempt, run_after, cancel, created_at, updated_at";
+     multitask_strategy, attempt, run_after, cancel, error, created_at, updated_at";
 
 #[derive(sqlx::FromRow)]
 struct RunRow<Id> {
@@ -312,6 +314,7 @@ struct RunRow<Id> {
     attempt: i32,
     run_after: DateTime<Utc>,
     cancel: Option<String>,
+    error: Option<sqlx::types::Json<Value>>,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
 }
@@ -339,6 +342,7 @@ impl<Id: crate::rows::IntoUuid> TryFrom<RunRow<Id>> for Run {
                 None => None,
                 Some(c) => Some(CancelAction::parse(c).ok_or_else(|| corrupt("cancel", c))?),
             },
+            error: row.error.map(|e| e.0),
             created_at: row.created_at,
             updated_at: row.updated_at,
         })
