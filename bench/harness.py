@@ -1,0 +1,264 @@
+"""The benchmark: Spindle and the reference server under the same load, side by side.
+
+Run it through `bench/run`, which prepares bench/.venv first. It builds the release binaries,
+starts `spindle dev` (or `spindle serve` on PostgreSQL) and `langgraph dev` serving the Python
+twins in bench/reference, drives each in turn with the native load generator and the official
+Python client, and writes the table to bench/RESULTS.md. Both servers are stopped at the end,
+also on Ctrl-C or failure.
+"""
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import shlex
+import signal
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import report
+import servers
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+# Processes that mean someone else is compiling on the machine while we measure.
+COMPILERS = {"rustc", "cargo", "cc1", "cc1plus", "ld", "ld.lld", "clang"}
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="bench/run", description=__doc__.splitlines()[0])
+    p.add_argument("--duration", type=float, default=5.0, help="seconds measured per cell [5]")
+    p.add_argument("--warmup", type=float, default=1.0, help="seconds of load before measuring [1]")
+    p.add_argument("--clients", default="1,16,64", help="concurrent clients, comma-separated [1,16,64]")
+    p.add_argument("--repeat", type=int, default=3, help="repetitions for Spindle; medians are reported [3]")
+    p.add_argument("--scenarios", default="wait,stream", help="wait, stream or both [wait,stream]")
+    p.add_argument("--ref-duration", type=float, help="seconds measured per reference cell [--duration]")
+    p.add_argument("--ref-warmup", type=float, default=2.0,
+                   help="warm-up for the reference, whose runs take about a second [2]")
+    p.add_argument("--ref-clients", help="client counts for the reference [--clients]")
+    p.add_argument("--ref-repeat", type=int, default=1, help="repetitions for the reference [1]")
+    p.add_argument("--skip-reference", action="store_true", help="measure Spindle only")
+    p.add_argument("--skip-python", action="store_true", help="only the native load generator")
+    p.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
+    p.add_argument("--postgres-url", default="postgres://postgres@127.0.0.1:5432/postgres",
+                   help="a PostgreSQL database to create the benchmark's fresh database from")
+    p.add_argument("--no-build", action="store_true", help="use the binaries already in target/release")
+    p.add_argument("--spindle-bin", type=Path, help="the spindle binary [target/release/spindle]")
+    p.add_argument("--loadgen-bin", type=Path, help="the load generator [target/release/spindle-loadgen]")
+    p.add_argument("--input", default='{"n": 1}', help="input of each `chain` run, as JSON")
+    p.add_argument("--expect", default='{"n": 4}', help="what a waited-on run must answer, as JSON")
+    p.add_argument("--output", type=Path, default=BENCH / "RESULTS.md", help="[bench/RESULTS.md]")
+    args = p.parse_args(argv)
+    args.clients = [int(c) for c in args.clients.split(",")]
+    args.ref_clients = [int(c) for c in args.ref_clients.split(",")] if args.ref_clients else args.clients
+    args.ref_duration = args.ref_duration or args.duration
+    args.scenarios = args.scenarios.split(",")
+    args.spindle_bin = args.spindle_bin or ROOT / "target/release/spindle"
+    args.loadgen_bin = args.loadgen_bin or ROOT / "target/release/spindle-loadgen"
+    return args
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def build(args) -> None:
+    """The release binaries; on a shared checkout this waits for cargo's lock, which is expected."""
+    packages = []
+    if args.spindle_bin == ROOT / "target/release/spindle":
+        packages += ["-p", "spindle"]
+    if args.loadgen_bin == ROOT / "target/release/spindle-loadgen":
+        packages += ["-p", "spindle-loadgen"]
+    if not packages:
+        return
+    log(f"==> cargo build --release --locked {' '.join(packages)}")
+    subprocess.run(["cargo", "build", "--release", "--locked", *packages], cwd=ROOT, check=True)
+
+
+def loader_argv(args, client: str) -> list:
+    if client == "native":
+        return [str(args.loadgen_bin)]
+    return [sys.executable, str(BENCH / "pyload.py")]
+
+
+def compiling_now() -> bool:
+    """Whether a compiler is running: our build is over, so it is someone else's."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if Path(f"/proc/{entry}/comm").read_text().strip() in COMPILERS:
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def measure_cell(args, server, scenario, client, clients, duration, warmup) -> dict:
+    """One load run against one server; the loader's JSON plus the server's CPU and memory."""
+    cmd = [*loader_argv(args, client), "--url", server.url, "--scenario", scenario,
+           "--clients", str(clients), "--duration", str(duration), "--warmup", str(warmup),
+           "--input", args.input, "--expect", args.expect]
+    busy = compiling_now()
+    cpu_before, started = server.cpu_seconds(), time.monotonic()
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=warmup + duration + 600)
+    wall, cpu = time.monotonic() - started, server.cpu_seconds() - cpu_before
+    if done.returncode != 0:
+        raise RuntimeError(f"load generator failed ({done.returncode}): {shlex.join(cmd)}\n{done.stderr}")
+    return {
+        "server": server.name, "scenario": scenario, "client": client, "clients": clients,
+        "report": json.loads(done.stdout.strip().splitlines()[-1]),
+        "cpu_pct": 100 * cpu / wall, **server.memory_mb(),
+        "machine_compiling": busy or compiling_now(), "loadavg_1m": os.getloadavg()[0],
+    }
+
+
+def describe(m: dict) -> str:
+    r = m["report"]
+    lat = r["latency_ms"] or {}
+    fe = r["first_event_ms"]
+    first = f" first-event p50 {fe['p50']:.2f} p99 {fe['p99']:.2f}" if fe else ""
+    return (f"{m['server']:9} {m['scenario']:6} {m['client']:6} c={m['clients']:<3} "
+            f"{r['runs_per_s']:9.1f} runs/s p50 {lat.get('p50', 0):.2f} p99 {lat.get('p99', 0):.2f} ms"
+            f"{first} errors {r['errors']} cpu {m['cpu_pct']:.0f}% rss {m['rss_mb']:.0f} MB")
+
+
+def cells(args, clients_list) -> list:
+    clients_kinds = ["native"] if args.skip_python else ["native", "python"]
+    return [(s, c, n) for s in args.scenarios for c in clients_kinds for n in clients_list]
+
+
+def measure_server(args, server, repeat, clients_list, duration, warmup) -> list:
+    """Every cell, `repeat` times; the repetition is the outer loop so noise spreads evenly."""
+    out = []
+    for rep in range(repeat):
+        for scenario, client, clients in cells(args, clients_list):
+            m = measure_cell(args, server, scenario, client, clients, duration, warmup)
+            m["rep"] = rep
+            log(f"[{rep + 1}/{repeat}] {describe(m)}")
+            out.append(m)
+    return out
+
+
+def machine_facts(args) -> dict:
+    def run(*cmd):
+        try:
+            return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        except OSError:
+            return "?"
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "?")
+    mem_kb = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
+                      if line.startswith("MemTotal")))
+    dirty = " (plus uncommitted changes in the working tree)" if run("git", "status", "--porcelain") else ""
+    return {
+        "Date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "Machine": f"{os.cpu_count()} CPUs (nproc {run('nproc')}), {cpu}, {mem_kb / 1048576:.1f} GiB RAM, "
+                   f"Linux {platform.release()}",
+        "Spindle": f"commit {run('git', 'rev-parse', '--short', 'HEAD')}{dirty}, binary {args.spindle_bin}",
+        "Backend": "SQLite (`spindle dev`)" if args.backend == "sqlite" else "PostgreSQL (`spindle serve`)",
+        "Reference": ("skipped" if args.skip_reference else
+                      f"`langgraph dev` (langgraph-api {_version('langgraph-api')}, "
+                      f"langgraph-runtime-inmem {_version('langgraph-runtime-inmem')}, in-memory, "
+                      "default settings) serving bench/reference"),
+        "Clients": f"spindle-loadgen (Rust, one tokio thread), langgraph-sdk {_version('langgraph-sdk')} "
+                   f"(Python {platform.python_version()}, asyncio)",
+        "Toolchain": run("rustc", "-V"),
+    }
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
+def notes(args, raw: list, memory: dict) -> list:
+    out = [f"Spindle: {args.repeat} repetition(s) of {args.duration:g} s per cell after {args.warmup:g} s "
+           f"of warm-up; reference: {args.ref_repeat} of {args.ref_duration:g} s after {args.ref_warmup:g} s."]
+    if args.ref_clients != args.clients:
+        out.append(f"The reference was measured at {args.ref_clients} clients only.")
+    for name, mem in memory.items():
+        out.append(f"{name} memory: {mem['idle_mb']:.0f} MB RSS when ready, {mem['peak_mb']:.0f} MB at "
+                   f"its peak (VmHWM) over the whole benchmark, {mem['end_mb']:.0f} MB at the end.")
+    busy = sum(m["machine_compiling"] for m in raw)
+    if busy:
+        out.append(f"The machine was also compiling (another build in the same checkout) during {busy} of "
+                   f"{len(raw)} measurements, which takes CPU from the servers: figures are lower bounds.")
+    out.append("The load generators run on the same cores as the server they measure; the servers "
+               "are measured one after the other, never at the same time.")
+    out.append("Spindle's database grows through the benchmark (a new thread per run); later cells "
+               "run on a bigger database than earlier ones.")
+    return out
+
+
+class Interrupted(Exception):
+    pass
+
+
+def _on_signal(signum, _frame):
+    raise Interrupted(f"signal {signum}")
+
+
+def run_benchmark(args, workdir: Path) -> tuple:
+    """Starts the servers, measures them, stops them; returns (raw measurements, memory facts)."""
+    started, raw, memory = [], [], {}
+    database = servers.PostgresDatabase(args.postgres_url) if args.backend == "postgres" else None
+    try:
+        db_url = database.create() if database else None
+        spindle = servers.spindle_server(args.spindle_bin, workdir, db_url)
+        started.append(spindle)
+        log(f"==> spindle ready in {spindle.start(ready_timeout=60):.1f} s at {spindle.url}")
+        plan = [(spindle, args.repeat, args.clients, args.duration, args.warmup)]
+        if not args.skip_reference:
+            ref = servers.reference_server(BENCH / ".venv", BENCH / "reference", workdir)
+            started.append(ref)
+            log(f"==> reference ready in {ref.start(ready_timeout=180):.1f} s at {ref.url}")
+            plan.append((ref, args.ref_repeat, args.ref_clients, args.ref_duration, args.ref_warmup))
+        for server, *_ in plan:
+            memory[server.name] = {"idle_mb": server.memory_mb()["rss_mb"]}
+        for server, repeat, clients, duration, warmup in plan:
+            raw += measure_server(args, server, repeat, clients, duration, warmup)
+            mem = server.memory_mb()
+            memory[server.name].update(end_mb=mem["rss_mb"], peak_mb=mem["peak_mb"])
+    finally:
+        for server in reversed(started):
+            server.stop()
+        if database:
+            database.drop()
+    return raw, memory
+
+
+def main(argv) -> int:
+    args = parse_args(argv)
+    command = shlex.join(["bench/run", *argv])
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGHUP, _on_signal)
+    if not args.no_build:
+        build(args)
+    facts = machine_facts(args)
+    workdir = servers.make_workdir()
+    try:
+        raw, memory = run_benchmark(args, workdir)
+    except (Exception, KeyboardInterrupt) as err:
+        log(f"!! benchmark failed: {err}\n   server logs kept in {workdir}")
+        return 1
+    shutil.rmtree(workdir, ignore_errors=True)
+    agg = report.aggregate(raw)
+    all_cells = cells(args, sorted(set(args.clients) | set(args.ref_clients)))
+    text = report.markdown(command, facts, agg, all_cells, notes(args, raw, memory))
+    print(text)
+    args.output.write_text(text)
+    args.output.with_suffix(".json").write_text(json.dumps({"command": command, "facts": facts,
+                                                            "measurements": raw}, indent=1))
+    log(f"==> wrote {args.output} and {args.output.with_suffix('.json')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

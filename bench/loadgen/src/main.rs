@@ -1,0 +1,184 @@
+//! `spindle-loadgen`: N concurrent clients run one scenario against an agent server for a
+//! fixed time and print runs/s and exact latency percentiles as JSON.
+//!
+//! It exists so the benchmark measures the server, not the client: the official Python client
+//! tops out far below what Spindle serves. bench/run drives it; bench/README.md says how.
+
+mod scenario;
+mod sse;
+mod stats;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use serde_json::Value;
+
+use scenario::{Sample, Scenario, Target};
+use stats::{Percentiles, Report};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "spindle-loadgen",
+    about = "Load an agent server with thread + run operations"
+)]
+struct Args {
+    /// Base URL of the server, e.g. http://127.0.0.1:2024
+    #[arg(long)]
+    url: String,
+    #[arg(long, value_enum)]
+    scenario: Scenario,
+    /// Concurrent clients; each runs one operation after the other.
+    #[arg(long, default_value_t = 16)]
+    clients: usize,
+    /// Seconds measured, after the warm-up.
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Seconds of load before measuring (connections, caches, the server's allocator).
+    #[arg(long, default_value_t = 1.0)]
+    warmup: f64,
+    #[arg(long, default_value = "chain")]
+    assistant: String,
+    /// The run's input, as JSON.
+    #[arg(long, default_value = r#"{"n": 1}"#)]
+    input: String,
+    /// Top-level keys the waited-on output must hold, as a JSON object.
+    #[arg(long)]
+    expect: Option<String>,
+    /// Runtime threads. One is plenty for thousands of requests/s and leaves the cores to the
+    /// server it shares the machine with.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Seconds before one request gives up.
+    #[arg(long, default_value_t = 120)]
+    timeout: u64,
+}
+
+/// The measured window: operations that end inside it count.
+#[derive(Clone, Copy)]
+struct Window {
+    start: Instant,
+    end: Instant,
+}
+
+/// What one client saw during the window.
+#[derive(Default)]
+struct ClientResult {
+    samples: Vec<Sample>,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let runtime = build_runtime(args.threads)?;
+    let report = runtime.block_on(run(&args))?;
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(())
+}
+
+fn build_runtime(threads: usize) -> Result<tokio::runtime::Runtime> {
+    let mut builder = if threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(threads);
+        b
+    };
+    builder.enable_all().build().context("building the runtime")
+}
+
+async fn run(args: &Args) -> Result<Report> {
+    let target = Arc::new(build_target(args)?);
+    let now = Instant::now();
+    let window = Window {
+        start: now + Duration::from_secs_f64(args.warmup),
+        end: now + Duration::from_secs_f64(args.warmup + args.duration),
+    };
+    let clients = (0..args.clients.max(1))
+        .map(|_| tokio::spawn(client_loop(Arc::clone(&target), args.scenario, window)));
+    let results = futures::future::try_join_all(clients).await?;
+    Ok(summarise(args, results))
+}
+
+fn build_target(args: &Args) -> Result<Target> {
+    let input: Value = serde_json::from_str(&args.input).context("--input is not JSON")?;
+    let run_body = serde_json::to_vec(&serde_json::json!({
+        "assistant_id": args.assistant,
+        "input": input,
+    }))?;
+    let expect = args
+        .expect
+        .as_deref()
+        .map(serde_json::from_str)
+        .transpose()
+        .context("--expect is not a JSON object")?;
+    let http = reqwest::Client::builder()
+        .tcp_nodelay(true)
+        .pool_max_idle_per_host(usize::MAX)
+        .timeout(Duration::from_secs(args.timeout))
+        .build()?;
+    Ok(Target {
+        http,
+        base_url: args.url.trim_end_matches('/').to_string(),
+        run_body,
+        expect,
+    })
+}
+
+/// One client: operations back to back until the window closes. Operations that end before
+/// the window opens warm up; those that end after it closes are not counted.
+async fn client_loop(target: Arc<Target>, scenario: Scenario, window: Window) -> ClientResult {
+    let mut result = ClientResult::default();
+    while Instant::now() < window.end {
+        let outcome = target.run_once(scenario).await;
+        let ended = Instant::now();
+        let counted = ended >= window.start && ended <= window.end;
+        match outcome {
+            Ok(sample) if counted => result.samples.push(sample),
+            Ok(_) => {}
+            Err(err) => {
+                if counted {
+                    result.errors += 1;
+                    result.first_error.get_or_insert_with(|| format!("{err:#}"));
+                }
+                // A refused connection fails at once; do not spin on it.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+    result
+}
+
+fn summarise(args: &Args, results: Vec<ClientResult>) -> Report {
+    let mut latencies = Vec::new();
+    let mut first_events = Vec::new();
+    let mut errors = 0;
+    let mut first_error = None;
+    for r in results {
+        errors += r.errors;
+        first_error = first_error.or(r.first_error);
+        for s in r.samples {
+            latencies.push(ms(s.latency));
+            first_events.extend(s.first_event.map(ms));
+        }
+    }
+    let runs = latencies.len();
+    Report {
+        tool: "spindle-loadgen",
+        scenario: args.scenario.name().to_string(),
+        clients: args.clients,
+        duration_s: args.duration,
+        runs,
+        errors,
+        runs_per_s: runs as f64 / args.duration,
+        latency_ms: Percentiles::of(latencies),
+        first_event_ms: Percentiles::of(first_events),
+        first_error,
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}

@@ -1,0 +1,170 @@
+"""Turning the measurements into medians, the goal checks and the markdown of RESULTS.md."""
+import statistics
+
+# The goals of issue 4, item 9, on a 2-core machine with SQLite. They are judged on the native
+# load generator with 16 clients: the Python client measures itself more than the server.
+GOAL_CELL = {"client": "native", "clients": 16}
+GOAL_RUNS_PER_S = 1500
+GOAL_P99_MS = 25
+GOAL_FIRST_EVENT_MS = 5
+GOAL_RATIO = 25
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _pct(report, key, which):
+    block = report.get(key)
+    return block[which] if block else None
+
+
+def aggregate(raw: list) -> dict:
+    """Medians over the repetitions of each cell, keyed by (server, scenario, client, clients)."""
+    groups = {}
+    for m in raw:
+        groups.setdefault((m["server"], m["scenario"], m["client"], m["clients"]), []).append(m)
+    out = {}
+    for key, ms in groups.items():
+        reports = [m["report"] for m in ms]
+        out[key] = {
+            "reps": len(ms),
+            "runs_per_s": _median([r["runs_per_s"] for r in reports]),
+            "p50": _median([_pct(r, "latency_ms", "p50") for r in reports]),
+            "p99": _median([_pct(r, "latency_ms", "p99") for r in reports]),
+            "fe_p50": _median([_pct(r, "first_event_ms", "p50") for r in reports]),
+            "fe_p99": _median([_pct(r, "first_event_ms", "p99") for r in reports]),
+            "errors": sum(r["errors"] for r in reports),
+            "first_error": next((r["first_error"] for r in reports if r["first_error"]), None),
+            "rss_mb": _median([m["rss_mb"] for m in ms]),
+            "cpu_pct": _median([m["cpu_pct"] for m in ms]),
+        }
+    return out
+
+
+def fmt_rate(v):
+    if v is None:
+        return "–"
+    return f"{v:,.0f}" if v >= 100 else f"{v:.1f}"
+
+
+def fmt_ms(v):
+    if v is None:
+        return "–"
+    if v >= 100:
+        return f"{v:,.0f}"
+    return f"{v:.1f}" if v >= 10 else f"{v:.2f}"
+
+
+def _first_event(a):
+    if a is None or a["fe_p50"] is None:
+        return "–"
+    return f"{fmt_ms(a['fe_p50'])} / {fmt_ms(a['fe_p99'])}"
+
+
+def _side(a):
+    """The columns of one server for one cell."""
+    if a is None:
+        return ["–"] * 7
+    return [fmt_rate(a["runs_per_s"]), fmt_ms(a["p50"]), fmt_ms(a["p99"]), _first_event(a),
+            f"{a['cpu_pct']:.0f}", f"{a['rss_mb']:.0f}", str(a["errors"])]
+
+
+def _ratio(s, r):
+    if not s or not r or not r["runs_per_s"]:
+        return "–"
+    return f"{s['runs_per_s'] / r['runs_per_s']:,.0f}×"
+
+
+def table(agg: dict, cells: list) -> str:
+    """One row per (scenario, client, clients): Spindle's medians, the reference's, the ratio."""
+    side = ["runs/s", "p50 ms", "p99 ms", "1st event p50 / p99 ms", "CPU %", "RSS MB", "errors"]
+    head = ["scenario", "client", "clients", *[f"Spindle {h}" for h in side],
+            *[f"Ref. {h}" for h in side], "ratio"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for scenario, client, clients in cells:
+        s = agg.get(("spindle", scenario, client, clients))
+        r = agg.get(("reference", scenario, client, clients))
+        label = "create + wait" if scenario == "wait" else "create + stream"
+        row = [label, client, str(clients), *_side(s), *_side(r), _ratio(s, r)]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def goals(agg: dict) -> list:
+    """(goal, measured, verdict) rows for the goals, from the native 16-client cells."""
+    wait = agg.get(("spindle", "wait", GOAL_CELL["client"], GOAL_CELL["clients"]))
+    stream = agg.get(("spindle", "stream", GOAL_CELL["client"], GOAL_CELL["clients"]))
+    ref = agg.get(("reference", "wait", GOAL_CELL["client"], GOAL_CELL["clients"]))
+    rows = []
+
+    def check(goal, value, ok, shown):
+        rows.append((goal, shown if value is not None else "not measured",
+                     "–" if value is None else ("met" if ok(value) else "NOT met")))
+
+    check(f"create + wait, 16 clients: ≥ {GOAL_RUNS_PER_S:,} runs/s", wait and wait["runs_per_s"],
+          lambda v: v >= GOAL_RUNS_PER_S, wait and f"{fmt_rate(wait['runs_per_s'])} runs/s")
+    check(f"create + wait, 16 clients: p99 < {GOAL_P99_MS} ms", wait and wait["p99"],
+          lambda v: v < GOAL_P99_MS, wait and f"{fmt_ms(wait['p99'])} ms")
+    for pct in ("p50", "p99"):
+        value = stream and stream[f"fe_{pct}"]
+        check(f"create + stream, 16 clients: first SSE event {pct} < {GOAL_FIRST_EVENT_MS} ms", value,
+              lambda v: v < GOAL_FIRST_EVENT_MS, value is not None and f"{fmt_ms(value)} ms")
+    ratio = wait and ref and ref["runs_per_s"] and wait["runs_per_s"] / ref["runs_per_s"]
+    check(f"create + wait, 16 clients: ≥ {GOAL_RATIO}× the reference's runs/s", ratio,
+          lambda v: v >= GOAL_RATIO, ratio and f"{ratio:,.0f}×")
+    return rows
+
+
+def goals_table(rows: list) -> str:
+    lines = ["| goal | measured | verdict |", "|---|---|---|"]
+    lines += [f"| {g} | {m} | {v} |" for g, m, v in rows]
+    return "\n".join(lines)
+
+
+def errors_section(agg: dict) -> str:
+    """The first error message of every cell that had errors: the table only counts them."""
+    lines = [f"- {server} {scenario} {client} {clients} clients: {a['errors']} errors, first: "
+             f"`{a['first_error']}`"
+             for (server, scenario, client, clients), a in sorted(agg.items()) if a["errors"]]
+    return "\n".join(lines) if lines else "None."
+
+
+def markdown(command: str, facts: dict, agg: dict, cells: list, notes: list) -> str:
+    """The whole of RESULTS.md."""
+    facts_md = "\n".join(f"- {k}: {v}" for k, v in facts.items())
+    notes_md = "\n".join(f"- {n}" for n in notes)
+    return f"""# Benchmark results
+
+Produced by `bench/run` (see bench/README.md), which wrote this file. Command:
+
+```sh
+{command}
+```
+
+{facts_md}
+
+## Results
+
+Medians over the repetitions. Latency is one whole operation: `POST /threads`, then the run
+waited on (`/runs/wait`) or streamed to its end (`/runs/stream`). "1st event" is the time from
+sending the stream request to receiving its first complete SSE event frame. CPU % is the
+server's CPU time over the cell's wall time (200 % = both cores). RSS is the server's resident
+memory after the cell (summed over its processes). The ratio is Spindle's runs/s over the
+reference's, same client and clients.
+
+{table(agg, cells)}
+
+## Goals (native load generator, 16 clients, {facts.get('Backend', '?')})
+
+{goals_table(goals(agg))}
+
+## Errors
+
+{errors_section(agg)}
+
+## Notes
+
+{notes_md}
+"""

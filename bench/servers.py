@@ -1,0 +1,200 @@
+"""Starting, watching and stopping the servers under test.
+
+Each server runs in its own session (process group), so that stopping it also stops whatever it
+spawned, and its memory is the sum over that group: `langgraph dev` is a Python process that may
+start others, Spindle is one process.
+"""
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 nobody listens on now (the kernel picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """One server process (group) under test, with its log file and base URL."""
+
+    def __init__(self, name: str, argv: list, cwd: Path, port: int, env: dict | None = None):
+        self.name = name
+        self.argv = argv
+        self.cwd = Path(cwd)
+        self.url = f"http://127.0.0.1:{port}"
+        self.env = {**os.environ, **(env or {})}
+        self.log_path = self.cwd / f"{name}.log"
+        self.proc = None
+
+    def start(self, ready_timeout: float) -> float:
+        """Starts the server and waits for GET /ok; returns the seconds that took."""
+        started = time.monotonic()
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                self.argv, cwd=self.cwd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        self._wait_ready(ready_timeout)
+        return time.monotonic() - started
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/ok", timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"{self.name} was not ready after {timeout:.0f} s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def pids(self) -> list:
+        """Every live process of the server's group (the group id is the leader's pid)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return []
+        pids = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                stat = _read_stat(entry)
+                if stat and int(stat[2]) == self.proc.pid:  # field 5: pgrp
+                    pids.append(int(entry))
+        return pids
+
+    def memory_mb(self) -> dict:
+        """Resident memory now (VmRSS) and at its peak (VmHWM), summed over the group, in MB."""
+        total = {"rss_mb": 0.0, "peak_mb": 0.0}
+        for pid in self.pids():
+            status = _read_status(pid)
+            total["rss_mb"] += status.get("VmRSS", 0) / 1024
+            total["peak_mb"] += status.get("VmHWM", 0) / 1024
+        return total
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the group's live processes used so far."""
+        ticks = 0
+        for pid in self.pids():
+            stat = _read_stat(str(pid))
+            if stat:
+                ticks += int(stat[11]) + int(stat[12])  # fields 14, 15: utime, stime
+        return ticks / CLK_TCK
+
+    def stop(self, grace: float = 15.0) -> None:
+        """SIGTERM to the group, then SIGKILL if it has not exited after `grace` seconds."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        _signal_group(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            _signal_group(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=5)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _read_stat(pid: str) -> list | None:
+    """/proc/<pid>/stat fields after the command name (which may hold spaces), or None if gone.
+
+    Index 0 is field 3 (state), so field N is at index N - 3.
+    """
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return raw[raw.rindex(")") + 2:].split()
+
+
+def _read_status(pid: int) -> dict:
+    """The kB figures of /proc/<pid>/status."""
+    out = {}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if value.strip().endswith("kB"):
+                out[key] = int(value.split()[0])
+    except OSError:
+        pass
+    return out
+
+
+def spindle_server(binary: Path, workdir: Path, database_url: str | None) -> Server:
+    """`spindle dev` on a fresh data dir (SQLite), or `spindle serve` on a fresh PostgreSQL database.
+
+    It runs in an empty folder so that it finds no config file and serves its example graphs.
+    """
+    port = free_port()
+    cwd = workdir / "spindle"
+    cwd.mkdir()
+    common = ["--host", "127.0.0.1", "--port", str(port)]
+    if database_url:
+        argv = [str(binary), "serve", *common, "--database-url", database_url]
+    else:
+        argv = [str(binary), "dev", *common, "--data-dir", str(cwd / "data")]
+    return Server("spindle", argv, cwd, port)
+
+
+def reference_server(venv: Path, graphs_dir: Path, workdir: Path) -> Server:
+    """`langgraph dev` (in-memory runtime) serving the Python twins, from a copy of their folder.
+
+    The copy keeps the run's state (`.langgraph_api/`) out of the checkout and fresh each time.
+    """
+    port = free_port()
+    cwd = workdir / "reference"
+    shutil.copytree(graphs_dir, cwd, ignore=shutil.ignore_patterns(".langgraph_api", "__pycache__"))
+    argv = [str(venv / "bin" / "langgraph"), "dev", "--no-browser", "--no-reload",
+            "--host", "127.0.0.1", "--port", str(port)]
+    # No telemetry or tracing: the machine has no internet, and a benchmark should not wait on it.
+    env = {"LANGGRAPH_CLI_NO_ANALYTICS": "1", "LANGSMITH_TRACING": "false",
+           "LANGCHAIN_TRACING_V2": "false"}
+    return Server("reference", argv, cwd, port, env)
+
+
+class PostgresDatabase:
+    """A database created for one benchmark run and dropped after it, through `psql`."""
+
+    def __init__(self, admin_url: str):
+        self.admin_url = admin_url
+        self.name = f"spindle_bench_{os.getpid()}_{int(time.time())}"
+
+    def create(self) -> str:
+        self._psql(f'CREATE DATABASE "{self.name}"')
+        base, _, _ = self.admin_url.rpartition("/")
+        return f"{base}/{self.name}"
+
+    def drop(self) -> None:
+        self._psql(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+
+    def _psql(self, sql: str) -> None:
+        if not shutil.which("psql"):
+            raise RuntimeError("--backend postgres needs `psql` to create the database")
+        subprocess.run(["psql", self.admin_url, "-v", "ON_ERROR_STOP=1", "-qc", sql],
+                       check=True, stdout=subprocess.DEVNULL)
+
+
+def make_workdir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="spindle-bench-"))
