@@ -1,7 +1,8 @@
 //! What a running node can reach: the run's config and context, the stream, the store,
 //! interrupts and cancellation. One [`TaskContext`] per task; the run-wide parts are shared.
 
-use std::collections::HashSet;
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -11,6 +12,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::Checkpointer;
+use crate::events::{EventScope, Traced};
+use crate::message_chunks;
 use crate::node::{Interrupt, NodeError};
 use crate::store::Store;
 use crate::stream::{StreamEvent, StreamMode, StreamModes};
@@ -36,6 +39,8 @@ pub struct RunShared {
     /// Ids of messages already streamed (or already in a task's input), run-wide so a
     /// message streamed inside a subgraph is not streamed again by its parent.
     pub seen_messages: Mutex<HashSet<String>>,
+    /// Each message streamed in the accumulated `messages` form, as sent last, by id.
+    pub accumulated_messages: Mutex<HashMap<String, Value>>,
 }
 
 impl RunShared {
@@ -44,8 +49,31 @@ impl RunShared {
         self.sink.is_some() && self.modes.contains(mode) && (ns.is_empty() || self.stream_subgraphs)
     }
 
+    /// Whether messages of a task in `ns` are streamed, in either form. Like other modes,
+    /// a subgraph's messages are streamed from inside it only with `stream_subgraphs`;
+    /// otherwise they are streamed when its node returns them.
+    pub fn wants_messages(&self, ns: &[String]) -> bool {
+        self.wants(StreamMode::Messages, ns) || self.wants(StreamMode::AccumulatedMessages, ns)
+    }
+
+    /// Whether the run streams `events` (of every graph, subgraphs included).
+    pub fn wants_events(&self) -> bool {
+        self.sink.is_some() && self.modes.contains(StreamMode::Events)
+    }
+
     /// Send an event if it is wanted. Waits when the consumer is behind.
     pub async fn emit(&self, ns: &[String], mode: StreamMode, data: Value) {
+        self.emit_part(ns, mode, None, data).await;
+    }
+
+    /// Send one of the several events of a mode (`messages/partial`, ...) if it is wanted.
+    pub async fn emit_part(
+        &self,
+        ns: &[String],
+        mode: StreamMode,
+        part: Option<&'static str>,
+        data: Value,
+    ) {
         if !self.wants(mode, ns) {
             return;
         }
@@ -55,6 +83,7 @@ impl RunShared {
                 .send(StreamEvent {
                     namespace: ns.to_vec(),
                     mode,
+                    part,
                     data,
                 })
                 .await;
@@ -70,9 +99,67 @@ impl RunShared {
             let _ = sink.blocking_send(StreamEvent {
                 namespace: ns.to_vec(),
                 mode,
+                part: None,
                 data,
             });
         }
+    }
+
+    /// A message in the accumulated form: `messages/metadata` the first time its id is seen,
+    /// then the sum of its chunks so far (`messages/partial`) or the whole message
+    /// (`messages/complete`), always as a plain message.
+    async fn emit_accumulated(&self, msg: Value, meta: Value) {
+        let id = msg
+            .get("id")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let partial = message_chunks::is_chunk(&msg);
+        let (first, sum) = {
+            let Ok(mut sums) = self.accumulated_messages.lock() else {
+                return;
+            };
+            match sums.entry(id.clone()) {
+                Entry::Occupied(mut seen) => {
+                    if partial {
+                        message_chunks::add_chunk(seen.get_mut(), &msg);
+                    } else {
+                        *seen.get_mut() = msg;
+                    }
+                    (false, message_chunks::chunk_to_message(seen.get()))
+                }
+                Entry::Vacant(slot) => {
+                    let sum = message_chunks::chunk_to_message(&msg);
+                    slot.insert(msg);
+                    (true, sum)
+                }
+            }
+        };
+        let mode = StreamMode::AccumulatedMessages;
+        if first {
+            let mut by_id = Map::new();
+            by_id.insert(id, json!({ "metadata": meta }));
+            self.emit_part(&[], mode, Some("metadata"), Value::Object(by_id))
+                .await;
+        }
+        let part = if partial { "partial" } else { "complete" };
+        self.emit_part(&[], mode, Some(part), json!([sum])).await;
+    }
+
+    /// Metadata of the graph run: the run's metadata with its thread and run ids.
+    pub fn graph_metadata(&self) -> Map<String, Value> {
+        let mut meta = match self.config.get("metadata") {
+            Some(Value::Object(m)) => m.clone(),
+            _ => Map::new(),
+        };
+        if let Some(tid) = self.config.pointer("/configurable/thread_id") {
+            meta.entry("thread_id").or_insert(tid.clone());
+        }
+        if let Some(rid) = self.config.pointer("/configurable/run_id") {
+            meta.entry("run_id").or_insert(rid.clone());
+        }
+        meta.insert("ls_integration".into(), json!("langgraph"));
+        meta
     }
 
     /// `config.configurable`.
@@ -101,6 +188,10 @@ pub struct TaskContext {
     pub(crate) checkpoint_id: Option<String>,
     /// `parents` metadata of the graph the task belongs to.
     pub(crate) parents: Map<String, Value>,
+    /// The task's run in `events`, when the run streams them.
+    pub(crate) events: Option<EventScope>,
+    /// The chat model call in progress, whose token chunks become `on_chat_model_stream`.
+    pub(crate) model_call: Mutex<Option<Traced>>,
 }
 
 impl TaskContext {
@@ -118,6 +209,8 @@ impl TaskContext {
             interrupt_counter: AtomicUsize::new(0),
             checkpoint_id: None,
             parents: Map::new(),
+            events: None,
+            model_call: Mutex::new(None),
         }
     }
 
@@ -200,66 +293,83 @@ impl TaskContext {
             .emit_blocking(&self.graph_ns, StreamMode::Custom, value);
     }
 
-    /// Whether `messages` events of this task are streamed.
+    /// Whether messages of this task are streamed (in either form).
     pub fn streams_messages(&self) -> bool {
-        self.run.wants(StreamMode::Messages, &self.graph_ns)
+        self.run.wants_messages(&self.graph_ns)
     }
 
-    /// Stream one message chunk as `[chunk, metadata]`.
+    /// Whether a chat model called by this task should stream its tokens: for either
+    /// messages form, or for `events`.
+    pub fn streams_tokens(&self) -> bool {
+        self.streams_messages() || self.events.is_some()
+    }
+
+    /// Stream a message a node returned (or a chunk of one).
     pub async fn write_message(&self, chunk: Value) {
         if !self.streams_messages() {
             return;
         }
-        if let Some(id) = chunk.get("id").and_then(Value::as_str) {
-            if let Ok(mut seen) = self.run.seen_messages.lock() {
-                seen.insert(id.to_string());
-            }
-        }
+        self.mark_seen(&chunk);
         let meta = self.message_metadata();
-        self.run
-            .emit(&self.graph_ns, StreamMode::Messages, json!([chunk, meta]))
-            .await;
+        self.send_message(chunk, meta).await;
     }
 
     /// Stream a token chunk of a chat model, with the metadata LangChain adds for model
-    /// runs (`ls_provider`, `ls_model_type`, ...).
+    /// runs (`ls_provider`, `ls_model_type`, ...), and as `on_chat_model_stream`.
     pub async fn write_model_chunk(&self, chunk: Value, provider: &str, model_name: Option<&str>) {
+        let call = match self.events {
+            Some(_) => self.model_call.lock().ok().and_then(|c| c.clone()),
+            None => None,
+        };
+        if let Some(call) = call {
+            call.emit(&self.run, "on_chat_model_stream", json!({ "chunk": chunk }))
+                .await;
+        }
         if !self.streams_messages() {
             return;
         }
-        if let Some(id) = chunk.get("id").and_then(Value::as_str) {
+        self.mark_seen(&chunk);
+        let meta = self.model_metadata(provider, model_name);
+        self.send_message(chunk, meta).await;
+    }
+
+    fn mark_seen(&self, msg: &Value) {
+        if let Some(id) = msg.get("id").and_then(Value::as_str) {
             if let Ok(mut seen) = self.run.seen_messages.lock() {
                 seen.insert(id.to_string());
             }
         }
-        let mut meta = self.message_metadata();
+    }
+
+    /// One message in the form the run asked for: `[message, metadata]` under the task's
+    /// namespace, or accumulated (always under the root's, as the Platform sends it).
+    async fn send_message(&self, msg: Value, meta: Value) {
+        if self.run.modes.contains(StreamMode::Messages) {
+            self.run
+                .emit(&self.graph_ns, StreamMode::Messages, json!([msg, meta]))
+                .await;
+        } else {
+            self.run.emit_accumulated(msg, meta).await;
+        }
+    }
+
+    /// The metadata LangChain gives a chat model run inside this task.
+    pub fn model_metadata(&self, provider: &str, model_name: Option<&str>) -> Value {
+        let mut meta = self.inner_metadata();
         if let Value::Object(m) = &mut meta {
             m.insert("ls_integration".into(), json!("langchain_chat_model"));
-            m.insert("checkpoint_ns".into(), json!(self.task_checkpoint_ns()));
             m.insert("ls_provider".into(), json!(provider));
             m.insert("ls_model_type".into(), json!("chat"));
             if let Some(name) = model_name {
                 m.insert("ls_model_name".into(), json!(name));
             }
         }
-        self.run
-            .emit(&self.graph_ns, StreamMode::Messages, json!([chunk, meta]))
-            .await;
+        meta
     }
 
-    /// The metadata LangGraph attaches to message chunks.
+    /// The metadata LangGraph attaches to a task's messages and runs.
     pub fn message_metadata(&self) -> Value {
-        let mut meta = match self.run.config.get("metadata") {
-            Some(Value::Object(m)) => m.clone(),
-            _ => Map::new(),
-        };
-        if let Some(tid) = self.run.config.pointer("/configurable/thread_id") {
-            meta.entry("thread_id").or_insert(tid.clone());
-        }
-        if let Some(rid) = self.run.config.pointer("/configurable/run_id") {
-            meta.entry("run_id").or_insert(rid.clone());
-        }
-        meta.insert("ls_integration".into(), json!("langgraph"));
+        let mut meta = self.run.graph_metadata();
         meta.insert("langgraph_step".into(), json!(self.step));
         meta.insert("langgraph_node".into(), json!(self.node));
         meta.insert("langgraph_triggers".into(), json!(self.triggers));
@@ -268,7 +378,61 @@ impl TaskContext {
             "langgraph_checkpoint_ns".into(),
             json!(self.task_checkpoint_ns()),
         );
+        // Inside a subgraph, the subgraph's config (its namespace) is inherited.
+        if !self.graph_ns.is_empty() {
+            meta.insert("checkpoint_ns".into(), json!(self.graph_ns.join("|")));
+        }
         Value::Object(meta)
+    }
+
+    /// Whether the run streams `events`: what is only needed for them is built only then.
+    pub(crate) fn traces(&self) -> bool {
+        self.events.is_some()
+    }
+
+    /// The task's own run in `events` (the node), when the run streams them.
+    pub(crate) fn node_trace(&self) -> Option<Traced> {
+        let scope = self.events.clone()?;
+        Some(Traced {
+            name: self.node.clone(),
+            scope,
+            tags: vec![format!("graph:step:{}", self.step)],
+            metadata: self.message_metadata(),
+        })
+    }
+
+    /// A run below the task's node in `events` (a router, a tool, a model call, a
+    /// subgraph), when the run streams them. `metadata` is only built then.
+    pub(crate) fn child_trace(
+        &self,
+        name: &str,
+        tag: &str,
+        metadata: impl FnOnce() -> Value,
+    ) -> Option<Traced> {
+        let scope = self.events.as_ref()?.child();
+        Some(Traced {
+            name: name.to_string(),
+            scope,
+            tags: vec![tag.to_string()],
+            metadata: metadata(),
+        })
+    }
+
+    /// Node metadata with `checkpoint_ns` set to the task's namespace, as runs called from
+    /// inside the node (tools, subgraphs) see it.
+    pub(crate) fn inner_metadata(&self) -> Value {
+        let mut meta = self.message_metadata();
+        if let Value::Object(m) = &mut meta {
+            m.insert("checkpoint_ns".into(), json!(self.task_checkpoint_ns()));
+        }
+        meta
+    }
+
+    /// Set (or clear) the chat model call whose chunks are streamed as `events`.
+    pub(crate) fn set_model_call(&self, call: Option<Traced>) {
+        if let Ok(mut slot) = self.model_call.lock() {
+            *slot = call;
+        }
     }
 
     /// LangGraph's `interrupt(value)`: returns the resume value when the task is being resumed,

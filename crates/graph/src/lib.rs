@@ -18,13 +18,14 @@
 //! Running (see [`pregel`]):
 //! - [`pregel::run`]`(&Arc<Graph>, RunInput, RunConfig, RunEnv) -> Result<RunOutcome, RunError>`.
 //!   Stream events arrive on `RunEnv::sink` as [`StreamEvent`]s whose `data` already has
-//!   LangGraph's payload shape; `StreamEvent::event_name()` gives `mode|ns...`.
+//!   LangGraph's payload shape; `StreamEvent::event_name()` gives `mode[/part]|ns...`.
 //!   [`RunError::class`] / [`RunError::message`] give `{"error", "message"}`;
 //!   [`RunOutcome::wait_values`] is the `/wait` body (with `__interrupt__` when interrupted)
 //!   and `RunOutcome::next` non-empty means the thread is `interrupted`.
 //!   `RunConfig::config` is the run's `{configurable, metadata}`: its `metadata` goes into
 //!   checkpoint metadata and task/message stream metadata. [`pregel::parse_stream_modes`]
-//!   reads `stream_mode` names (`messages-tuple` included). Cancel with `RunEnv::cancel`.
+//!   reads `stream_mode` names: `messages-tuple` is [`StreamMode::Messages`], `messages` the
+//!   accumulated form, `events` LangChain's `astream_events` dicts. Cancel with `RunEnv::cancel`.
 //!   `RunInput::Command { resume, update, goto }` resumes; `RunInput::Continue` (input `null`)
 //!   continues after `interrupt_before` or a crash; `RunConfig::checkpoint_id` time-travels.
 //! - Thread state: [`pregel::get_state`] (and [`pregel::get_state_with_subgraphs`] for
@@ -41,8 +42,10 @@ pub mod builder;
 pub mod channels;
 pub mod checkpoint;
 pub mod context;
+pub mod events;
 pub mod examples;
 pub mod graph;
+pub mod message_chunks;
 pub mod messages;
 pub mod model;
 pub mod node;

@@ -37,6 +37,26 @@ pub trait ChatModel: Send + Sync {
         ctx: Option<&TaskContext>,
         cancel: &CancellationToken,
     ) -> Result<Value, NodeError>;
+
+    /// How the model shows in the `events` stream mode.
+    fn identity(&self) -> ModelIdentity {
+        ModelIdentity {
+            class: "BaseChatModel",
+            provider: "unknown",
+            model: None,
+        }
+    }
+}
+
+/// A chat model as LangChain names it in events and run metadata.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelIdentity {
+    /// The LangChain class it stands for (`ChatOpenAI`); the run's `name`.
+    pub class: &'static str,
+    /// `ls_provider`.
+    pub provider: &'static str,
+    /// `ls_model_name`.
+    pub model: Option<String>,
 }
 
 /// The models a graph file declares, by name.
@@ -127,6 +147,14 @@ fn split_text(text: &str, chunking: Chunking) -> Vec<String> {
 
 #[async_trait]
 impl ChatModel for ScriptedModel {
+    fn identity(&self) -> ModelIdentity {
+        ModelIdentity {
+            class: "ScriptedChatModel",
+            provider: "scripted",
+            model: None,
+        }
+    }
+
     async fn invoke(
         &self,
         messages: &[Value],
@@ -178,7 +206,7 @@ impl ChatModel for ScriptedModel {
                 c
             })
             .collect();
-        if let Some(ctx) = ctx.filter(|c| c.streams_messages()) {
+        if let Some(ctx) = ctx.filter(|c| c.streams_tokens()) {
             let pieces = split_text(&text, self.chunking);
             let n = pieces.len();
             for (i, piece) in pieces.into_iter().enumerate() {
@@ -270,6 +298,14 @@ struct PartialCall {
 
 #[async_trait]
 impl ChatModel for OpenAiModel {
+    fn identity(&self) -> ModelIdentity {
+        ModelIdentity {
+            class: "ChatOpenAI",
+            provider: "openai",
+            model: Some(self.model.clone()),
+        }
+    }
+
     async fn invoke(
         &self,
         messages: &[Value],
@@ -319,7 +355,7 @@ impl ChatModel for OpenAiModel {
         let mut finish = Value::Null;
         let mut buf = Vec::<u8>::new();
         let mut stream = resp.bytes_stream();
-        let stream_to = ctx.filter(|c| c.streams_messages());
+        let stream_to = ctx.filter(|c| c.streams_tokens());
         'read: loop {
             let next = tokio::select! {
                 _ = cancel.cancelled() => return Err(NodeError::Cancelled),

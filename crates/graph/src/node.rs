@@ -23,6 +23,12 @@ pub trait Router: Send + Sync {
     /// Return the targets: node names, `END`, or `Send`s. Names are mapped through the
     /// branch's path map before use.
     async fn route(&self, state: &Value, ctx: &TaskContext) -> Result<Vec<Goto>, NodeError>;
+
+    /// The router's name in the `events` stream mode, where LangGraph shows the routing
+    /// function's name.
+    fn name(&self) -> &str {
+        "route"
+    }
 }
 
 /// A routing target.

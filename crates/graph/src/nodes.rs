@@ -60,6 +60,10 @@ impl Router for ToolsCondition {
             END.to_string()
         })])
     }
+
+    fn name(&self) -> &str {
+        "tools_condition"
+    }
 }
 
 /// A chat model call over the conversation in `messages_key`.
@@ -90,14 +94,49 @@ impl Node for ModelNode {
             messages.extend(list.iter().cloned());
         }
         let streaming = if self.stream { Some(ctx) } else { None };
-        let reply = self
-            .model
-            .invoke(&messages, &self.tools, streaming, ctx.cancel_token())
-            .await?;
+        let reply = traced_invoke(self, &messages, streaming, ctx).await?;
         let mut update = Map::new();
         update.insert(self.messages_key.clone(), json!([reply]));
         Ok(Command::update(Value::Object(update)))
     }
+}
+
+/// Call the node's model, shown in `events` as a chat model run below the node: start, a
+/// stream event per token chunk (when the node streams), end.
+async fn traced_invoke(
+    node: &ModelNode,
+    messages: &[Value],
+    streaming: Option<&TaskContext>,
+    ctx: &TaskContext,
+) -> Result<Value, NodeError> {
+    // The model's identity is only asked for when someone listens.
+    let trace = ctx.traces().then(|| node.model.identity()).and_then(|who| {
+        ctx.child_trace(who.class, "seq:step:1", || {
+            ctx.model_metadata(who.provider, who.model.as_deref())
+        })
+    });
+    let Some(trace) = trace else {
+        return node
+            .model
+            .invoke(messages, &node.tools, streaming, ctx.cancel_token())
+            .await;
+    };
+    // LangChain shows a chat model's input as a batch of one conversation.
+    let input = json!({ "messages": [messages] });
+    trace
+        .emit(&ctx.run, "on_chat_model_start", json!({ "input": input }))
+        .await;
+    ctx.set_model_call(Some(trace.clone()));
+    let reply = node
+        .model
+        .invoke(messages, &node.tools, streaming, ctx.cancel_token())
+        .await;
+    ctx.set_model_call(None);
+    let reply = reply?;
+    trace
+        .end(&ctx.run, "on_chat_model_end", reply.clone(), input)
+        .await;
+    Ok(reply)
 }
 
 /// Runs the tool calls of the last AI message.

@@ -3,14 +3,15 @@
 
 use serde_json::Value;
 
-/// LangGraph's stream modes.
+/// The stream modes of LangGraph Platform.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum StreamMode {
     /// The whole state after each step.
     Values,
     /// `{node: update}` after each task.
     Updates,
-    /// `[message_chunk, metadata]` for each model token (and each message a node returned).
+    /// `[message_chunk, metadata]` for each model token (and each message a node returned):
+    /// LangGraph's own `messages` mode, which the Platform calls `messages-tuple`.
     Messages,
     /// Whatever nodes wrote with the custom stream writer.
     Custom,
@@ -20,11 +21,17 @@ pub enum StreamMode {
     Checkpoints,
     /// `{step, timestamp, type, payload}` wrappers of checkpoints and tasks.
     Debug,
+    /// The Platform's `messages` mode: `messages/metadata` the first time a message id is
+    /// seen, then the message accumulated so far as `messages/partial` (token chunks) or
+    /// `messages/complete` (whole messages).
+    AccumulatedMessages,
+    /// LangChain's `astream_events` v2 dicts (`on_chain_start`, `on_chat_model_stream`, ...).
+    Events,
 }
 
 impl StreamMode {
     /// Every mode.
-    pub const ALL: [StreamMode; 7] = [
+    pub const ALL: [StreamMode; 9] = [
         StreamMode::Values,
         StreamMode::Updates,
         StreamMode::Messages,
@@ -32,33 +39,37 @@ impl StreamMode {
         StreamMode::Tasks,
         StreamMode::Checkpoints,
         StreamMode::Debug,
+        StreamMode::AccumulatedMessages,
+        StreamMode::Events,
     ];
 
-    /// The mode's name as LangGraph spells it (`messages` is the tuple form).
+    /// The mode's name in a request's `stream_mode`.
     pub fn as_str(self) -> &'static str {
         match self {
             StreamMode::Values => "values",
             StreamMode::Updates => "updates",
-            StreamMode::Messages => "messages",
+            StreamMode::Messages => "messages-tuple",
             StreamMode::Custom => "custom",
             StreamMode::Tasks => "tasks",
             StreamMode::Checkpoints => "checkpoints",
             StreamMode::Debug => "debug",
+            StreamMode::AccumulatedMessages => "messages",
+            StreamMode::Events => "events",
         }
     }
 
-    /// Parse a mode name; `messages-tuple` is accepted for `messages`.
+    /// The SSE event name of the mode's events, before any `/part` or `|namespace`. Both
+    /// message modes are sent as `messages...`, as the Platform does.
+    pub fn event_base(self) -> &'static str {
+        match self {
+            StreamMode::Messages | StreamMode::AccumulatedMessages => "messages",
+            other => other.as_str(),
+        }
+    }
+
+    /// Parse a mode name as a request spells it.
     pub fn parse(s: &str) -> Option<StreamMode> {
-        Some(match s {
-            "values" => StreamMode::Values,
-            "updates" => StreamMode::Updates,
-            "messages" | "messages-tuple" => StreamMode::Messages,
-            "custom" => StreamMode::Custom,
-            "tasks" => StreamMode::Tasks,
-            "checkpoints" => StreamMode::Checkpoints,
-            "debug" => StreamMode::Debug,
-            _ => return None,
-        })
+        StreamMode::ALL.into_iter().find(|m| m.as_str() == s)
     }
 }
 
@@ -69,14 +80,21 @@ pub struct StreamEvent {
     pub namespace: Vec<String>,
     /// The mode this event belongs to.
     pub mode: StreamMode,
+    /// Which of the mode's events this is, for a mode that has several (`metadata`,
+    /// `partial`, `complete` of accumulated messages).
+    pub part: Option<&'static str>,
     /// The payload, in LangGraph's shape for the mode.
     pub data: Value,
 }
 
 impl StreamEvent {
-    /// The SSE event name LangGraph uses: `mode` or `mode|ns1|ns2`.
+    /// The SSE event name LangGraph uses: `mode[/part]` then `|ns1|ns2`.
     pub fn event_name(&self) -> String {
-        let mut name = self.mode.as_str().to_string();
+        let mut name = self.mode.event_base().to_string();
+        if let Some(part) = self.part {
+            name.push('/');
+            name.push_str(part);
+        }
         for part in &self.namespace {
             name.push('|');
             name.push_str(part);
@@ -87,7 +105,7 @@ impl StreamEvent {
 
 /// Which modes a run streams, as a bit set so the hot path checks them for free.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct StreamModes(u8);
+pub struct StreamModes(u16);
 
 impl StreamModes {
     /// No streaming.
@@ -95,7 +113,7 @@ impl StreamModes {
 
     /// Every mode.
     pub fn all() -> Self {
-        StreamModes(0x7f)
+        Self::of(&StreamMode::ALL)
     }
 
     /// From a list of modes.
@@ -107,18 +125,74 @@ impl StreamModes {
         s
     }
 
+    /// The modes a run streams when it asked for `modes`. Asked for both message forms,
+    /// LangGraph Platform sends the tuple form only; so does Spindle.
+    pub fn requested(modes: &[StreamMode]) -> Self {
+        let mut s = Self::of(modes);
+        if s.contains(StreamMode::Messages) {
+            s.0 &= !Self::bit(StreamMode::AccumulatedMessages);
+        }
+        s
+    }
+
+    fn bit(mode: StreamMode) -> u16 {
+        1 << (mode as u16)
+    }
+
     /// Add a mode.
     pub fn insert(&mut self, mode: StreamMode) {
-        self.0 |= 1 << (mode as u8);
+        self.0 |= Self::bit(mode);
     }
 
     /// Whether a mode is on.
     pub fn contains(self, mode: StreamMode) -> bool {
-        self.0 & (1 << (mode as u8)) != 0
+        self.0 & Self::bit(mode) != 0
     }
 
     /// Whether any mode is on.
     pub fn any(self) -> bool {
         self.0 != 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for m in StreamMode::ALL {
+            assert_eq!(StreamMode::parse(m.as_str()), Some(m));
+        }
+        assert_eq!(StreamMode::parse("message"), None);
+    }
+
+    #[test]
+    fn event_names() {
+        let e = |mode, part, ns: &[&str]| StreamEvent {
+            namespace: ns.iter().map(|s| s.to_string()).collect(),
+            mode,
+            part,
+            data: Value::Null,
+        };
+        assert_eq!(e(StreamMode::Messages, None, &[]).event_name(), "messages");
+        assert_eq!(
+            e(StreamMode::AccumulatedMessages, Some("partial"), &[]).event_name(),
+            "messages/partial"
+        );
+        assert_eq!(
+            e(StreamMode::Updates, None, &["child:1"]).event_name(),
+            "updates|child:1"
+        );
+    }
+
+    #[test]
+    fn the_tuple_form_wins_when_both_message_modes_are_asked_for() {
+        let both = StreamModes::requested(&[StreamMode::AccumulatedMessages, StreamMode::Messages]);
+        assert!(both.contains(StreamMode::Messages));
+        assert!(!both.contains(StreamMode::AccumulatedMessages));
+        let one = StreamModes::requested(&[StreamMode::AccumulatedMessages]);
+        assert!(one.contains(StreamMode::AccumulatedMessages));
+        assert!(StreamModes::all().contains(StreamMode::Events));
     }
 }

@@ -155,6 +155,52 @@ impl Tool {
     }
 }
 
+/// Call a tool, shown in `events` as a tool run below the node (`on_tool_start`, then
+/// `on_tool_end` with the tool message, or `on_tool_error`). Returns the tool message.
+async fn traced_call(
+    tool: &Tool,
+    args: &Value,
+    call_id: &str,
+    ctx: &TaskContext,
+) -> Result<Value, NodeError> {
+    let name = tool.schema.name.as_str();
+    let Some(trace) = ctx.child_trace(name, "seq:step:1", || ctx.inner_metadata()) else {
+        let content = tool.call(args, ctx).await?;
+        return Ok(success_message(content, call_id, name));
+    };
+    trace
+        .emit(&ctx.run, "on_tool_start", json!({ "input": args }))
+        .await;
+    match tool.call(args, ctx).await {
+        Ok(content) => {
+            let msg = success_message(content, call_id, name);
+            trace
+                .end(&ctx.run, "on_tool_end", msg.clone(), args.clone())
+                .await;
+            Ok(msg)
+        }
+        Err(err) => {
+            if let NodeError::Failed { class, message } = &err {
+                let data = json!({
+                    "error": {"error": class, "message": message},
+                    "input": args,
+                    "tool_call_id": call_id,
+                });
+                trace.emit(&ctx.run, "on_tool_error", data).await;
+            }
+            Err(err)
+        }
+    }
+}
+
+/// A tool's answer as a tool message. Its id is set here, so `on_tool_end` shows the same
+/// message the node returns.
+fn success_message(content: String, call_id: &str, name: &str) -> Value {
+    let mut msg = crate::messages::tool_message(content, call_id, name, false);
+    msg["id"] = json!(crate::messages::new_message_id());
+    msg
+}
+
 /// Run the tool calls of an AI message concurrently; each becomes a tool message, failures
 /// included (as error tool messages), so one bad call does not crash the run.
 pub async fn run_tool_calls(
@@ -178,10 +224,10 @@ pub async fn run_tool_calls(
                         .join(", ")
                 ),
             )),
-            Some(tool) => tool.call(&args, ctx).await,
+            Some(tool) => traced_call(tool, &args, id, ctx).await,
         };
         match result {
-            Ok(content) => Ok(crate::messages::tool_message(content, id, name, false)),
+            Ok(msg) => Ok(msg),
             Err(NodeError::Failed { class, message }) => Ok(crate::messages::tool_message(
                 format!("Error: {class}('{message}')\n Please fix your mistakes."),
                 id,

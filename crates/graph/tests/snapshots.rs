@@ -6,9 +6,21 @@ mod common;
 
 const THREAD: &str = "0b2a3f3e-6f39-4d7a-9a51-3c1f4d8e2b10";
 
+/// The modes the fixtures were captured with (`capture.py`); `messages` and `events` have
+/// their own fixtures (`stream_modes.rs`).
+const CAPTURED: [StreamMode; 7] = [
+    StreamMode::Values,
+    StreamMode::Updates,
+    StreamMode::Messages,
+    StreamMode::Custom,
+    StreamMode::Tasks,
+    StreamMode::Checkpoints,
+    StreamMode::Debug,
+];
+
 use std::sync::Arc;
 
-use common::{example, Harness};
+use common::{example, norm, norm_str, Harness};
 use serde_json::{json, Map, Value};
 use spindle_graph::{RunError, RunInput, StreamEvent, StreamMode};
 
@@ -18,59 +30,6 @@ fn fixture(id: &str) -> Value {
         env!("CARGO_MANIFEST_DIR")
     );
     serde_json::from_str(&std::fs::read_to_string(path).expect("fixture")).expect("json")
-}
-
-fn is_id(s: &str) -> bool {
-    let hex = |c: char| c.is_ascii_hexdigit();
-    (s.len() == 36
-        && s.chars().filter(|c| *c == '-').count() == 4
-        && s.chars().all(|c| hex(c) || c == '-'))
-        || (s.len() == 32 && s.chars().all(hex))
-        || s.starts_with("lc_run--")
-        || s.starts_with("run-")
-}
-
-fn is_timestamp(s: &str) -> bool {
-    s.len() >= 25 && s.as_bytes()[4] == b'-' && s.as_bytes()[10] == b'T' && s.ends_with("+00:00")
-}
-
-fn norm_str(s: &str) -> String {
-    if is_id(s) {
-        return "<id>".into();
-    }
-    if is_timestamp(s) {
-        return "<ts>".into();
-    }
-    // Namespaces: `child:<task id>`.
-    s.split('|')
-        .map(|part| match part.split_once(':') {
-            Some((a, b)) if is_id(b) => format!("{a}:<id>"),
-            _ => part.to_string(),
-        })
-        .collect::<Vec<_>>()
-        .join("|")
-}
-
-fn norm(v: &Value) -> Value {
-    match v {
-        Value::String(s) => Value::String(norm_str(s)),
-        Value::Array(a) => Value::Array(a.iter().map(norm).collect()),
-        Value::Object(m) => {
-            let mut out = Map::new();
-            for (k, v) in m {
-                let v = match k.as_str() {
-                    // Who added these is the server's business: compare presence only.
-                    "config" | "parent_config" | "checkpoint" | "parent_checkpoint" => {
-                        json!(if v.is_null() { "null" } else { "<ref>" })
-                    }
-                    _ => norm(v),
-                };
-                out.insert(k.clone(), v);
-            }
-            Value::Object(out)
-        }
-        other => other.clone(),
-    }
 }
 
 /// Keep only the engine's part of event payloads.
@@ -155,7 +114,7 @@ async fn compare(id: &str, input: Value) -> (Result<spindle_graph::RunOutcome, R
             &example(id),
             Some(THREAD),
             RunInput::Values(input),
-            &StreamMode::ALL,
+            &CAPTURED,
             |c| c.stream_subgraphs = true,
         )
         .await;
@@ -255,7 +214,7 @@ async fn approval_streams_match_reference_across_resume() {
                 update: None,
                 goto: vec![],
             },
-            &StreamMode::ALL,
+            &CAPTURED,
             |c| c.stream_subgraphs = true,
         )
         .await;
@@ -514,20 +473,14 @@ async fn static_interrupt_streams_match_reference() {
             &g,
             Some(THREAD),
             RunInput::Values(json!({"n": 0})),
-            &StreamMode::ALL,
+            &CAPTURED,
             |c| c.interrupt_before = Some(NodeSet::Some(vec!["b".into()])),
         )
         .await;
     assert_eq!(out.unwrap().next, ["b"]);
     assert_same("before", &ours(&events), &reference(&f["before_stream"]));
     let (out, events) = h
-        .run(
-            &g,
-            Some(THREAD),
-            RunInput::Continue,
-            &StreamMode::ALL,
-            |_| {},
-        )
+        .run(&g, Some(THREAD), RunInput::Continue, &CAPTURED, |_| {})
         .await;
     assert_eq!(out.unwrap().values, json!({"n": 3}));
     assert_same(
@@ -542,7 +495,7 @@ async fn static_interrupt_streams_match_reference() {
             &g,
             Some(THREAD),
             RunInput::Values(json!({"n": 0})),
-            &StreamMode::ALL,
+            &CAPTURED,
             |c| c.interrupt_after = Some(NodeSet::Some(vec!["a".into()])),
         )
         .await;
@@ -625,13 +578,9 @@ async fn interrupt_inside_a_subgraph_streams_like_the_reference() {
     let h = Harness::new();
     let input = json!({"messages": [{"role": "user", "content": "hi"}]});
     let (out, events) = h
-        .run(
-            &g,
-            Some(THREAD),
-            RunInput::Values(input),
-            &StreamMode::ALL,
-            |c| c.stream_subgraphs = true,
-        )
+        .run(&g, Some(THREAD), RunInput::Values(input), &CAPTURED, |c| {
+            c.stream_subgraphs = true
+        })
         .await;
     assert_eq!(out.unwrap().interrupts.len(), 1);
     assert_same("first run", &ours(&events), &reference(&f["stream"]));
@@ -669,7 +618,7 @@ async fn interrupt_inside_a_subgraph_streams_like_the_reference() {
                 update: None,
                 goto: vec![],
             },
-            &StreamMode::ALL,
+            &CAPTURED,
             |c| c.stream_subgraphs = true,
         )
         .await;

@@ -20,6 +20,7 @@ use serde_json::{json, Map, Value};
 
 use crate::checkpoint::{ChannelBlob, CheckpointError, CheckpointRef, Checkpointer, PendingWrite};
 use crate::context::{RunShared, TaskContext};
+use crate::events::{run_input_json, EventScope, Traced};
 use crate::graph::{Graph, NodeSet};
 use crate::node::{Interrupt, NodeError};
 use crate::stream::{StreamMode, StreamModes};
@@ -63,12 +64,14 @@ pub async fn run(
         context: cfg.context.clone(),
         store: env.store,
         sink: env.sink,
-        modes: StreamModes::of(&cfg.stream_modes),
+        modes: StreamModes::requested(&cfg.stream_modes),
         stream_subgraphs: cfg.stream_subgraphs,
         cancel: env.cancel,
         checkpointer: env.checkpointer.clone(),
         seen_messages: Default::default(),
+        accumulated_messages: Default::default(),
     });
+    let trace = shared.wants_events().then(|| root_trace(graph, &shared));
     let saver = cfg.thread_id.as_ref().and(env.checkpointer);
     let mut lp = Loop {
         graph: graph.clone(),
@@ -93,13 +96,39 @@ pub async fn run(
         durability: cfg.durability,
         inflight: None,
         exit: Default::default(),
+        events: trace.as_ref().map(|t| t.scope.clone()),
     };
-    lp.start(input, cfg.checkpoint_id.as_deref())
+    if let Some(t) = &trace {
+        let data = json!({"input": run_input_json(&input)});
+        t.emit(&lp.run, "on_chain_start", data).await;
+    }
+    let out = lp
+        .start(input, cfg.checkpoint_id.as_deref())
         .await
         .map_err(|e| match e {
             LoopError::Run(r) => r,
             LoopError::Node(n) => RunError::from_node(n),
-        })
+        })?;
+    // An interrupted run ends normally too; a failed one has no end event, as in LangGraph.
+    if let Some(t) = &trace {
+        let data = json!({"output": out.values});
+        t.emit(&lp.run, "on_chain_end", data).await;
+    }
+    Ok(out)
+}
+
+/// The graph run itself in `events`: named after the graph, with the server's run id.
+fn root_trace(graph: &Graph, run: &RunShared) -> Traced {
+    let run_id = run
+        .config
+        .pointer("/configurable/run_id")
+        .and_then(Value::as_str);
+    Traced {
+        name: graph.name.clone(),
+        scope: EventScope::root(run_id),
+        tags: Vec::new(),
+        metadata: Value::Object(run.graph_metadata()),
+    }
 }
 
 /// Run a graph as a node of another (namespace `node:task_id`), resuming its own
@@ -117,6 +146,7 @@ pub(crate) async fn run_subgraph(
         .map(str::to_string);
     let saver = thread_id.as_ref().and(run.checkpointer.clone());
     let ns = ctx.task_ns();
+    let trace = ctx.child_trace(&graph.name, "seq:step:1", || ctx.inner_metadata());
     let mut parents = ctx.parents.clone();
     if let Some(pid) = &ctx.checkpoint_id {
         parents.insert(ctx.graph_ns.join("|"), json!(pid));
@@ -140,6 +170,7 @@ pub(crate) async fn run_subgraph(
         durability: Durability::Sync,
         inflight: None,
         exit: Default::default(),
+        events: trace.as_ref().map(|t| t.scope.clone()),
     };
     // A saved checkpoint in this namespace means the parent task is running again (resume
     // or crash recovery): continue it instead of starting over.
@@ -154,6 +185,11 @@ pub(crate) async fn run_subgraph(
             .map_err(|e| NodeError::new("CheckpointError", e.to_string()))?,
         None => None,
     };
+    let traced_input = trace.as_ref().map(|_| input.clone());
+    if let (Some(t), Some(i)) = (&trace, &traced_input) {
+        t.emit(&ctx.run, "on_chain_start", json!({"input": i}))
+            .await;
+    }
     let input = match existing {
         Some(t) => {
             let interrupted = t.pending_writes.iter().any(|w| w.channel == W_INTERRUPT);
@@ -169,7 +205,12 @@ pub(crate) async fn run_subgraph(
         None => RunInput::Values(input),
     };
     match lp.start(input, None).await {
-        Ok(out) if out.interrupts.is_empty() && out.next.is_empty() => Ok(out.values),
+        Ok(out) if out.interrupts.is_empty() && out.next.is_empty() => {
+            if let (Some(t), Some(i)) = (trace, traced_input) {
+                t.end(&ctx.run, "on_chain_end", out.values.clone(), i).await;
+            }
+            Ok(out.values)
+        }
         Ok(out) if !out.interrupts.is_empty() => Err(NodeError::Interrupted(out.interrupts)),
         // A static interrupt inside a subgraph pauses the parent too.
         Ok(_) => Err(NodeError::Interrupted(Vec::new())),
@@ -225,6 +266,8 @@ pub(crate) struct Loop {
     pub inflight: Option<tokio::task::JoinHandle<Result<(), CheckpointError>>>,
     /// What `Durability::Exit` holds back until the run ends.
     pub exit: persist::ExitBuffer,
+    /// This graph's run in `events`, when the run streams them.
+    pub events: Option<EventScope>,
 }
 
 /// What one step produced.
@@ -362,6 +405,8 @@ impl Loop {
             interrupt_counter: Default::default(),
             checkpoint_id: self.checkpoint_id.clone(),
             parents: self.parents.clone(),
+            events: self.events.as_ref().map(EventScope::child),
+            model_call: Default::default(),
         }
     }
 

@@ -304,6 +304,7 @@ fn detached_ctx(node: &str) -> TaskContext {
         cancel: Default::default(),
         checkpointer: None,
         seen_messages: Default::default(),
+        accumulated_messages: Default::default(),
     });
     TaskContext::detached(run, node)
 }

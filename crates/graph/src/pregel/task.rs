@@ -187,9 +187,10 @@ pub(crate) async fn route(
         return Ok(out);
     }
     let fresh = fresh_state(graph, base_state, writes)?;
-    for &b in branches {
+    for (i, &b) in branches.iter().enumerate() {
         let branch = &graph.branches[b];
-        let answers = branch.router.route(&fresh, ctx).await?;
+        let from_node = slot < graph.nodes.len();
+        let answers = route_one(branch, &fresh, from_node, i, ctx).await?;
         for a in answers {
             let a = match (&branch.path_map, a) {
                 (Some(map), Goto::Node(key)) => {
@@ -207,6 +208,36 @@ pub(crate) async fn route(
         }
     }
     Ok(out)
+}
+
+/// Ask one router, shown in `events` as a run below its node (routers of `__start__` are
+/// hidden, as in LangGraph). In LangGraph a node is a sequence of its function, its writes
+/// and its branches, so its `i`th branch is step `3 + i` of that sequence.
+async fn route_one(
+    branch: &crate::graph::Branch,
+    state: &Value,
+    from_node: bool,
+    i: usize,
+    ctx: &TaskContext,
+) -> Result<Vec<Goto>, NodeError> {
+    let trace = if from_node && ctx.traces() {
+        let tag = format!("seq:step:{}", 3 + i);
+        ctx.child_trace(branch.router.name(), &tag, || ctx.message_metadata())
+    } else {
+        None
+    };
+    let Some(trace) = trace else {
+        return branch.router.route(state, ctx).await;
+    };
+    trace
+        .emit(&ctx.run, "on_chain_start", json!({ "input": state }))
+        .await;
+    let answers = branch.router.route(state, ctx).await?;
+    let output = crate::events::answers_json(&answers);
+    trace
+        .end(&ctx.run, "on_chain_end", output, state.clone())
+        .await;
+    Ok(answers)
 }
 
 fn fresh_state(
@@ -334,6 +365,14 @@ pub(crate) async fn execute(
             }
         }
     }
+    let trace = ctx.node_trace().map(|t| NodeTrace {
+        input: input.clone(),
+        trace: t,
+    });
+    if let Some(t) = &trace {
+        let data = json!({ "input": t.input });
+        t.trace.emit(&ctx.run, "on_chain_start", data).await;
+    }
     let outcome = run_with_retry(lp, task, input, &ctx).await;
     let outcome = match outcome {
         Ok(cmd) if cmd.graph == CommandGraph::Parent => {
@@ -346,7 +385,7 @@ pub(crate) async fn execute(
         other => other,
     };
     let result = match outcome {
-        Ok(cmd) => finish_command(lp, task, state, cmd, &ctx).await,
+        Ok(cmd) => finish_command(lp, task, state, cmd, &ctx, trace.as_ref()).await,
         Err(e) => Err(e),
     };
     match &result {
@@ -369,12 +408,19 @@ pub(crate) async fn execute(
     (result, true)
 }
 
+/// A node's run in `events` and the input it started with.
+pub(crate) struct NodeTrace {
+    trace: crate::events::Traced,
+    input: Value,
+}
+
 async fn finish_command(
     lp: &Loop,
     task: &Task,
     state: &Value,
     cmd: Command,
     ctx: &TaskContext,
+    trace: Option<&NodeTrace>,
 ) -> Result<Vec<(String, Value)>, NodeError> {
     let graph = &lp.graph;
     let pairs = cmd.update_pairs()?;
@@ -421,6 +467,19 @@ async fn finish_command(
         )
         .await;
     let routed = route(graph, task.node, state, &writes, &cmd.goto, ctx).await?;
+    // The node's output comes after its routers ran, as LangGraph's node sequence does.
+    if let Some(t) = trace {
+        let chunk = json!({ "chunk": update_json });
+        t.trace.emit(&ctx.run, "on_chain_stream", chunk).await;
+        t.trace
+            .end(
+                &ctx.run,
+                "on_chain_end",
+                update_json.clone(),
+                t.input.clone(),
+            )
+            .await;
+    }
     let result = if update_json.is_null() {
         json!({})
     } else {

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use serde_json::Value;
+use serde_json::{json, Map, Value};
 use spindle_graph::checkpoint::InMemoryCheckpointer;
 use spindle_graph::{
     examples, Graph, RunConfig, RunEnv, RunError, RunInput, RunOutcome, StreamEvent, StreamMode,
@@ -67,4 +67,59 @@ pub fn texts(values: &Value) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+pub fn is_id(s: &str) -> bool {
+    let hex = |c: char| c.is_ascii_hexdigit();
+    (s.len() == 36
+        && s.chars().filter(|c| *c == '-').count() == 4
+        && s.chars().all(|c| hex(c) || c == '-'))
+        || (s.len() == 32 && s.chars().all(hex))
+        || s.starts_with("lc_run--")
+        || s.starts_with("run-")
+}
+
+pub fn is_timestamp(s: &str) -> bool {
+    s.len() >= 25 && s.as_bytes()[4] == b'-' && s.as_bytes()[10] == b'T' && s.ends_with("+00:00")
+}
+
+pub fn norm_str(s: &str) -> String {
+    if is_id(s) {
+        return "<id>".into();
+    }
+    if is_timestamp(s) {
+        return "<ts>".into();
+    }
+    // Namespaces: `child:<task id>`.
+    s.split('|')
+        .map(|part| match part.split_once(':') {
+            Some((a, b)) if is_id(b) => format!("{a}:<id>"),
+            _ => part.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("|")
+}
+
+/// A payload with ids and timestamps replaced by placeholders; references to checkpoints
+/// (whose contents the server adds) only kept as present or absent.
+pub fn norm(v: &Value) -> Value {
+    match v {
+        Value::String(s) => Value::String(norm_str(s)),
+        Value::Array(a) => Value::Array(a.iter().map(norm).collect()),
+        Value::Object(m) => {
+            let mut out = Map::new();
+            for (k, v) in m {
+                let v = match k.as_str() {
+                    // Who added these is the server's business: compare presence only.
+                    "config" | "parent_config" | "checkpoint" | "parent_checkpoint" => {
+                        json!(if v.is_null() { "null" } else { "<ref>" })
+                    }
+                    _ => norm(v),
+                };
+                out.insert(k.clone(), v);
+            }
+            Value::Object(out)
+        }
+        other => other.clone(),
+    }
 }
