@@ -11,6 +11,7 @@ pub mod routes;
 pub mod runs;
 pub mod sse;
 pub mod state;
+pub mod webhook;
 pub mod wire;
 
 use std::net::SocketAddr;
@@ -22,6 +23,7 @@ use tower_http::trace::TraceLayer;
 pub use graphs::{default_assistant_id, GraphRegistry};
 pub use runs::WorkerConfig;
 pub use state::AppState;
+pub use webhook::WebhookConfig;
 
 /// The application: every route, the OpenAPI document at `/openapi.json` and its rendering at
 /// `/docs`.

@@ -32,6 +32,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .merge(routes::assistants::router())
         .merge(routes::threads::router())
         .merge(routes::runs::router())
+        .merge(routes::streams::router())
 }
 
 /// `/openapi.json` and `/docs` (Swagger UI, its assets compiled into the binary: no CDN).

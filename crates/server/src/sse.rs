@@ -3,7 +3,9 @@
 
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue};
 use bytes::Bytes;
-use serde_json::Value;
+use serde_json::{json, Value};
+
+use crate::error::ApiError;
 
 /// Seconds between keepalive comments, so idle proxies keep the connection open.
 pub const DEFAULT_KEEPALIVE_SECS: u64 = 5;
@@ -31,6 +33,25 @@ pub fn frame(event: &str, data: &str, id: Option<i64>) -> Bytes {
 
 pub fn json_frame(event: &str, data: &Value, id: Option<i64>) -> Bytes {
     frame(event, &data.to_string(), id)
+}
+
+/// The `Last-Event-ID` header a client resumes a stream with: an event id (a seq; `-1`
+/// replays everything), or none.
+pub fn last_event_id(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
+    let Some(value) = headers.get("last-event-id") else {
+        return Ok(None);
+    };
+    let raw = value.to_str().unwrap_or_default().trim();
+    if raw.is_empty() {
+        return Ok(None);
+    }
+    raw.parse::<i64>().map(Some).map_err(|_| {
+        ApiError::field(
+            vec![json!("header"), json!("Last-Event-ID")],
+            "int_parsing",
+            "Last-Event-ID should be an event id",
+        )
+    })
 }
 
 /// Headers of every event stream.

@@ -11,6 +11,7 @@ use crate::error::ApiError;
 use crate::graphs::GraphRegistry;
 use crate::runs::{EventHub, RunWorkers, WorkerConfig};
 use crate::sse::DEFAULT_KEEPALIVE_SECS;
+use crate::webhook::{WebhookConfig, Webhooks};
 
 #[derive(Clone)]
 pub struct AppState {
@@ -20,6 +21,8 @@ pub struct AppState {
     pub workers: Arc<RunWorkers>,
     /// Interval of the keepalive comments on event streams.
     pub keepalive: Duration,
+    /// Checks webhook URLs and delivers run ends to them.
+    pub webhooks: Arc<Webhooks>,
 }
 
 impl AppState {
@@ -32,11 +35,22 @@ impl AppState {
         graphs: Arc<GraphRegistry>,
         config: WorkerConfig,
     ) -> Self {
+        Self::with_settings(storage, graphs, config, WebhookConfig::default())
+    }
+
+    pub fn with_settings(
+        storage: Arc<dyn Storage>,
+        graphs: Arc<GraphRegistry>,
+        config: WorkerConfig,
+        webhooks: WebhookConfig,
+    ) -> Self {
         let hub = Arc::new(EventHub::default());
+        let webhooks = Arc::new(Webhooks::new(webhooks));
         let workers = Arc::new(RunWorkers::new(
             storage.clone(),
             graphs.clone(),
             hub.clone(),
+            webhooks.clone(),
             config,
         ));
         Self {
@@ -45,6 +59,7 @@ impl AppState {
             hub,
             workers,
             keepalive: Duration::from_secs(DEFAULT_KEEPALIVE_SECS),
+            webhooks,
         }
     }
 }

@@ -64,6 +64,18 @@ pub struct ServerArgs {
     #[arg(long, env = "SPINDLE_KEEPALIVE_INTERVAL_SECS", value_parser = clap::value_parser!(u64).range(1..))]
     pub keepalive_interval_secs: Option<u64>,
 
+    /// Hours the events of ended runs are kept for replay (`Last-Event-ID`, thread streams);
+    /// 0 keeps them forever [default: 168]
+    #[arg(long, env = "SPINDLE_EVENT_RETENTION_HOURS")]
+    pub event_retention_hours: Option<u64>,
+
+    /// Deliver webhooks to private-network and loopback addresses (a receiver on this host or
+    /// its network); `--webhook-allow-private` alone means true. Link-local addresses (cloud
+    /// metadata) stay refused [default: false]
+    #[arg(long, env = "SPINDLE_WEBHOOK_ALLOW_PRIVATE", num_args = 0..=1,
+          default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub webhook_allow_private: Option<bool>,
+
     #[command(flatten)]
     pub database: DatabaseArgs,
 }

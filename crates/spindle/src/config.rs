@@ -50,6 +50,8 @@ pub struct ServerSection {
     pub max_attempts: Option<i32>,
     pub run_lease_secs: Option<u64>,
     pub keepalive_interval_secs: Option<u64>,
+    pub event_retention_hours: Option<u64>,
+    pub webhook_allow_private: Option<bool>,
 }
 
 /// A config file and the folder its relative paths start from.

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use spindle_server::{AppState, WorkerConfig};
+use spindle_server::{AppState, WebhookConfig, WorkerConfig};
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 
@@ -160,8 +160,12 @@ async fn serve(args: ServerArgs, mode: Mode) -> Result<()> {
     );
     tracing::info!(%addr, backend = storage.backend().as_str(), graphs = graph_ids.len(), "listening");
 
-    let mut state =
-        AppState::with_workers(storage, Arc::new(registry), worker_config(&args, &config));
+    let mut state = AppState::with_settings(
+        storage,
+        Arc::new(registry),
+        worker_config(&args, &config),
+        webhook_config(&args, &config),
+    );
     if let Some(secs) = args
         .keepalive_interval_secs
         .or(config.file.server.keepalive_interval_secs)
@@ -215,6 +219,29 @@ fn worker_config(args: &ServerArgs, config: &LoadedConfig) -> WorkerConfig {
             .or(file.run_lease_secs)
             .map(Duration::from_secs)
             .unwrap_or(defaults.lease),
+        event_retention: match args.event_retention_hours.or(file.event_retention_hours) {
+            Some(0) => None,
+            Some(hours) => Some(Duration::from_secs(hours.saturating_mul(3600))),
+            None => defaults.event_retention,
+        },
+        ..defaults
+    }
+}
+
+/// Webhook settings: flag or environment, else the config file, else the defaults.
+fn webhook_config(args: &ServerArgs, config: &LoadedConfig) -> WebhookConfig {
+    let defaults = WebhookConfig::default();
+    let allow_private = args
+        .webhook_allow_private
+        .or(config.file.server.webhook_allow_private)
+        .unwrap_or(defaults.allow_private);
+    if allow_private {
+        tracing::warn!(
+            "webhooks may reach private-network and loopback addresses (--webhook-allow-private)"
+        );
+    }
+    WebhookConfig {
+        allow_private,
         ..defaults
     }
 }
@@ -268,6 +295,37 @@ mod tests {
         );
         assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
         assert_eq!(redact(".spindle/spindle.db"), ".spindle/spindle.db");
+    }
+
+    fn server_args(argv: &[&str]) -> ServerArgs {
+        match Cli::try_parse_from(argv).unwrap().command {
+            Command::Dev(args) | Command::Serve(args) => args,
+            Command::Migrate(_) => panic!("not a server command"),
+        }
+    }
+
+    #[test]
+    fn webhook_allow_private_comes_from_the_flag_then_the_file() {
+        let none = LoadedConfig::default();
+        let mut file_allows = LoadedConfig::default();
+        file_allows.file.server.webhook_allow_private = Some(true);
+        let allowed = |argv: &[&str], config: &LoadedConfig| {
+            webhook_config(&server_args(argv), config).allow_private
+        };
+        assert!(!allowed(&["spindle", "dev"], &none));
+        assert!(allowed(
+            &["spindle", "dev", "--webhook-allow-private"],
+            &none
+        ));
+        assert!(allowed(
+            &["spindle", "serve", "--webhook-allow-private=true"],
+            &none
+        ));
+        assert!(allowed(&["spindle", "dev"], &file_allows));
+        assert!(!allowed(
+            &["spindle", "dev", "--webhook-allow-private=false"],
+            &file_allows
+        ));
     }
 
     #[test]

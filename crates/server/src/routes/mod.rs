@@ -2,5 +2,6 @@
 
 pub mod assistants;
 pub mod runs;
+pub mod streams;
 pub mod system;
 pub mod threads;

@@ -19,12 +19,12 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use crate::error::{ApiError, ApiResult, ErrorBody, ValidationErrorBody};
+use crate::error::{ApiError, ApiResult, ErrorBody, ValidationErrorBody, ValidationItem};
 use crate::extract::{ApiJson, ApiQuery, Validate, Violations};
 use crate::routes::assistants::resolve_assistant_id;
 use crate::runs::execute::keys;
 use crate::runs::hub::HubMessage;
-use crate::runs::stream::{run_stream, Follow};
+use crate::runs::stream::{follow_stream, Follow, Target};
 use crate::runs::worker::CLEANUP_BY_WORKER;
 use crate::sse;
 use crate::state::{AppState, Caller};
@@ -38,6 +38,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(get_run, delete_run))
         .routes(routes!(join_run))
         .routes(routes!(join_run_stream))
+        .routes(routes!(join_stateless_run_stream))
         .routes(routes!(cancel_run))
         .routes(routes!(create_stateless_run))
         .routes(routes!(stream_stateless_run))
@@ -173,7 +174,8 @@ pub struct RunCreate {
     /// Deprecated: true means async, false means exit.
     #[serde(default)]
     pub checkpoint_during: Option<bool>,
-    /// One mode or a list: values, updates, messages-tuple, custom, tasks, checkpoints, debug.
+    /// One mode or a list: values, updates, messages, messages-tuple, custom, tasks,
+    /// checkpoints, debug, events.
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub stream_mode: Option<Value>,
@@ -197,7 +199,8 @@ pub struct RunCreate {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub metadata: Option<JsonObject>,
-    /// Not supported yet: refused rather than ignored.
+    /// An http(s) URL the run's end is POSTed to. Its host must resolve to public addresses
+    /// (private and loopback ones too when the server allows them); refused with 422 otherwise.
     #[serde(default)]
     pub webhook: Option<String>,
     #[serde(default)]
@@ -210,14 +213,16 @@ pub struct RunCreate {
     pub on_completion: Option<OnCompletion>,
 }
 
-const STREAM_MODES: [&str; 7] = [
+const STREAM_MODES: [&str; 9] = [
     "values",
     "updates",
+    "messages",
     "messages-tuple",
     "custom",
     "tasks",
     "checkpoints",
     "debug",
+    "events",
 ];
 
 impl Validate for RunCreate {
@@ -252,11 +257,13 @@ impl Validate for RunCreate {
             }
         }
         v.max_len("webhook", self.webhook.as_deref(), 2048);
-        if self.webhook.is_some() {
+        // The syntax here; where the host resolves to is checked by `start_run`, which can
+        // wait for DNS.
+        if let Some(Err(refusal)) = self.webhook.as_deref().map(crate::webhook::parse) {
             v.push(
                 &["webhook"],
-                "not_supported",
-                "webhooks are not supported by this server yet",
+                refusal.kind,
+                refusal.message,
                 json!(self.webhook),
                 Value::Null,
             );
@@ -366,6 +373,7 @@ impl RunCreate {
         );
         put(keys::INTERRUPT_BEFORE, self.interrupt_before.clone());
         put(keys::INTERRUPT_AFTER, self.interrupt_after.clone());
+        put(keys::WEBHOOK, self.webhook.clone().map(Value::String));
         let checkpoint_id = self
             .checkpoint
             .as_ref()
@@ -447,6 +455,7 @@ async fn start_run(
         )
     })?;
     let assistant = state.storage.get_assistant(scope, assistant_id).await?;
+    check_webhook(state, body, vec![json!("body"), json!("webhook")]).await?;
     let mut kwargs = body.kwargs();
     if let Some(cleanup) = stateless.kwarg() {
         kwargs.insert(keys::TEMPORARY.into(), json!(cleanup));
@@ -482,6 +491,19 @@ async fn start_run(
     Ok(created.run)
 }
 
+/// Refuses a webhook whose host resolves where webhooks may not go (422 at `loc`), before
+/// anything is stored.
+async fn check_webhook(state: &AppState, body: &RunCreate, loc: Vec<Value>) -> ApiResult<()> {
+    let Some(url) = body.webhook.as_deref() else {
+        return Ok(());
+    };
+    let Err(refusal) = state.webhooks.check(url).await else {
+        return Ok(());
+    };
+    let item = ValidationItem::new(loc, refusal.kind, refusal.message).with_input(json!(url));
+    Err(ApiError::validation(vec![item]))
+}
+
 /// `Location` (where to join the run) and `Content-Location` (the run itself), as the
 /// reference sends them on every response that creates or follows a run.
 fn locations(run: &Run) -> HeaderMap {
@@ -502,7 +524,7 @@ fn stream_response(
     state: &AppState,
     scope: Scope,
     run: &Run,
-    after: i64,
+    after: Option<i64>,
     cancel_on_disconnect: bool,
     delete_after: bool,
 ) -> Response {
@@ -541,11 +563,11 @@ fn stream_response(
     };
     let follow = Follow {
         thread_id,
-        run_id,
+        target: Target::Run(run_id),
         after,
         with_ids: true,
     };
-    let body = run_stream(
+    let body = follow_stream(
         state.storage.clone(),
         state.hub.clone(),
         scope,
@@ -683,7 +705,7 @@ async fn stream_run(
     let thread_id = path_uuid("thread_id", &thread_id)?;
     let run = start_run(&state, &scope, thread_id, &body, Stateless::No).await?;
     let cancel = body.on_disconnect.unwrap_or_default() == OnDisconnect::Cancel;
-    Ok(stream_response(&state, scope, &run, 0, cancel, false))
+    Ok(stream_response(&state, scope, &run, None, cancel, false))
 }
 
 #[utoipa::path(post, path = "/threads/{thread_id}/runs/wait", tag = "runs", request_body = RunCreate,
@@ -848,19 +870,24 @@ async fn join_run_stream(
 ) -> ApiResult<Response> {
     let (thread_id, run_id) = run_path(&thread_id, &run_id)?;
     let run = state.storage.get_run(&scope, thread_id, run_id).await?;
-    let after = match headers
-        .get("last-event-id")
-        .map(|v| v.to_str().unwrap_or_default().trim())
-    {
-        None | Some("") => 0,
-        Some(raw) => raw.parse::<i64>().map_err(|_| {
-            ApiError::field(
-                vec![json!("header"), json!("Last-Event-ID")],
-                "int_parsing",
-                "Last-Event-ID should be an event id",
-            )
-        })?,
-    };
+    let after = sse::last_event_id(&headers)?;
+    Ok(stream_response(&state, scope, &run, after, false, false))
+}
+
+#[utoipa::path(get, path = "/runs/{run_id}/stream", tag = "runs",
+    params(("run_id" = Uuid, Path),
+           ("Last-Event-ID" = Option<String>, Header, description = "resume after this event id; -1 replays all")),
+    responses((status = 200, description = "the run's events from the log, then live (the JS client joins stateless runs here)", content_type = "text/event-stream", body = String),
+              (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
+async fn join_stateless_run_stream(
+    State(state): State<AppState>,
+    Caller(scope): Caller,
+    Path(run_id): Path<String>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    let run_id = path_uuid("run_id", &run_id)?;
+    let run = state.storage.find_run(&scope, run_id).await?;
+    let after = sse::last_event_id(&headers)?;
     Ok(stream_response(&state, scope, &run, after, false, false))
 }
 
@@ -962,7 +989,7 @@ async fn stream_stateless_run(
     let (run, stateless) = start_stateless(&state, &scope, &body, false).await?;
     let cancel = body.on_disconnect.unwrap_or_default() == OnDisconnect::Cancel;
     let delete = stateless == Stateless::DeleteAfterResponse;
-    Ok(stream_response(&state, scope, &run, 0, cancel, delete))
+    Ok(stream_response(&state, scope, &run, None, cancel, delete))
 }
 
 #[utoipa::path(post, path = "/runs/wait", tag = "runs", request_body = RunCreate,
@@ -986,6 +1013,15 @@ async fn create_run_batch(
     Caller(scope): Caller,
     ApiJson(bodies): ApiJson<Vec<RunCreate>>,
 ) -> ApiResult<Json<Vec<RunOut>>> {
+    // Every webhook first, so that a refused one leaves no run of the batch behind.
+    for (index, body) in bodies.iter().enumerate() {
+        check_webhook(
+            &state,
+            body,
+            vec![json!("body"), json!(index), json!("webhook")],
+        )
+        .await?;
+    }
     let mut runs = Vec::with_capacity(bodies.len());
     for body in &bodies {
         let (run, _) = start_stateless(&state, &scope, body, true).await?;
@@ -994,33 +1030,51 @@ async fn create_run_batch(
     Ok(Json(runs))
 }
 
-/// Which runs `POST /runs/cancel` stops.
+/// Which runs `POST /runs/cancel` stops: some runs of a thread, or every active run of the
+/// caller with a status.
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct CancelManyRequest {
     pub thread_id: Option<Uuid>,
     #[serde(default)]
     pub run_ids: Option<Vec<Uuid>>,
-    /// Not supported yet: refused rather than ignored.
+    /// pending, running or all: every such run of the caller, in any thread. Exclusive with
+    /// `thread_id` and `run_ids`.
     #[serde(default)]
-    pub status: Option<String>,
+    pub status: Option<CancelStatus>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, ToSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum CancelStatus {
+    Pending,
+    Running,
+    All,
 }
 
 impl Validate for CancelManyRequest {
     fn validate(&self, v: &mut Violations) {
-        if let Some(status) = &self.status {
-            v.push(
-                &["status"],
-                "not_supported",
-                "cancelling runs by status is not supported by this server yet",
-                json!(status),
-                Value::Null,
-            );
+        if self.status.is_some() {
+            for (field, given) in [
+                ("thread_id", self.thread_id.is_some()),
+                ("run_ids", self.run_ids.is_some()),
+            ] {
+                if given {
+                    v.push(
+                        &[field],
+                        "value_error",
+                        "Cancel either by status or by thread_id and run_ids, not both",
+                        Value::Null,
+                        Value::Null,
+                    );
+                }
+            }
+            return;
         }
         if self.thread_id.is_none() {
             v.push(
                 &["thread_id"],
                 "missing",
-                "Field required (with run_ids)",
+                "Field required (with run_ids), unless status is given",
                 Value::Null,
                 Value::Null,
             );
@@ -1029,7 +1083,7 @@ impl Validate for CancelManyRequest {
             v.push(
                 &["run_ids"],
                 "missing",
-                "Field required: the runs to cancel",
+                "Field required: the runs to cancel, unless status is given",
                 Value::Null,
                 Value::Null,
             );
@@ -1046,18 +1100,49 @@ async fn cancel_many_runs(
     ApiQuery(query): ApiQuery<CancelQuery>,
     ApiJson(body): ApiJson<CancelManyRequest>,
 ) -> ApiResult<StatusCode> {
-    let (Some(thread_id), Some(run_ids)) = (body.thread_id, body.run_ids) else {
-        return Err(ApiError::internal("validated request lost its fields"));
-    };
     let action = query
         .action
         .as_deref()
         .and_then(CancelAction::parse)
         .unwrap_or_default();
-    let cancelled = state
-        .storage
-        .cancel_runs(&scope, thread_id, &run_ids, action)
-        .await?;
-    state.workers.cancel_local(&cancelled);
+    let targets = match (body.status, body.thread_id, body.run_ids) {
+        (Some(status), _, _) => runs_by_thread(&state, &scope, status).await?,
+        (None, Some(thread_id), Some(run_ids)) => vec![(thread_id, run_ids)],
+        _ => return Err(ApiError::internal("validated request lost its fields")),
+    };
+    for (thread_id, run_ids) in targets {
+        match state
+            .storage
+            .cancel_runs(&scope, thread_id, &run_ids, action)
+            .await
+        {
+            Ok(cancelled) => state.workers.cancel_local(&cancelled),
+            // By status, a run may end between the listing and its cancel: nothing to stop.
+            Err(spindle_storage::StorageError::NotFound(_)) if body.status.is_some() => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// The caller's active runs of a status, grouped by thread (a cancel is one transaction per
+/// thread).
+async fn runs_by_thread(
+    state: &AppState,
+    scope: &Scope,
+    status: CancelStatus,
+) -> ApiResult<Vec<(Uuid, Vec<Uuid>)>> {
+    let status = match status {
+        CancelStatus::Pending => Some(RunStatus::Pending),
+        CancelStatus::Running => Some(RunStatus::Running),
+        CancelStatus::All => None,
+    };
+    let mut grouped: Vec<(Uuid, Vec<Uuid>)> = Vec::new();
+    for (thread_id, run_id) in state.storage.active_runs(scope, status).await? {
+        match grouped.iter_mut().find(|(t, _)| *t == thread_id) {
+            Some((_, runs)) => runs.push(run_id),
+            None => grouped.push((thread_id, vec![run_id])),
+        }
+    }
+    Ok(grouped)
 }

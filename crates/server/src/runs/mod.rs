@@ -3,6 +3,7 @@
 
 pub mod execute;
 pub mod hub;
+pub mod retention;
 pub mod stream;
 pub mod worker;
 

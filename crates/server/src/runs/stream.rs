@@ -1,13 +1,20 @@
-//! Streaming a run (or every run of a thread) to a client: subscribe first, replay the log
+//! Streaming a run, or every run of a thread, to a client: subscribe first, replay the log
 //! second, then forward live events, so a client resuming after `Last-Event-ID` sees no gap and
-//! no duplicate. The stream ends when the run ends.
+//! no duplicate. A run's stream ends when the run ends; a thread's stream lasts as long as the
+//! client listens (or until the thread is deleted).
+//!
+//! Live events are forwarded only while they continue the log exactly (`seq == sent + 1`).
+//! The worker hands events to the hub before their batch is committed, and a subscriber that
+//! lags loses messages; in both cases the next live event may be ahead of what the stream has
+//! sent, and the stream goes back to the log instead of skipping over the gap.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::Stream;
-use spindle_storage::{LoggedEvent, RunStatus, Scope, Storage};
+use serde_json::json;
+use spindle_storage::{LoggedEvent, Scope, Storage, StorageError, RUN_END_EVENT};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::mpsc;
 use uuid::Uuid;
@@ -21,19 +28,97 @@ const POLL: Duration = Duration::from_millis(250);
 const PAGE: i64 = 500;
 
 /// What a stream follows.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub struct Follow {
     pub thread_id: Uuid,
-    pub run_id: Uuid,
-    /// Send events with seq greater than this (`Last-Event-ID`); `-1`/`0` replays all.
-    pub after: i64,
+    pub target: Target,
+    /// Send events with seq greater than this (`Last-Event-ID`; `-1` replays all). Without
+    /// it a run stream starts at the run's first event, a thread stream at the next event.
+    pub after: Option<i64>,
     /// Put `id:` lines on frames (resumable streams).
     pub with_ids: bool,
 }
 
-/// The SSE body of a run. `on_done` runs when the stream stops, told whether the run had
-/// ended (false: the client went away first).
-pub fn run_stream(
+/// Whose events a stream carries.
+#[derive(Clone, Copy, Debug)]
+pub enum Target {
+    /// One run's events; the stream ends with the run.
+    Run(Uuid),
+    /// The events of every run of the thread, selected by `ThreadModes`.
+    Thread(ThreadModes),
+}
+
+/// What `GET /threads/{id}/stream` sends, as its `stream_modes` select.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ThreadModes {
+    /// Every event of every run (the run's own stream modes), with run starts and ends.
+    pub run_modes: bool,
+    /// Only run starts (`metadata {run_id, attempt}`) and ends (`metadata {status: run_done}`).
+    pub lifecycle: bool,
+    /// Updates of the thread's state made through the state API.
+    pub state_update: bool,
+}
+
+/// The logged event name of a state update made through the state API.
+pub const STATE_UPDATE_EVENT: &str = "state_update";
+
+impl Target {
+    /// The SSE frame a logged event becomes on this stream, if it belongs on it.
+    fn frame(self, event: &LoggedEvent, with_ids: bool) -> Option<Bytes> {
+        let id = with_ids.then_some(event.seq);
+        match self {
+            Target::Run(run_id) => (event.run_id == run_id && event.event != RUN_END_EVENT)
+                .then(|| sse::json_frame(&event.event, &event.data, id)),
+            Target::Thread(modes) => match event.event.as_str() {
+                RUN_END_EVENT if modes.run_modes || modes.lifecycle => {
+                    let done = json!({"status": "run_done", "run_id": event.run_id.to_string()});
+                    Some(sse::json_frame("metadata", &done, id))
+                }
+                "metadata" if modes.run_modes || modes.lifecycle => {
+                    Some(sse::json_frame("metadata", &event.data, id))
+                }
+                STATE_UPDATE_EVENT if modes.state_update => {
+                    Some(sse::json_frame(&event.event, &event.data, id))
+                }
+                RUN_END_EVENT | "metadata" | STATE_UPDATE_EVENT => None,
+                _ if modes.run_modes => Some(sse::json_frame(&event.event, &event.data, id)),
+                _ => None,
+            },
+        }
+    }
+
+    /// The log query's run filter.
+    fn run_id(self) -> Option<Uuid> {
+        match self {
+            Target::Run(run_id) => Some(run_id),
+            Target::Thread(_) => None,
+        }
+    }
+}
+
+/// Where a stream stands in the thread's log.
+struct Position {
+    /// The seq of the last event looked at (sent or skipped).
+    seq: i64,
+    /// Whether `seq` is known to be the event before the next one this stream must send. A run
+    /// stream that found none of its run's events in the log is not anchored until it sees the
+    /// run's first event (`metadata`).
+    anchored: bool,
+}
+
+impl Position {
+    /// Whether a live event continues the stream without a gap.
+    fn continues_with(&self, event: &LoggedEvent, target: Target) -> bool {
+        if self.anchored {
+            return event.seq == self.seq + 1;
+        }
+        matches!(target, Target::Run(run_id) if event.run_id == run_id && event.event == "metadata")
+    }
+}
+
+/// The SSE body of a run or thread stream. `on_done` runs when the stream stops, told whether
+/// what it followed had ended (false: the client went away first).
+pub fn follow_stream(
     storage: Arc<dyn Storage>,
     hub: Arc<EventHub>,
     scope: Scope,
@@ -42,56 +127,9 @@ pub fn run_stream(
     on_done: impl FnOnce(bool) + Send + 'static,
 ) -> impl Stream<Item = Result<Bytes, std::convert::Infallible>> {
     let (tx, rx) = mpsc::channel::<Bytes>(64);
-    let mut live = hub.subscribe(follow.thread_id);
+    let live = hub.subscribe(follow.thread_id);
     tokio::spawn(async move {
-        let mut sent = follow.after.max(0);
-        let mut ended = false;
-        let mut heartbeat = tokio::time::interval(keepalive);
-        heartbeat.tick().await;
-        let mut poll = tokio::time::interval(POLL);
-        loop {
-            // Catch up from the log: the first time, after a lag, and on every poll tick.
-            match catch_up(&storage, &scope, follow, &mut sent, &tx).await {
-                Ok(status) if !status.is_active() => {
-                    ended = true;
-                }
-                Ok(_) => {}
-                Err(CatchUp::ClientGone) => break,
-                Err(CatchUp::Failed(err)) => {
-                    tracing::warn!(error = %err, run_id = %follow.run_id, "cannot read the run's events");
-                    ended = true;
-                }
-            }
-            if ended {
-                break;
-            }
-            let gone = loop {
-                tokio::select! {
-                    message = live.recv() => match message {
-                        Ok(HubMessage::Event(event)) if event.run_id == follow.run_id && event.seq > sent => {
-                            if send(&tx, &event, follow.with_ids).await.is_err() {
-                                break true;
-                            }
-                            sent = event.seq;
-                        }
-                        Ok(HubMessage::RunEnded { run_id, .. }) if run_id == follow.run_id => break false,
-                        Ok(_) => {}
-                        // Fell behind or the hub went away: the log has everything.
-                        Err(RecvError::Lagged(_)) | Err(RecvError::Closed) => break false,
-                    },
-                    _ = heartbeat.tick() => {
-                        if tx.send(Bytes::from_static(sse::HEARTBEAT)).await.is_err() {
-                            break true;
-                        }
-                    }
-                    _ = poll.tick() => break false,
-                    () = tx.closed() => break true,
-                }
-            };
-            if gone {
-                break;
-            }
-        }
+        let ended = pump(storage, live, scope, follow, keepalive, &tx).await;
         on_done(ended);
     });
     futures::stream::unfold(
@@ -100,48 +138,234 @@ pub fn run_stream(
     )
 }
 
+/// Feeds the stream until what it follows ends (true) or the client leaves (false).
+async fn pump(
+    storage: Arc<dyn Storage>,
+    mut live: tokio::sync::broadcast::Receiver<HubMessage>,
+    scope: Scope,
+    follow: Follow,
+    keepalive: Duration,
+    tx: &mpsc::Sender<Bytes>,
+) -> bool {
+    let mut at = match start(&storage, follow).await {
+        Ok(at) => at,
+        Err(err) => {
+            tracing::warn!(error = %err, thread_id = %follow.thread_id, "cannot open the event stream");
+            return true;
+        }
+    };
+    let mut heartbeat = tokio::time::interval(keepalive);
+    heartbeat.tick().await;
+    let mut poll = tokio::time::interval(POLL);
+    loop {
+        // Catch up from the log: the first time, after a gap, and on every poll tick.
+        match catch_up(&storage, &scope, follow, &mut at, tx).await {
+            Ok(true) => return true,
+            Ok(false) => {}
+            Err(CatchUp::ClientGone) => return false,
+            Err(CatchUp::Failed(err)) => {
+                tracing::warn!(error = %err, thread_id = %follow.thread_id, "cannot read the event log");
+                return true;
+            }
+        }
+        loop {
+            tokio::select! {
+                message = live.recv() => match message {
+                    Ok(HubMessage::Event(event)) if event.seq > at.seq => {
+                        if !at.continues_with(&event, follow.target) {
+                            break;
+                        }
+                        at = Position { seq: event.seq, anchored: true };
+                        if let Some(frame) = follow.target.frame(&event, follow.with_ids) {
+                            if tx.send(frame).await.is_err() {
+                                return false;
+                            }
+                        }
+                    }
+                    Ok(HubMessage::RunEnded { .. }) => break,
+                    Ok(_) => {}
+                    // Fell behind or the hub went away: the log has everything.
+                    Err(RecvError::Lagged(_)) | Err(RecvError::Closed) => break,
+                },
+                _ = heartbeat.tick() => {
+                    if tx.send(Bytes::from_static(sse::HEARTBEAT)).await.is_err() {
+                        return false;
+                    }
+                }
+                _ = poll.tick() => break,
+                () = tx.closed() => return false,
+            }
+        }
+    }
+}
+
+/// Where a stream starts. A thread stream without `Last-Event-ID` sends what happens from now
+/// on; anything else replays the log after `after`.
+async fn start(storage: &Arc<dyn Storage>, follow: Follow) -> Result<Position, StorageError> {
+    Ok(match (follow.target, follow.after) {
+        (Target::Thread(_), None) => Position {
+            seq: storage.last_event_seq(follow.thread_id).await?,
+            anchored: true,
+        },
+        (Target::Thread(_), Some(after)) => Position {
+            seq: after.max(0),
+            anchored: true,
+        },
+        (Target::Run(_), after) => Position {
+            seq: after.unwrap_or(0).max(0),
+            anchored: false,
+        },
+    })
+}
+
 enum CatchUp {
     ClientGone,
     Failed(String),
 }
 
-/// Sends what the log holds after `sent`; returns the run's status as of after the read.
+/// Sends what the log holds after `at`; answers whether what the stream follows has ended
+/// (so every event it will ever have is in the log and has been sent).
 async fn catch_up(
     storage: &Arc<dyn Storage>,
     scope: &Scope,
     follow: Follow,
-    sent: &mut i64,
+    at: &mut Position,
     tx: &mpsc::Sender<Bytes>,
-) -> Result<RunStatus, CatchUp> {
-    // Status first: if the run had ended, every event it wrote is in the log already.
-    let status = match storage
-        .get_run(scope, follow.thread_id, follow.run_id)
-        .await
-    {
-        Ok(run) => run.status,
-        // Deleted (rollback, or the thread was deleted): nothing more will come.
-        Err(spindle_storage::StorageError::NotFound(_)) => RunStatus::Interrupted,
+) -> Result<bool, CatchUp> {
+    // Read the end condition first: if it holds now, the log below is complete.
+    let ended = match ended(storage, scope, follow).await {
+        Ok(ended) => ended,
         Err(err) => return Err(CatchUp::Failed(err.to_string())),
     };
     loop {
         let events = storage
-            .read_events(follow.thread_id, *sent, Some(follow.run_id), PAGE)
+            .read_events(follow.thread_id, at.seq, follow.target.run_id(), PAGE)
             .await
             .map_err(|e| CatchUp::Failed(e.to_string()))?;
         let full = events.len() as i64 == PAGE;
         for event in &events {
-            send(tx, event, follow.with_ids)
-                .await
-                .map_err(|()| CatchUp::ClientGone)?;
-            *sent = event.seq;
+            if let Some(frame) = follow.target.frame(event, follow.with_ids) {
+                tx.send(frame).await.map_err(|_| CatchUp::ClientGone)?;
+            }
+            *at = Position {
+                seq: event.seq,
+                anchored: true,
+            };
         }
         if !full {
-            return Ok(status);
+            return Ok(ended);
         }
     }
 }
 
-async fn send(tx: &mpsc::Sender<Bytes>, event: &LoggedEvent, with_ids: bool) -> Result<(), ()> {
-    let frame = sse::json_frame(&event.event, &event.data, with_ids.then_some(event.seq));
-    tx.send(frame).await.map_err(|_| ())
+/// A run stream ends with its run (or when the run is deleted: rollback, or its thread was
+/// deleted); a thread stream when its thread is deleted.
+async fn ended(
+    storage: &Arc<dyn Storage>,
+    scope: &Scope,
+    follow: Follow,
+) -> Result<bool, StorageError> {
+    let found = match follow.target {
+        Target::Run(run_id) => storage
+            .get_run(scope, follow.thread_id, run_id)
+            .await
+            .map(|run| !run.status.is_active()),
+        Target::Thread(_) => storage
+            .get_thread(scope, follow.thread_id)
+            .await
+            .map(|_| false),
+    };
+    match found {
+        Err(StorageError::NotFound(_)) => Ok(true),
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    fn event(run_id: Uuid, seq: i64, name: &str) -> LoggedEvent {
+        LoggedEvent {
+            thread_id: Uuid::nil(),
+            seq,
+            run_id,
+            event: name.into(),
+            data: json!({"n": seq}),
+            created_at: chrono::Utc::now(),
+        }
+    }
+
+    fn text(frame: Option<Bytes>) -> Option<String> {
+        frame.map(|b| String::from_utf8(b.to_vec()).unwrap())
+    }
+
+    #[test]
+    fn a_run_stream_carries_its_run_only_and_not_the_end_marker() {
+        let (run, other) = (Uuid::new_v4(), Uuid::new_v4());
+        let target = Target::Run(run);
+        assert!(target.frame(&event(run, 1, "values"), false).is_some());
+        assert!(target.frame(&event(other, 2, "values"), false).is_none());
+        assert!(target.frame(&event(run, 3, RUN_END_EVENT), false).is_none());
+    }
+
+    #[test]
+    fn lifecycle_sends_run_starts_and_run_done() {
+        let run = Uuid::new_v4();
+        let target = Target::Thread(ThreadModes {
+            lifecycle: true,
+            ..ThreadModes::default()
+        });
+        assert!(target.frame(&event(run, 1, "values"), true).is_none());
+        let start = text(target.frame(&event(run, 2, "metadata"), true)).unwrap();
+        assert!(start.starts_with("event: metadata\r\n"), "{start}");
+        let done = text(target.frame(&event(run, 3, RUN_END_EVENT), true)).unwrap();
+        let data: Value =
+            serde_json::from_str(done.lines().find_map(|l| l.strip_prefix("data: ")).unwrap())
+                .unwrap();
+        assert_eq!(
+            data,
+            json!({"status": "run_done", "run_id": run.to_string()})
+        );
+        assert!(done.contains("id: 3\r\n"));
+    }
+
+    #[test]
+    fn run_modes_skip_state_updates_and_state_update_takes_only_them() {
+        let run = Uuid::new_v4();
+        let runs = Target::Thread(ThreadModes {
+            run_modes: true,
+            ..ThreadModes::default()
+        });
+        let states = Target::Thread(ThreadModes {
+            state_update: true,
+            ..ThreadModes::default()
+        });
+        assert!(runs.frame(&event(run, 1, "updates"), true).is_some());
+        assert!(runs
+            .frame(&event(run, 2, STATE_UPDATE_EVENT), true)
+            .is_none());
+        assert!(states.frame(&event(run, 1, "updates"), true).is_none());
+        assert!(states
+            .frame(&event(run, 2, STATE_UPDATE_EVENT), true)
+            .is_some());
+    }
+
+    #[test]
+    fn live_events_must_continue_the_log() {
+        let run = Uuid::new_v4();
+        let anchored = Position {
+            seq: 4,
+            anchored: true,
+        };
+        assert!(anchored.continues_with(&event(run, 5, "values"), Target::Run(run)));
+        assert!(!anchored.continues_with(&event(run, 6, "values"), Target::Run(run)));
+        let fresh = Position {
+            seq: 0,
+            anchored: false,
+        };
+        assert!(fresh.continues_with(&event(run, 9, "metadata"), Target::Run(run)));
+        assert!(!fresh.continues_with(&event(run, 10, "values"), Target::Run(run)));
+    }
 }

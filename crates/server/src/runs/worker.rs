@@ -27,6 +27,7 @@ use uuid::Uuid;
 use super::execute::{keys, run_config, run_input};
 use super::hub::{EventHub, HubMessage};
 use crate::graphs::GraphRegistry;
+use crate::webhook::{self, Webhooks};
 
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
@@ -40,7 +41,12 @@ pub struct WorkerConfig {
     pub poll_interval: Duration,
     /// A run still executing after this long ends `timeout`.
     pub run_timeout: Option<Duration>,
+    /// Logged events of ended runs are kept this long; `None` keeps them forever.
+    pub event_retention: Option<Duration>,
 }
+
+/// How often the event log is swept for events past their retention.
+const RETENTION_SWEEP: Duration = Duration::from_secs(600);
 
 impl Default for WorkerConfig {
     fn default() -> Self {
@@ -50,6 +56,7 @@ impl Default for WorkerConfig {
             max_attempts: 3,
             poll_interval: Duration::from_millis(500),
             run_timeout: None,
+            event_retention: Some(Duration::from_secs(7 * 24 * 3600)),
         }
     }
 }
@@ -65,6 +72,7 @@ pub struct RunWorkers {
     storage: Arc<dyn Storage>,
     graphs: Arc<GraphRegistry>,
     hub: Arc<EventHub>,
+    webhooks: Arc<Webhooks>,
     config: WorkerConfig,
     worker_id: String,
     wake: Notify,
@@ -77,12 +85,14 @@ impl RunWorkers {
         storage: Arc<dyn Storage>,
         graphs: Arc<GraphRegistry>,
         hub: Arc<EventHub>,
+        webhooks: Arc<Webhooks>,
         config: WorkerConfig,
     ) -> Self {
         Self {
             storage,
             graphs,
             hub,
+            webhooks,
             config,
             worker_id: format!("{}-{}", std::process::id(), Uuid::new_v4().simple()),
             wake: Notify::new(),
@@ -96,6 +106,14 @@ impl RunWorkers {
             let workers = self.clone();
             let shutdown = shutdown.clone();
             tokio::spawn(async move { workers.work(shutdown).await });
+        }
+        if let Some(retention) = self.config.event_retention {
+            tokio::spawn(super::retention::sweep_events(
+                self.storage.clone(),
+                retention,
+                RETENTION_SWEEP,
+                shutdown,
+            ));
         }
     }
 
@@ -256,10 +274,16 @@ impl RunWorkers {
         };
         let end = run_end(&outcome, timed_out, snapshot);
         let status = end.status;
-        self.storage
+        let webhook = run.kwargs.get(keys::WEBHOOK).and_then(Value::as_str);
+        let final_values = webhook.and(end.thread_values.clone());
+        let ended = self
+            .storage
             .finish_run(run.run_id, &self.worker_id, end)
             .await
             .map_err(|e| e.to_string())?;
+        if let Some(url) = webhook {
+            self.send_webhook(ended, final_values, url);
+        }
         if run.kwargs.get(keys::TEMPORARY).and_then(Value::as_str) == Some(CLEANUP_BY_WORKER) {
             if let Err(err) =
                 super::delete_thread(self.storage.as_ref(), &scope, run.thread_id).await
@@ -268,6 +292,20 @@ impl RunWorkers {
             }
         }
         Ok(status)
+    }
+
+    /// Sends the run's end to its webhook in the background, once the end is committed: a
+    /// slow or absent receiver never holds up the run or its worker.
+    fn send_webhook(&self, ended: Option<Run>, values: Option<Value>, url: &str) {
+        match ended {
+            Some(run) => {
+                let payload = webhook::run_payload(&run, values);
+                self.webhooks.spawn(payload, url.to_owned(), run.run_id);
+            }
+            // A rolled-back run was deleted at its creator's request: there is no run left to
+            // report (the reference would send a status, `rollback`, that no run can have).
+            None => tracing::info!("the run was rolled back; its webhook is not called"),
+        }
     }
 
     /// The run's assistant and the graph it executes.

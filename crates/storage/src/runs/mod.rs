@@ -137,6 +137,10 @@ pub struct Run {
     pub error: Option<Value>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// When a worker first claimed it (a run resumed after its worker died keeps this).
+    pub started_at: Option<DateTime<Utc>>,
+    /// When it ended, however it ended.
+    pub ended_at: Option<DateTime<Utc>>,
 }
 
 /// What happens when the run's thread does not exist.
@@ -191,6 +195,11 @@ pub struct RunEnd {
     /// Interrupts by task id, for `GET /threads/{id}`.
     pub thread_interrupts: JsonObject,
 }
+
+/// The logged event that closes a run's events, `{run_id, status}`: written in the transaction
+/// that ends the run, however it ends, so a stream that reads it knows the run is over. Run
+/// streams do not send it; thread streams turn it into `metadata {status: run_done}`.
+pub const RUN_END_EVENT: &str = "end";
 
 /// One event of a run, as kept in the thread's log.
 #[derive(Debug, Clone, PartialEq)]
@@ -260,13 +269,21 @@ pub trait RunStore: Send + Sync {
         worker_id: &str,
         lease: std::time::Duration,
     ) -> StorageResult<Option<Run>>;
-    /// Ends a run and updates its thread, in one transaction. A rollback end deletes the run.
-    /// `NotFound` when the worker no longer holds the run (its lease was taken over, or the
-    /// run or its thread was deleted); `Invalid` for an active `end.status`.
-    async fn finish_run(&self, run_id: Uuid, worker_id: &str, end: RunEnd) -> StorageResult<()>;
+    /// Ends a run and updates its thread, in one transaction, and returns the run as it ended
+    /// (`None` for a rollback end, which deletes the run). Returning it spares a read that a
+    /// concurrent deletion of the thread could beat. `NotFound` when the worker no longer
+    /// holds the run (its lease was taken over, or the run or its thread was deleted);
+    /// `Invalid` for an active `end.status`.
+    async fn finish_run(
+        &self,
+        run_id: Uuid,
+        worker_id: &str,
+        end: RunEnd,
+    ) -> StorageResult<Option<Run>>;
 
-    /// Appends events (one transaction per batch). Seqs are unique per thread: a taken seq is
-    /// a `Conflict`; an event of a run that no longer exists is `NotFound`.
+    /// Appends events (one transaction per batch). Seqs only grow per thread: a seq at or
+    /// below one the thread ever logged (even if since removed) is a `Conflict`; an event of a
+    /// run that no longer exists is `NotFound`.
     async fn append_events(&self, events: &[LoggedEvent]) -> StorageResult<()>;
     /// Events of a thread with `seq > after`, oldest first, optionally of one run.
     async fn read_events(
@@ -276,6 +293,21 @@ pub trait RunStore: Send + Sync {
         run_id: Option<Uuid>,
         limit: i64,
     ) -> StorageResult<Vec<LoggedEvent>>;
+    /// The seq of the thread's last logged event; 0 when it has none.
+    async fn last_event_seq(&self, thread_id: Uuid) -> StorageResult<i64>;
+    /// A run by its id alone (clients that follow a stateless run know no thread).
+    async fn find_run(&self, scope: &Scope, run_id: Uuid) -> StorageResult<Run>;
+    /// Removes up to `limit` logged events older than `before`, except those of active runs.
+    /// (Seqs are counted on the thread, so removing events never lets one be reused.)
+    /// Returns how many went.
+    async fn prune_events(&self, before: DateTime<Utc>, limit: i64) -> StorageResult<u64>;
+    /// `(thread_id, run_id)` of the caller's active runs in any thread, oldest first: those of
+    /// `status` (pending or running), or both when `None`.
+    async fn active_runs(
+        &self,
+        scope: &Scope,
+        status: Option<RunStatus>,
+    ) -> StorageResult<Vec<(Uuid, Uuid)>>;
 }
 
 mod postgres;
@@ -299,7 +331,8 @@ fn worker_lost(attempts: i32) -> Value {
 
 /// The columns a run is read with, in [`RunRow`]'s order.
 const RUN_COLUMNS: &str = "run_id, thread_id, assistant_id, user_id, status, kwargs, metadata, \
-     multitask_strategy, attempt, run_after, cancel, error, created_at, updated_at";
+     multitask_strategy, attempt, run_after, cancel, error, created_at, updated_at, started_at, \
+     ended_at";
 
 #[derive(sqlx::FromRow)]
 struct RunRow<Id> {
@@ -317,6 +350,8 @@ struct RunRow<Id> {
     error: Option<sqlx::types::Json<Value>>,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
+    started_at: Option<DateTime<Utc>>,
+    ended_at: Option<DateTime<Utc>>,
 }
 
 impl<Id: crate::rows::IntoUuid> TryFrom<RunRow<Id>> for Run {
@@ -345,8 +380,33 @@ impl<Id: crate::rows::IntoUuid> TryFrom<RunRow<Id>> for Run {
             error: row.error.map(|e| e.0),
             created_at: row.created_at,
             updated_at: row.updated_at,
+            started_at: row.started_at,
+            ended_at: row.ended_at,
         })
     }
+}
+
+/// `(thread_id, lowest seq, highest seq)` of each thread a batch of events is for, so each
+/// thread's counter is checked and moved once per batch.
+fn seq_ranges(events: &[LoggedEvent]) -> Vec<(Uuid, i64, i64)> {
+    let mut ranges: Vec<(Uuid, i64, i64)> = Vec::new();
+    for event in events {
+        match ranges.iter_mut().find(|(t, _, _)| *t == event.thread_id) {
+            Some((_, low, high)) => {
+                *low = (*low).min(event.seq);
+                *high = (*high).max(event.seq);
+            }
+            None => ranges.push((event.thread_id, event.seq, event.seq)),
+        }
+    }
+    ranges
+}
+
+/// A batch that does not continue its thread's counter reuses a seq.
+fn seq_taken(thread_id: Uuid) -> crate::StorageError {
+    crate::StorageError::Conflict(format!(
+        "thread {thread_id} has logged events at or after that seq"
+    ))
 }
 
 /// The columns an event is read with, in [`EventRow`]'s order (`data` as text on both

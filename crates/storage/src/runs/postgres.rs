@@ -88,6 +88,7 @@ async fn active_runs(
 /// running ones are flagged for their worker. Returns the ids stopped or flagged.
 async fn stop_runs(
     conn: &mut PgConnection,
+    thread_id: Uuid,
     active: &[(Uuid, RunStatus)],
     action: CancelAction,
     now: DateTime<Utc>,
@@ -97,13 +98,16 @@ async fn stop_runs(
         match action {
             CancelAction::Interrupt => {
                 sqlx::query(
-                    "UPDATE runs SET status = 'interrupted', updated_at = $2 \
+                    "UPDATE runs SET status = 'interrupted', updated_at = $2, ended_at = $2 \
                      WHERE run_id = ANY($1)",
                 )
                 .bind(&pending)
                 .bind(now)
                 .execute(&mut *conn)
                 .await?;
+                for run_id in &pending {
+                    log_run_end(conn, thread_id, *run_id, RunStatus::Interrupted, now).await?;
+                }
             }
             CancelAction::Rollback => {
                 sqlx::query("DELETE FROM runs WHERE run_id = ANY($1)")
@@ -171,13 +175,62 @@ async fn release_thread(
     Ok(())
 }
 
-async fn last_seq(conn: &mut PgConnection, thread_id: Uuid) -> StorageResult<i64> {
-    Ok(
-        sqlx::query_scalar("SELECT COALESCE(MAX(seq), 0) FROM run_events WHERE thread_id = $1")
-            .bind(thread_id)
-            .fetch_one(conn)
-            .await?,
+/// Logs the event that closes a run's events ([`RUN_END_EVENT`]), after the thread's last
+/// one, in the transaction that ends the run.
+async fn log_run_end(
+    conn: &mut PgConnection,
+    thread_id: Uuid,
+    run_id: Uuid,
+    status: RunStatus,
+    now: DateTime<Utc>,
+) -> StorageResult<()> {
+    let seq: i64 = sqlx::query_scalar(
+        "UPDATE threads SET event_seq = event_seq + 1 WHERE thread_id = $1 RETURNING event_seq",
     )
+    .bind(thread_id)
+    .fetch_one(&mut *conn)
+    .await?;
+    let data = serde_json::json!({"run_id": run_id.to_string(), "status": status.as_str()});
+    sqlx::query(
+        "INSERT INTO run_events (thread_id, seq, run_id, event, data, created_at) \
+         VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(thread_id)
+    .bind(seq)
+    .bind(run_id)
+    .bind(RUN_END_EVENT)
+    .bind(Json(&data))
+    .bind(now)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+async fn last_seq(conn: &mut PgConnection, thread_id: Uuid) -> StorageResult<i64> {
+    let seq: Option<i64> = sqlx::query_scalar("SELECT event_seq FROM threads WHERE thread_id = $1")
+        .bind(thread_id)
+        .fetch_optional(conn)
+        .await?;
+    Ok(seq.unwrap_or(0))
+}
+
+/// Moves each thread's event counter past a batch just inserted; a batch that does not
+/// continue the counter reuses a seq (`Conflict`).
+async fn advance_event_seq(conn: &mut PgConnection, events: &[LoggedEvent]) -> StorageResult<()> {
+    for (thread_id, low, high) in seq_ranges(events) {
+        let moved = sqlx::query(
+            "UPDATE threads SET event_seq = $2 WHERE thread_id = $1 AND event_seq < $3",
+        )
+        .bind(thread_id)
+        .bind(high)
+        .bind(low)
+        .execute(&mut *conn)
+        .await?;
+        if moved.rows_affected() == 0 {
+            return Err(seq_taken(thread_id));
+        }
+    }
+    Ok(())
 }
 
 /// Ends a running run whose worker died and that is not to be resumed: a cancelled one as
@@ -198,26 +251,28 @@ async fn end_abandoned(
         }
         Some(CancelAction::Interrupt) => {
             sqlx::query(
-                "UPDATE runs SET status = 'interrupted', lease_expires_at = NULL, updated_at = $2 \
-                 WHERE run_id = $1",
+                "UPDATE runs SET status = 'interrupted', lease_expires_at = NULL, updated_at = $2, \
+                 ended_at = $2 WHERE run_id = $1",
             )
             .bind(id)
             .bind(now)
             .execute(&mut *conn)
             .await?;
+            log_run_end(conn, run.thread_id, run.run_id, RunStatus::Interrupted, now).await?;
             release_thread(conn, run.thread_id, ThreadStatus::Idle, None, now).await
         }
         None => {
             let error = worker_lost(run.attempt);
             sqlx::query(
                 "UPDATE runs SET status = 'error', error = $2, lease_expires_at = NULL, \
-                 updated_at = $3 WHERE run_id = $1",
+                 updated_at = $3, ended_at = $3 WHERE run_id = $1",
             )
             .bind(id)
             .bind(Json(&error))
             .bind(now)
             .execute(&mut *conn)
             .await?;
+            log_run_end(conn, run.thread_id, run.run_id, RunStatus::Error, now).await?;
             release_thread(conn, run.thread_id, ThreadStatus::Error, Some(&error), now).await
         }
     }
@@ -267,10 +322,10 @@ impl RunStore for PostgresStorage {
                     )))
                 }
                 MultitaskStrategy::Interrupt => {
-                    stop_runs(&mut tx, &active, CancelAction::Interrupt, now).await?
+                    stop_runs(&mut tx, new.thread_id, &active, CancelAction::Interrupt, now).await?
                 }
                 MultitaskStrategy::Rollback => {
-                    stop_runs(&mut tx, &active, CancelAction::Rollback, now).await?
+                    stop_runs(&mut tx, new.thread_id, &active, CancelAction::Rollback, now).await?
                 }
                 MultitaskStrategy::Reject | MultitaskStrategy::Enqueue => Vec::new(),
             };
@@ -392,7 +447,7 @@ impl RunStore for PostgresStorage {
                 return Err(StorageError::NotFound("run"));
             }
             let now = Utc::now();
-            let stopped = stop_runs(&mut tx, &active, action, now).await?;
+            let stopped = stop_runs(&mut tx, thread_id, &active, action, now).await?;
             if count_active(&mut tx, thread_id).await? == 0 {
                 sqlx::query(
                     "UPDATE threads SET status = 'idle', updated_at = $2 WHERE thread_id = $1",
@@ -455,7 +510,8 @@ impl RunStore for PostgresStorage {
 
             let claim_sql = format!(
                 "UPDATE runs SET status = 'running', attempt = attempt + 1, lease_owner = $2, \
-                 lease_expires_at = $3, updated_at = $4 WHERE run_id = $1 AND status = 'pending' \
+                 lease_expires_at = $3, updated_at = $4, started_at = COALESCE(started_at, $4) \
+                 WHERE run_id = $1 AND status = 'pending' \
                  RETURNING {RUN_COLUMNS}"
             );
             for _ in 0..CANDIDATES_PER_CLAIM {
@@ -522,7 +578,12 @@ impl RunStore for PostgresStorage {
         row.map(Run::try_from).transpose()
     }
 
-    async fn finish_run(&self, run_id: Uuid, worker_id: &str, end: RunEnd) -> StorageResult<()> {
+    async fn finish_run(
+        &self,
+        run_id: Uuid,
+        worker_id: &str,
+        end: RunEnd,
+    ) -> StorageResult<Option<Run>> {
         if end.status.is_active() {
             return Err(StorageError::Invalid(format!(
                 "a run cannot end {}",
@@ -551,23 +612,27 @@ impl RunStore for PostgresStorage {
             .await?;
             let cancel = held.ok_or(StorageError::NotFound("run"))?;
             let now = Utc::now();
-            if cancel.as_deref() == Some(CancelAction::Rollback.as_str()) {
+            let ended = if cancel.as_deref() == Some(CancelAction::Rollback.as_str()) {
                 sqlx::query("DELETE FROM runs WHERE run_id = $1")
                     .bind(run_id)
                     .execute(&mut *tx)
                     .await?;
+                None
             } else {
-                sqlx::query(
-                    "UPDATE runs SET status = $2, error = $3, lease_expires_at = NULL, updated_at = $4 \
-                     WHERE run_id = $1",
-                )
-                .bind(run_id)
-                .bind(end.status.as_str())
-                .bind(end.error.as_ref().map(Json))
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
-            }
+                let sql = format!(
+                    "UPDATE runs SET status = $2, error = $3, lease_expires_at = NULL, \
+                     updated_at = $4, ended_at = $4 WHERE run_id = $1 RETURNING {RUN_COLUMNS}"
+                );
+                let row: RunRow<Uuid> = sqlx::query_as(&sql)
+                    .bind(run_id)
+                    .bind(end.status.as_str())
+                    .bind(end.error.as_ref().map(Json))
+                    .bind(now)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                log_run_end(&mut tx, thread_id, run_id, end.status, now).await?;
+                Some(Run::try_from(row)?)
+            };
             let status = thread_status_after(&mut tx, thread_id, end.thread_status).await?;
             let error = end.error.as_ref().filter(|_| status == ThreadStatus::Error);
             sqlx::query(
@@ -582,7 +647,7 @@ impl RunStore for PostgresStorage {
             .bind(now)
             .execute(&mut *tx)
             .await?;
-            Ok(())
+            Ok(ended)
         }
         .await;
         settle(tx, result).await
@@ -609,21 +674,26 @@ impl RunStore for PostgresStorage {
             data.push(event.data.to_string());
             created.push(event.created_at);
         }
-        sqlx::query(
-            "INSERT INTO run_events (thread_id, seq, run_id, event, data, created_at) \
-             SELECT t, s, r, e, d::json, c FROM UNNEST($1::uuid[], $2::int8[], $3::uuid[], \
-             $4::text[], $5::text[], $6::timestamptz[]) AS x(t, s, r, e, d, c)",
-        )
-        .bind(&thread_ids)
-        .bind(&seqs)
-        .bind(&run_ids)
-        .bind(&names)
-        .bind(&data)
-        .bind(&created)
-        .execute(&self.pool)
-        .await
-        .map_err(event_insert_error)?;
-        Ok(())
+        let mut tx = self.pool.begin().await?;
+        let result = async {
+            sqlx::query(
+                "INSERT INTO run_events (thread_id, seq, run_id, event, data, created_at) \
+                 SELECT t, s, r, e, d::json, c FROM UNNEST($1::uuid[], $2::int8[], $3::uuid[], \
+                 $4::text[], $5::text[], $6::timestamptz[]) AS x(t, s, r, e, d, c)",
+            )
+            .bind(&thread_ids)
+            .bind(&seqs)
+            .bind(&run_ids)
+            .bind(&names)
+            .bind(&data)
+            .bind(&created)
+            .execute(&mut *tx)
+            .await
+            .map_err(event_insert_error)?;
+            advance_event_seq(&mut tx, events).await
+        }
+        .await;
+        settle(tx, result).await
     }
 
     async fn read_events(
@@ -644,6 +714,57 @@ impl RunStore for PostgresStorage {
         qb.push(" ORDER BY seq LIMIT ").push_bind(limit);
         let rows: Vec<EventRow<Uuid>> = qb.build_query_as().fetch_all(&self.pool).await?;
         rows.into_iter().map(LoggedEvent::try_from).collect()
+    }
+
+    async fn last_event_seq(&self, thread_id: Uuid) -> StorageResult<i64> {
+        let mut conn = self.pool.acquire().await?;
+        last_seq(&mut conn, thread_id).await
+    }
+
+    async fn find_run(&self, scope: &Scope, run_id: Uuid) -> StorageResult<Run> {
+        let sql = format!(
+            "SELECT {RUN_COLUMNS} FROM runs WHERE run_id = $1 AND EXISTS \
+             (SELECT 1 FROM threads t WHERE t.thread_id = runs.thread_id \
+              AND (t.user_id = $2 OR t.user_id IS NULL))"
+        );
+        let row: Option<RunRow<Uuid>> = sqlx::query_as(&sql)
+            .bind(run_id)
+            .bind(&scope.user_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.ok_or(StorageError::NotFound("run"))?.try_into()
+    }
+
+    async fn prune_events(&self, before: DateTime<Utc>, limit: i64) -> StorageResult<u64> {
+        let done = sqlx::query(
+            "DELETE FROM run_events WHERE (thread_id, seq) IN (SELECT e.thread_id, e.seq \
+             FROM run_events e WHERE e.created_at < $1 \
+             AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = e.run_id \
+                             AND r.status IN ('pending', 'running')) \
+             LIMIT $2)",
+        )
+        .bind(before)
+        .bind(limit)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn active_runs(
+        &self,
+        scope: &Scope,
+        status: Option<RunStatus>,
+    ) -> StorageResult<Vec<(Uuid, Uuid)>> {
+        let rows: Vec<(Uuid, Uuid)> = sqlx::query_as(
+            "SELECT r.thread_id, r.run_id FROM runs r JOIN threads t ON t.thread_id = r.thread_id \
+             WHERE r.status IN ('pending', 'running') AND ($1 IS NULL OR r.status = $1) \
+             AND (t.user_id = $2 OR t.user_id IS NULL) ORDER BY r.created_at",
+        )
+        .bind(status.map(RunStatus::as_str))
+        .bind(&scope.user_id)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows)
     }
 }
 

@@ -465,7 +465,13 @@ async fn rollback_deletes_pending_runs_and_the_running_one_when_it_ends() {
         assert_eq!(thread_status(s, &alice, thread).await, ThreadStatus::Busy);
         let next = claim(s, "w2").await.unwrap();
         assert_eq!(next.run.run_id, created.run.run_id);
-        assert_eq!(next.last_seq, 0);
+        // The rolled-back run's events are gone, but their seqs are not handed out again: a
+        // client that saw them resumes after them without missing the next run's events.
+        assert_eq!(next.last_seq, 2);
+        assert_conflict(
+            s.append_events(&[event(thread, next.run.run_id, 2)]).await,
+            "a seq of a removed event",
+        );
     })
     .await;
 }
@@ -811,6 +817,79 @@ async fn finishing_sets_the_threads_status_values_and_error() {
 }
 
 #[tokio::test]
+async fn a_run_records_when_it_started_and_ended() {
+    for_each_backend(|db| async move {
+        let s = db.storage();
+        let alice = fresh_user();
+        let thread = thread_of(s, &alice).await;
+        let run = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        assert_eq!((run.started_at, run.ended_at), (None, None));
+
+        let first = claim(s, "w1").await.unwrap().run;
+        let started = first.started_at.expect("a claimed run has started");
+        assert!(started >= run.created_at);
+        assert_eq!(first.ended_at, None);
+
+        // A run resumed after its worker died keeps its first start.
+        expire(s, run.run_id, "w1").await;
+        let second = claim(s, "w2").await.unwrap().run;
+        assert_eq!(second.attempt, 2);
+        assert_eq!(second.started_at, Some(started));
+
+        let failure = json!({"error": "ValueError", "message": "boom"});
+        let ended = s
+            .finish_run(
+                run.run_id,
+                "w2",
+                RunEnd {
+                    error: Some(failure.clone()),
+                    ..end(RunStatus::Error, ThreadStatus::Error)
+                },
+            )
+            .await
+            .unwrap()
+            .expect("the run as it ended");
+        assert_eq!(ended.status, RunStatus::Error);
+        assert_eq!(ended.error, Some(failure));
+        assert_eq!(ended.started_at, Some(started));
+        let ended_at = ended.ended_at.expect("an ended run has ended_at");
+        assert!(ended_at >= started);
+        assert_eq!(ended.updated_at, ended_at);
+        let stored = s.get_run(&alice, thread, run.run_id).await.unwrap();
+        assert_eq!(
+            (stored.started_at, stored.ended_at),
+            (ended.started_at, ended.ended_at)
+        );
+
+        // A pending run cancelled before it ran ended without starting.
+        let blocker = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        claim(s, "w1").await.unwrap();
+        let pending = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        s.cancel_runs(&alice, thread, &[pending.run_id], CancelAction::Interrupt)
+            .await
+            .unwrap();
+        let cancelled = s.get_run(&alice, thread, pending.run_id).await.unwrap();
+        assert_eq!(cancelled.started_at, None);
+        assert!(cancelled.ended_at.is_some());
+
+        // A rolled-back run is gone: there is nothing to return.
+        s.cancel_runs(&alice, thread, &[blocker.run_id], CancelAction::Rollback)
+            .await
+            .unwrap();
+        let rolled_back = s
+            .finish_run(
+                blocker.run_id,
+                "w1",
+                end(RunStatus::Interrupted, ThreadStatus::Idle),
+            )
+            .await
+            .unwrap();
+        assert!(rolled_back.is_none());
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn cancel_ends_pending_runs_and_flags_running_ones() {
     for_each_backend(|db| async move {
         let s = db.storage();
@@ -927,8 +1006,10 @@ async fn delete_refuses_an_active_run_and_takes_its_events() {
             .await
             .unwrap();
         let kept = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
-        claim(s, "w").await.unwrap();
-        s.append_events(&[event(thread, kept.run_id, 2)])
+        // The first run's end event took seq 2.
+        let next = claim(s, "w").await.unwrap().last_seq + 1;
+        assert_eq!(next, 3);
+        s.append_events(&[event(thread, kept.run_id, next)])
             .await
             .unwrap();
 
@@ -941,7 +1022,7 @@ async fn delete_refuses_an_active_run_and_takes_its_events() {
         );
         assert_eq!(
             seqs(&s.read_events(thread, 0, None, 100).await.unwrap()),
-            vec![2],
+            vec![3],
             "only the deleted run's events went"
         );
         assert_eq!(thread_status(s, &alice, thread).await, ThreadStatus::Busy);
@@ -1118,4 +1199,91 @@ impl StoredTime for LoggedEvent {
             ..self
         }
     }
+}
+
+#[tokio::test]
+async fn every_way_a_run_ends_logs_its_end_event() {
+    for_each_backend(|db| async move {
+        let s = db.storage();
+        let alice = fresh_user();
+        let thread = thread_of(s, &alice).await;
+        let ends = |events: Vec<LoggedEvent>| -> Vec<(Uuid, serde_json::Value)> {
+            events
+                .into_iter()
+                .filter(|e| e.event == RUN_END_EVENT)
+                .map(|e| (e.run_id, e.data))
+                .collect()
+        };
+
+        // The worker ends it.
+        let finished = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        let claimed = claim(s, "w").await.unwrap();
+        s.append_events(&[event(thread, finished.run_id, claimed.last_seq + 1)])
+            .await
+            .unwrap();
+        s.finish_run(
+            finished.run_id,
+            "w",
+            end(RunStatus::Success, ThreadStatus::Idle),
+        )
+        .await
+        .unwrap();
+        // A pending run is cancelled.
+        let pending = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        s.cancel_runs(&alice, thread, &[pending.run_id], CancelAction::Interrupt)
+            .await
+            .unwrap();
+
+        let events = s.read_events(thread, 0, None, 100).await.unwrap();
+        assert_eq!(seqs(&events), vec![1, 2, 3], "end events follow the log");
+        assert_eq!(
+            ends(events),
+            vec![
+                (
+                    finished.run_id,
+                    json!({"run_id": finished.run_id.to_string(), "status": "success"})
+                ),
+                (
+                    pending.run_id,
+                    json!({"run_id": pending.run_id.to_string(), "status": "interrupted"})
+                ),
+            ]
+        );
+        assert_eq!(s.last_event_seq(thread).await.unwrap(), 3);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn retention_prunes_old_events_of_ended_runs_and_keeps_the_counter() {
+    for_each_backend(|db| async move {
+        let s = db.storage();
+        let alice = fresh_user();
+        let thread = thread_of(s, &alice).await;
+        let ended = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        claim(s, "w").await.unwrap();
+        s.append_events(&[event(thread, ended.run_id, 1)])
+            .await
+            .unwrap();
+        s.finish_run(
+            ended.run_id,
+            "w",
+            end(RunStatus::Success, ThreadStatus::Idle),
+        )
+        .await
+        .unwrap();
+        let active = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        claim(s, "w").await.unwrap();
+        s.append_events(&[event(thread, active.run_id, 3)])
+            .await
+            .unwrap();
+
+        let later = Utc::now() + chrono::Duration::seconds(1);
+        assert_eq!(s.prune_events(later, 1000).await.unwrap(), 2);
+        let left = s.read_events(thread, 0, None, 100).await.unwrap();
+        assert_eq!(seqs(&left), vec![3], "the active run's events stay");
+        assert_eq!(s.last_event_seq(thread).await.unwrap(), 3);
+        assert_eq!(s.prune_events(later, 1000).await.unwrap(), 0);
+    })
+    .await;
 }
