@@ -7,11 +7,13 @@ Python client, and writes the table to bench/RESULTS.md. Both servers are stoppe
 also on Ctrl-C or failure.
 """
 import argparse
+import dataclasses
 import datetime
 import importlib.metadata
 import json
 import os
 import platform
+import resource
 import shlex
 import signal
 import shutil
@@ -62,6 +64,23 @@ def parse_args(argv):
     return args
 
 
+@dataclasses.dataclass
+class Plan:
+    """How one server is measured."""
+    kind: str  # "spindle" or "reference"
+    repeat: int
+    clients: list
+    duration: float
+    warmup: float
+
+
+def plans(args) -> list:
+    out = [Plan("spindle", args.repeat, args.clients, args.duration, args.warmup)]
+    if not args.skip_reference:
+        out.append(Plan("reference", args.ref_repeat, args.ref_clients, args.ref_duration, args.ref_warmup))
+    return out
+
+
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -97,21 +116,28 @@ def compiling_now() -> bool:
     return False
 
 
+def children_cpu() -> float:
+    """CPU seconds used by our finished children: the load generators (servers are still running)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def measure_cell(args, server, scenario, client, clients, duration, warmup) -> dict:
     """One load run against one server; the loader's JSON plus the server's CPU and memory."""
     cmd = [*loader_argv(args, client), "--url", server.url, "--scenario", scenario,
            "--clients", str(clients), "--duration", str(duration), "--warmup", str(warmup),
            "--input", args.input, "--expect", args.expect]
     busy = compiling_now()
-    cpu_before, started = server.cpu_seconds(), time.monotonic()
+    cpu_before, started, client_before = server.cpu_seconds(), time.monotonic(), children_cpu()
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=warmup + duration + 600)
     wall, cpu = time.monotonic() - started, server.cpu_seconds() - cpu_before
+    client_cpu = children_cpu() - client_before
     if done.returncode != 0:
         raise RuntimeError(f"load generator failed ({done.returncode}): {shlex.join(cmd)}\n{done.stderr}")
     return {
         "server": server.name, "scenario": scenario, "client": client, "clients": clients,
         "report": json.loads(done.stdout.strip().splitlines()[-1]),
-        "cpu_pct": 100 * cpu / wall, **server.memory_mb(),
+        "cpu_pct": 100 * cpu / wall, "client_cpu_pct": 100 * client_cpu / wall, **server.memory_mb(),
         "machine_compiling": busy or compiling_now(), "loadavg_1m": os.getloadavg()[0],
     }
 
@@ -123,7 +149,8 @@ def describe(m: dict) -> str:
     first = f" first-event p50 {fe['p50']:.2f} p99 {fe['p99']:.2f}" if fe else ""
     return (f"{m['server']:9} {m['scenario']:6} {m['client']:6} c={m['clients']:<3} "
             f"{r['runs_per_s']:9.1f} runs/s p50 {lat.get('p50', 0):.2f} p99 {lat.get('p99', 0):.2f} ms"
-            f"{first} errors {r['errors']} cpu {m['cpu_pct']:.0f}% rss {m['rss_mb']:.0f} MB")
+            f"{first} errors {r['errors']} cpu {m['cpu_pct']:.0f}% (client {m['client_cpu_pct']:.0f}%) "
+            f"rss {m['rss_mb']:.0f} MB")
 
 
 def cells(args, clients_list) -> list:
@@ -131,15 +158,14 @@ def cells(args, clients_list) -> list:
     return [(s, c, n) for s in args.scenarios for c in clients_kinds for n in clients_list]
 
 
-def measure_server(args, server, repeat, clients_list, duration, warmup) -> list:
-    """Every cell, `repeat` times; the repetition is the outer loop so noise spreads evenly."""
+def measure_server(args, server, plan: Plan, rep: int) -> list:
+    """Every cell once, in the order of the table."""
     out = []
-    for rep in range(repeat):
-        for scenario, client, clients in cells(args, clients_list):
-            m = measure_cell(args, server, scenario, client, clients, duration, warmup)
-            m["rep"] = rep
-            log(f"[{rep + 1}/{repeat}] {describe(m)}")
-            out.append(m)
+    for scenario, client, clients in cells(args, plan.clients):
+        m = measure_cell(args, server, scenario, client, clients, plan.duration, plan.warmup)
+        m["rep"] = rep
+        log(f"[{rep + 1}/{plan.repeat}] {describe(m)}")
+        out.append(m)
     return out
 
 
@@ -182,18 +208,22 @@ def notes(args, raw: list, memory: dict) -> list:
     out = [f"Spindle: {args.repeat} repetition(s) of {args.duration:g} s per cell after {args.warmup:g} s "
            f"of warm-up; reference: {args.ref_repeat} of {args.ref_duration:g} s after {args.ref_warmup:g} s."]
     if args.ref_clients != args.clients:
-        out.append(f"The reference was measured at {args.ref_clients} clients only.")
+        out.append(f"The reference was measured at {', '.join(map(str, args.ref_clients))} clients only.")
     for name, mem in memory.items():
-        out.append(f"{name} memory: {mem['idle_mb']:.0f} MB RSS when ready, {mem['peak_mb']:.0f} MB at "
-                   f"its peak (VmHWM) over the whole benchmark, {mem['end_mb']:.0f} MB at the end.")
+        end = ", ".join(f"{mb:.0f}" for mb in mem["end_mb"])
+        out.append(f"{name} memory: {mem['idle_mb']:.0f} MB RSS when ready; after the last cell of each "
+                   f"repetition: {end} MB; peak (VmHWM): {mem['peak_mb']:.0f} MB.")
+    if args.backend == "postgres":
+        out.append("Spindle's CPU % does not include PostgreSQL's own processes.")
     busy = sum(m["machine_compiling"] for m in raw)
     if busy:
         out.append(f"The machine was also compiling (another build in the same checkout) during {busy} of "
                    f"{len(raw)} measurements, which takes CPU from the servers: figures are lower bounds.")
-    out.append("The load generators run on the same cores as the server they measure; the servers "
-               "are measured one after the other, never at the same time.")
-    out.append("Spindle's database grows through the benchmark (a new thread per run); later cells "
-               "run on a bigger database than earlier ones.")
+    out.append("The load generators run on the same cores as the server they measure. Both servers "
+               "run throughout, but only one is under load at a time (an idle one uses under 1 % CPU).")
+    out.append("Each repetition starts a fresh server, but within one the cells run in the order of "
+               "the table on the same server: its database (a new thread per run) and memory grow from "
+               "cell to cell.")
     return out
 
 
@@ -205,32 +235,50 @@ def _on_signal(signum, _frame):
     raise Interrupted(f"signal {signum}")
 
 
+def make_server(args, kind: str, workdir: Path, rep: int) -> servers.Server:
+    """A server of `kind` for one repetition, on a fresh port with fresh data; not started yet."""
+    cwd = workdir / f"{kind}-{rep + 1}"
+    if kind == "reference":
+        return servers.reference_server(BENCH / ".venv", BENCH / "reference", cwd)
+    if args.backend == "sqlite":
+        return servers.spindle_server(args.spindle_bin, cwd, None)
+    database = servers.PostgresDatabase(args.postgres_url, suffix=str(rep + 1))
+    server = servers.spindle_server(args.spindle_bin, cwd, database.create())
+    server.after_stop.append(database.drop)
+    return server
+
+
+def start(server: servers.Server) -> None:
+    timeout = 180 if server.name == "reference" else 60
+    log(f"==> {server.name} ready in {server.start(timeout):.1f} s at {server.url}")
+
+
 def run_benchmark(args, workdir: Path) -> tuple:
-    """Starts the servers, measures them, stops them; returns (raw measurements, memory facts)."""
-    started, raw, memory = [], [], {}
-    database = servers.PostgresDatabase(args.postgres_url) if args.backend == "postgres" else None
+    """Measures every plan; returns (raw measurements, memory facts per server).
+
+    Both servers start first, side by side, so that a reference that cannot start fails the run
+    before minutes of measuring. Each repetition after the first gets a fresh server: a server's
+    memory and database grow with the runs it served, and repetitions should be alike.
+    """
+    live, raw, memory = {}, [], {}
     try:
-        db_url = database.create() if database else None
-        spindle = servers.spindle_server(args.spindle_bin, workdir, db_url)
-        started.append(spindle)
-        log(f"==> spindle ready in {spindle.start(ready_timeout=60):.1f} s at {spindle.url}")
-        plan = [(spindle, args.repeat, args.clients, args.duration, args.warmup)]
-        if not args.skip_reference:
-            ref = servers.reference_server(BENCH / ".venv", BENCH / "reference", workdir)
-            started.append(ref)
-            log(f"==> reference ready in {ref.start(ready_timeout=180):.1f} s at {ref.url}")
-            plan.append((ref, args.ref_repeat, args.ref_clients, args.ref_duration, args.ref_warmup))
-        for server, *_ in plan:
-            memory[server.name] = {"idle_mb": server.memory_mb()["rss_mb"]}
-        for server, repeat, clients, duration, warmup in plan:
-            raw += measure_server(args, server, repeat, clients, duration, warmup)
-            mem = server.memory_mb()
-            memory[server.name].update(end_mb=mem["rss_mb"], peak_mb=mem["peak_mb"])
+        for plan in plans(args):
+            live[plan.kind] = make_server(args, plan.kind, workdir, 0)
+            start(live[plan.kind])
+            memory[plan.kind] = {"idle_mb": live[plan.kind].memory_mb()["rss_mb"], "peak_mb": 0, "end_mb": []}
+        for plan in plans(args):
+            for rep in range(plan.repeat):
+                if rep > 0:
+                    live[plan.kind].stop()
+                    live[plan.kind] = make_server(args, plan.kind, workdir, rep)
+                    start(live[plan.kind])
+                raw += measure_server(args, live[plan.kind], plan, rep)
+                mem = live[plan.kind].memory_mb()
+                memory[plan.kind]["peak_mb"] = max(memory[plan.kind]["peak_mb"], mem["peak_mb"])
+                memory[plan.kind]["end_mb"].append(mem["rss_mb"])
     finally:
-        for server in reversed(started):
+        for server in live.values():
             server.stop()
-        if database:
-            database.drop()
     return raw, memory
 
 

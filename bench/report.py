@@ -39,6 +39,7 @@ def aggregate(raw: list) -> dict:
             "first_error": next((r["first_error"] for r in reports if r["first_error"]), None),
             "rss_mb": _median([m["rss_mb"] for m in ms]),
             "cpu_pct": _median([m["cpu_pct"] for m in ms]),
+            "client_cpu_pct": _median([m["client_cpu_pct"] for m in ms]),
         }
     return out
 
@@ -66,9 +67,9 @@ def _first_event(a):
 def _side(a):
     """The columns of one server for one cell."""
     if a is None:
-        return ["–"] * 7
+        return ["–"] * 8
     return [fmt_rate(a["runs_per_s"]), fmt_ms(a["p50"]), fmt_ms(a["p99"]), _first_event(a),
-            f"{a['cpu_pct']:.0f}", f"{a['rss_mb']:.0f}", str(a["errors"])]
+            f"{a['cpu_pct']:.0f}", f"{a['client_cpu_pct']:.0f}", f"{a['rss_mb']:.0f}", str(a["errors"])]
 
 
 def _ratio(s, r):
@@ -79,7 +80,8 @@ def _ratio(s, r):
 
 def table(agg: dict, cells: list) -> str:
     """One row per (scenario, client, clients): Spindle's medians, the reference's, the ratio."""
-    side = ["runs/s", "p50 ms", "p99 ms", "1st event p50 / p99 ms", "CPU %", "RSS MB", "errors"]
+    side = ["runs/s", "p50 ms", "p99 ms", "1st event p50 / p99 ms", "CPU %", "client CPU %", "RSS MB",
+            "errors"]
     head = ["scenario", "client", "clients", *[f"Spindle {h}" for h in side],
             *[f"Ref. {h}" for h in side], "ratio"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -150,9 +152,10 @@ Produced by `bench/run` (see bench/README.md), which wrote this file. Command:
 Medians over the repetitions. Latency is one whole operation: `POST /threads`, then the run
 waited on (`/runs/wait`) or streamed to its end (`/runs/stream`). "1st event" is the time from
 sending the stream request to receiving its first complete SSE event frame. CPU % is the
-server's CPU time over the cell's wall time (200 % = both cores). RSS is the server's resident
-memory after the cell (summed over its processes). The ratio is Spindle's runs/s over the
-reference's, same client and clients.
+server's CPU time over the cell's wall time (200 % = both cores); client CPU % the same for the
+load generator, which shares the cores. RSS is the server's resident memory after the cell
+(summed over its processes). The ratio is Spindle's runs/s over the reference's, same client
+and clients.
 
 {table(agg, cells)}
 

@@ -36,6 +36,8 @@ class Server:
         self.env = {**os.environ, **(env or {})}
         self.log_path = self.cwd / f"{name}.log"
         self.proc = None
+        # Run once the process is gone (e.g. dropping the server's database).
+        self.after_stop = []
 
     def start(self, ready_timeout: float) -> float:
         """Starts the server and waits for GET /ok; returns the seconds that took."""
@@ -99,15 +101,18 @@ class Server:
         return ticks / CLK_TCK
 
     def stop(self, grace: float = 15.0) -> None:
-        """SIGTERM to the group, then SIGKILL if it has not exited after `grace` seconds."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        _signal_group(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            _signal_group(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=5)
+        """SIGTERM to the group, then SIGKILL if it has not exited after `grace` seconds.
+
+        Safe to call twice, and on a server that never started."""
+        if self.proc is not None and self.proc.poll() is None:
+            _signal_group(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                _signal_group(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=5)
+        while self.after_stop:
+            self.after_stop.pop()()
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -142,13 +147,12 @@ def _read_status(pid: int) -> dict:
     return out
 
 
-def spindle_server(binary: Path, workdir: Path, database_url: str | None) -> Server:
-    """`spindle dev` on a fresh data dir (SQLite), or `spindle serve` on a fresh PostgreSQL database.
+def spindle_server(binary: Path, cwd: Path, database_url: str | None) -> Server:
+    """`spindle dev` on a fresh data dir (SQLite), or `spindle serve` on the given database.
 
     It runs in an empty folder so that it finds no config file and serves its example graphs.
     """
     port = free_port()
-    cwd = workdir / "spindle"
     cwd.mkdir()
     common = ["--host", "127.0.0.1", "--port", str(port)]
     if database_url:
@@ -158,13 +162,12 @@ def spindle_server(binary: Path, workdir: Path, database_url: str | None) -> Ser
     return Server("spindle", argv, cwd, port)
 
 
-def reference_server(venv: Path, graphs_dir: Path, workdir: Path) -> Server:
+def reference_server(venv: Path, graphs_dir: Path, cwd: Path) -> Server:
     """`langgraph dev` (in-memory runtime) serving the Python twins, from a copy of their folder.
 
     The copy keeps the run's state (`.langgraph_api/`) out of the checkout and fresh each time.
     """
     port = free_port()
-    cwd = workdir / "reference"
     shutil.copytree(graphs_dir, cwd, ignore=shutil.ignore_patterns(".langgraph_api", "__pycache__"))
     argv = [str(venv / "bin" / "langgraph"), "dev", "--no-browser", "--no-reload",
             "--host", "127.0.0.1", "--port", str(port)]
@@ -175,11 +178,11 @@ def reference_server(venv: Path, graphs_dir: Path, workdir: Path) -> Server:
 
 
 class PostgresDatabase:
-    """A database created for one benchmark run and dropped after it, through `psql`."""
+    """A database created for one server of the benchmark and dropped after it, through `psql`."""
 
-    def __init__(self, admin_url: str):
+    def __init__(self, admin_url: str, suffix: str):
         self.admin_url = admin_url
-        self.name = f"spindle_bench_{os.getpid()}_{int(time.time())}"
+        self.name = f"spindle_bench_{os.getpid()}_{int(time.time())}_{suffix}"
 
     def create(self) -> str:
         self._psql(f'CREATE DATABASE "{self.name}"')
