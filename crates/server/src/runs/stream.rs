@@ -87,6 +87,15 @@ impl Target {
         }
     }
 
+    /// Whether a live event is of what this stream follows (a run stream waiting behind an
+    /// earlier run of its thread ignores that run's events instead of re-reading the log).
+    fn wants(self, event: &LoggedEvent) -> bool {
+        match self {
+            Target::Run(run_id) => event.run_id == run_id,
+            Target::Thread(_) => true,
+        }
+    }
+
     /// The log query's run filter.
     fn run_id(self) -> Option<Uuid> {
         match self {
@@ -171,7 +180,7 @@ async fn pump(
         loop {
             tokio::select! {
                 message = live.recv() => match message {
-                    Ok(HubMessage::Event(event)) if event.seq > at.seq => {
+                    Ok(HubMessage::Event(event)) if event.seq > at.seq && follow.target.wants(&event) => {
                         if !at.continues_with(&event, follow.target) {
                             break;
                         }
