@@ -119,8 +119,21 @@ def pytest_sessionfinish(session, exitstatus) -> None:
 @pytest.fixture(scope="session", params=BACKENDS)
 def server(request: pytest.FixtureRequest):
     """The server under test, one per backend for the whole session."""
+    yield from _session_server(request.param)
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def webhook_server(request: pytest.FixtureRequest):
+    """A server that may deliver webhooks to 127.0.0.1 (``--webhook-allow-private``), for tests
+    with a local receiver; the default ``server`` refuses such webhooks, as a deployment does."""
+    yield from _session_server(request.param, extra_args=["--webhook-allow-private"])
+
+
+def _session_server(backend: str, extra_args: list[str] | None = None, env: dict[str, str] | None = None):
+    """Start ``spindle`` on ``backend`` with ``extra_args`` and ``env`` added, yield it, then stop it
+    and remove its database and working folder (kept, with the logs, when something failed)."""
     global _skipped_postgres
-    backend = request.param
+    extra_args = list(extra_args or [])
 
     if backend == "external":
         yield harness.Server(backend="external", base_url=EXTERNAL_URL)
@@ -142,8 +155,9 @@ def server(request: pytest.FixtureRequest):
             srv = harness.start(
                 backend,
                 lambda port: ["dev", "--host", "127.0.0.1", "--port", str(port),
-                              "--data-dir", str(data_dir)],
+                              "--data-dir", str(data_dir), *extra_args],
                 workdir,
+                env=env,
             )
         else:
             dbname = harness.create_database()
@@ -151,8 +165,9 @@ def server(request: pytest.FixtureRequest):
             srv = harness.start(
                 backend,
                 lambda port: ["serve", "--host", "127.0.0.1", "--port", str(port),
-                              "--database-url", db_url],
+                              "--database-url", db_url, *extra_args],
                 workdir,
+                env=env,
             )
             srv.database = dbname
         yield srv
@@ -199,6 +214,21 @@ def sync_client(base_url: str):
 def http(base_url: str):
     """A raw HTTP client for wire-level checks."""
     with httpx.Client(base_url=base_url, timeout=30) as c:
+        yield c
+
+
+@pytest.fixture
+def webhook_client(webhook_server: harness.Server):
+    """The official async client, on the server that may deliver webhooks to 127.0.0.1."""
+    c = get_client(url=webhook_server.base_url, api_key=None, timeout=30)
+    yield c
+    _loop().run_until_complete(c.aclose())
+
+
+@pytest.fixture
+def webhook_http(webhook_server: harness.Server):
+    """A raw HTTP client, on the server that may deliver webhooks to 127.0.0.1."""
+    with httpx.Client(base_url=webhook_server.base_url, timeout=30) as c:
         yield c
 
 
