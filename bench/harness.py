@@ -294,7 +294,7 @@ def main(argv) -> int:
     try:
         raw, memory = run_benchmark(args, workdir)
     except (Exception, KeyboardInterrupt) as err:
-        log(f"!! benchmark failed: {err}\n   server logs kept in {workdir}")
+        log(f"!! benchmark stopped: {type(err).__name__}: {err}\n   server logs kept in {workdir}")
         return 1
     shutil.rmtree(workdir, ignore_errors=True)
     agg = report.aggregate(raw)
