@@ -49,6 +49,14 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let stop_workers = tokio_util::sync::CancellationToken::new();
     state.workers.start(stop_workers.clone());
+    // Without TCP_NODELAY a response written as headers then body waits for the client's
+    // delayed ACK (~40 ms per request on a kept-alive connection).
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|tcp| {
+        if let Err(err) = tcp.set_nodelay(true) {
+            tracing::warn!(error = %err, "cannot set TCP_NODELAY on a connection");
+        }
+    });
     let served = axum::serve(
         listener,
         app(state).into_make_service_with_connect_info::<SocketAddr>(),
