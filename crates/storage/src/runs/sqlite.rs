@@ -280,6 +280,30 @@ async fn claimed(
     Ok(ClaimedRun { run, last_seq })
 }
 
+impl SqliteStorage {
+    /// A run the caller can see, by id, and of `thread_id` when given.
+    async fn select_run(
+        &self,
+        scope: &Scope,
+        run_id: Uuid,
+        thread_id: Option<Uuid>,
+    ) -> StorageResult<Run> {
+        let sql = format!(
+            "SELECT {RUN_COLUMNS} FROM runs WHERE run_id = $1 \
+             AND ($2 IS NULL OR thread_id = $2) AND EXISTS \
+             (SELECT 1 FROM threads t WHERE t.thread_id = runs.thread_id \
+              AND (t.user_id = $3 OR t.user_id IS NULL))"
+        );
+        let row: Option<RunRow<Hyphenated>> = sqlx::query_as(&sql)
+            .bind(run_id.hyphenated())
+            .bind(thread_id.map(|t| t.hyphenated()))
+            .bind(&scope.user_id)
+            .fetch_optional(&self.read)
+            .await?;
+        row.ok_or(StorageError::NotFound("run"))?.try_into()
+    }
+}
+
 #[async_trait]
 impl RunStore for SqliteStorage {
     async fn create_run(&self, scope: &Scope, new: NewRun) -> StorageResult<CreatedRun> {
@@ -360,18 +384,7 @@ impl RunStore for SqliteStorage {
     }
 
     async fn get_run(&self, scope: &Scope, thread_id: Uuid, run_id: Uuid) -> StorageResult<Run> {
-        let sql = format!(
-            "SELECT {RUN_COLUMNS} FROM runs WHERE run_id = $1 AND thread_id = $2 AND EXISTS \
-             (SELECT 1 FROM threads t WHERE t.thread_id = runs.thread_id \
-              AND (t.user_id = $3 OR t.user_id IS NULL))"
-        );
-        let row: Option<RunRow<Hyphenated>> = sqlx::query_as(&sql)
-            .bind(run_id.hyphenated())
-            .bind(thread_id.hyphenated())
-            .bind(&scope.user_id)
-            .fetch_optional(&self.read)
-            .await?;
-        row.ok_or(StorageError::NotFound("run"))?.try_into()
+        self.select_run(scope, run_id, Some(thread_id)).await
     }
 
     async fn list_runs(
@@ -679,17 +692,7 @@ impl RunStore for SqliteStorage {
     }
 
     async fn find_run(&self, scope: &Scope, run_id: Uuid) -> StorageResult<Run> {
-        let sql = format!(
-            "SELECT {RUN_COLUMNS} FROM runs WHERE run_id = $1 AND EXISTS \
-             (SELECT 1 FROM threads t WHERE t.thread_id = runs.thread_id \
-              AND (t.user_id = $2 OR t.user_id IS NULL))"
-        );
-        let row: Option<RunRow<Hyphenated>> = sqlx::query_as(&sql)
-            .bind(run_id.hyphenated())
-            .bind(&scope.user_id)
-            .fetch_optional(&self.read)
-            .await?;
-        row.ok_or(StorageError::NotFound("run"))?.try_into()
+        self.select_run(scope, run_id, None).await
     }
 
     async fn prune_events(&self, before: DateTime<Utc>, limit: i64) -> StorageResult<u64> {
