@@ -30,22 +30,67 @@ pub struct EventHub {
 }
 
 impl EventHub {
-    pub fn subscribe(&self, thread_id: Uuid) -> broadcast::Receiver<HubMessage> {
+    /// Subscribes to a thread's messages. The thread's channel lives while someone holds a
+    /// subscription to it: dropping the last one removes it, so a process that has served a
+    /// million threads holds channels only for the ones being followed now.
+    pub fn subscribe(self: &Arc<Self>, thread_id: Uuid) -> Subscription {
         let mut threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
-        threads
+        let receiver = threads
             .entry(thread_id)
             .or_insert_with(|| broadcast::channel(CAPACITY).0)
-            .subscribe()
+            .subscribe();
+        Subscription {
+            hub: self.clone(),
+            thread_id,
+            receiver,
+        }
     }
 
     pub fn publish(&self, thread_id: Uuid, message: HubMessage) {
-        let mut threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
+        let threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(sender) = threads.get(&thread_id) {
-            if sender.send(message).is_err() {
-                // Nobody listens any more: forget the channel so idle threads cost nothing.
-                threads.remove(&thread_id);
-            }
+            // An error only means nobody listens: the last subscription is being dropped and
+            // removes the channel itself.
+            let _ = sender.send(message);
         }
+    }
+
+    /// Forgets a thread's channel when the subscription being dropped is its last receiver.
+    /// Runs under the map's lock, which `subscribe` also takes, so no subscriber can appear
+    /// between the count and the removal.
+    fn release(&self, thread_id: Uuid) {
+        let mut threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
+        if threads
+            .get(&thread_id)
+            .is_some_and(|sender| sender.receiver_count() <= 1)
+        {
+            threads.remove(&thread_id);
+        }
+    }
+
+    #[cfg(test)]
+    fn channels(&self) -> usize {
+        self.threads.lock().unwrap().len()
+    }
+}
+
+/// A live view of one thread's messages; see [`EventHub::subscribe`].
+pub struct Subscription {
+    hub: Arc<EventHub>,
+    thread_id: Uuid,
+    receiver: broadcast::Receiver<HubMessage>,
+}
+
+impl Subscription {
+    pub async fn recv(&mut self) -> Result<HubMessage, broadcast::error::RecvError> {
+        self.receiver.recv().await
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        // `receiver` is still alive here (fields drop after this), hence `<= 1` in `release`.
+        self.hub.release(self.thread_id);
     }
 }
 
@@ -67,7 +112,7 @@ mod tests {
 
     #[tokio::test]
     async fn subscribers_get_their_threads_messages_only() {
-        let hub = EventHub::default();
+        let hub = Arc::new(EventHub::default());
         let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
         let mut rx = hub.subscribe(a);
         hub.publish(b, event(b, 1));
@@ -79,11 +124,19 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn channels_without_subscribers_are_dropped() {
-        let hub = EventHub::default();
+    async fn a_threads_channel_goes_with_its_last_subscription() {
+        let hub = Arc::new(EventHub::default());
         let thread = Uuid::new_v4();
-        drop(hub.subscribe(thread));
+        let first = hub.subscribe(thread);
+        let mut second = hub.subscribe(thread);
+        drop(first);
+        assert_eq!(hub.channels(), 1, "one subscriber is left");
         hub.publish(thread, event(thread, 1));
-        assert!(hub.threads.lock().unwrap().is_empty());
+        assert!(matches!(second.recv().await, Ok(HubMessage::Event(_))));
+        drop(second);
+        assert_eq!(hub.channels(), 0);
+        // Publishing to a thread nobody follows creates nothing.
+        hub.publish(thread, event(thread, 2));
+        assert_eq!(hub.channels(), 0);
     }
 }

@@ -19,7 +19,7 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use super::hub::{EventHub, HubMessage};
+use super::hub::{EventHub, HubMessage, Subscription};
 use crate::sse;
 
 /// How often a stream re-reads the log in case the run executes in another process.
@@ -150,7 +150,7 @@ pub fn follow_stream(
 /// Feeds the stream until what it follows ends (true) or the client leaves (false).
 async fn pump(
     storage: Arc<dyn Storage>,
-    mut live: tokio::sync::broadcast::Receiver<HubMessage>,
+    mut live: Subscription,
     scope: Scope,
     follow: Follow,
     keepalive: Duration,

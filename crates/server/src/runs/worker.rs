@@ -67,6 +67,10 @@ pub const CLEANUP_BY_WORKER: &str = "worker";
 
 /// Most events one log write carries; a model streaming tokens fills batches, not transactions.
 const MAX_BATCH: usize = 256;
+/// How long a run's event may wait before it is written to the log. Live streams get it at
+/// once through the hub; the log serves resumes, late joiners and other processes, which poll
+/// it. Waiting a little lets a short run's events go in with its end, in one transaction.
+const LOG_LINGER: Duration = Duration::from_millis(50);
 
 pub struct RunWorkers {
     storage: Arc<dyn Storage>,
@@ -254,17 +258,14 @@ impl RunWorkers {
             matches!(outcome, Err(Failure::Run(RunError::Cancelled))) && !cancel.is_cancelled();
         drop(sink);
         renewal.abort();
-        let mut seq = pump.await.map_err(|e| e.to_string())??;
+        let mut tail = pump.await.map_err(|e| e.to_string())??;
         if let Err(failure) = &outcome {
             if !matches!(failure, Failure::Run(RunError::Cancelled)) || timed_out {
-                seq += 1;
-                let event = logged(run, seq, "error".into(), failure.body());
+                tail.seq += 1;
+                let event = logged(run, tail.seq, "error".into(), failure.body());
                 self.hub
                     .publish(run.thread_id, HubMessage::Event(Arc::new(event.clone())));
-                self.storage
-                    .append_events(&[event])
-                    .await
-                    .map_err(|e| e.to_string())?;
+                tail.events.push(event);
             }
         }
 
@@ -272,7 +273,10 @@ impl RunWorkers {
             Ok((_, graph)) => latest_state(graph, checkpointer.as_ref(), run).await,
             Err(_) => None,
         };
-        let end = run_end(&outcome, timed_out, snapshot);
+        let end = RunEnd {
+            events: tail.events,
+            ..run_end(&outcome, timed_out, snapshot)
+        };
         let status = end.status;
         let webhook = run.kwargs.get(keys::WEBHOOK).and_then(Value::as_str);
         let final_values = webhook.and(end.thread_values.clone());
@@ -390,6 +394,7 @@ fn run_end(
         thread_status,
         thread_values,
         thread_interrupts,
+        events: Vec::new(),
     }
 }
 
@@ -418,40 +423,61 @@ fn logged(run: &Run, seq: i64, event: String, data: Value) -> LoggedEvent {
     }
 }
 
-/// Numbers the run's events after the thread's last logged one (starting with `metadata`),
-/// hands them to live streams at once, and appends them to the log in batches: one
-/// transaction per batch, not per event. Returns the last seq used.
+/// Numbers the run's events after the thread's last logged one (starting with `metadata`)
+/// and hands each to live streams at once. The log gets them in batches: a batch is written
+/// when it is full or its first event has waited [`LOG_LINGER`]; what is left when the run
+/// stops (all of a short run's events) is returned, for the transaction that ends the run.
 async fn pump_events(
     storage: Arc<dyn Storage>,
     hub: Arc<EventHub>,
     run: Run,
     mut seq: i64,
     mut events: mpsc::Receiver<StreamEvent>,
-) -> Result<i64, String> {
-    seq += 1;
-    let metadata = json!({"run_id": run.run_id.to_string(), "attempt": run.attempt});
-    let mut batch = vec![logged(&run, seq, "metadata".into(), metadata)];
+) -> Result<EventTail, String> {
+    let mut batch = Vec::new();
+    let mut flush_at = None;
+    let mut next = Some((
+        "metadata".to_owned(),
+        json!({"run_id": run.run_id.to_string(), "attempt": run.attempt}),
+    ));
     loop {
-        for event in &batch {
-            hub.publish(run.thread_id, HubMessage::Event(Arc::new(event.clone())));
-        }
-        storage
-            .append_events(&batch)
-            .await
-            .map_err(|e| e.to_string())?;
-        batch.clear();
-        let Some(first) = events.recv().await else {
-            return Ok(seq);
-        };
-        let mut next = Some(first);
-        while let Some(event) = next.take() {
+        if let Some((name, data)) = next.take() {
             seq += 1;
-            batch.push(logged(&run, seq, event.event_name(), event.data));
-            if batch.len() < MAX_BATCH {
-                next = events.try_recv().ok();
-            }
+            let event = logged(&run, seq, name, data);
+            hub.publish(run.thread_id, HubMessage::Event(Arc::new(event.clone())));
+            batch.push(event);
+            flush_at.get_or_insert_with(|| tokio::time::Instant::now() + LOG_LINGER);
+        }
+        let due = match flush_at {
+            Some(at) => batch.len() >= MAX_BATCH || tokio::time::Instant::now() >= at,
+            None => false,
+        };
+        if due {
+            storage
+                .append_events(&batch)
+                .await
+                .map_err(|e| e.to_string())?;
+            batch.clear();
+            flush_at = None;
+        }
+        let received = match flush_at {
+            Some(at) => match tokio::time::timeout_at(at, events.recv()).await {
+                Ok(received) => received,
+                Err(_elapsed) => continue,
+            },
+            None => events.recv().await,
+        };
+        match received {
+            Some(event) => next = Some((event.event_name(), event.data)),
+            None => return Ok(EventTail { seq, events: batch }),
         }
     }
+}
+
+/// Where a run's events stand when it stops: the last seq used and the events not logged yet.
+struct EventTail {
+    seq: i64,
+    events: Vec<LoggedEvent>,
 }
 
 /// Renews the run's lease until aborted; cancels the run when the lease is lost or someone

@@ -194,6 +194,10 @@ pub struct RunEnd {
     pub thread_values: Option<Value>,
     /// Interrupts by task id, for `GET /threads/{id}`.
     pub thread_interrupts: JsonObject,
+    /// The run's last events, not logged yet: written before its end event in the same
+    /// transaction, so a short run costs one log write, not one per batch. Dropped with the
+    /// run when it is rolled back.
+    pub events: Vec<LoggedEvent>,
 }
 
 /// The logged event that closes a run's events, `{run_id, status}`: written in the transaction

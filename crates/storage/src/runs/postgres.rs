@@ -214,6 +214,45 @@ async fn last_seq(conn: &mut PgConnection, thread_id: Uuid) -> StorageResult<i64
     Ok(seq.unwrap_or(0))
 }
 
+/// Appends events to their threads' logs and moves the threads' counters past them.
+async fn insert_events(conn: &mut PgConnection, events: &[LoggedEvent]) -> StorageResult<()> {
+    if events.is_empty() {
+        return Ok(());
+    }
+    // One statement whatever the batch size (arrays, not a row of parameters per event), so
+    // it stays one prepared statement. `data` goes in as text cast to json, which keeps it as
+    // written.
+    let mut thread_ids = Vec::with_capacity(events.len());
+    let mut seqs = Vec::with_capacity(events.len());
+    let mut run_ids = Vec::with_capacity(events.len());
+    let mut names = Vec::with_capacity(events.len());
+    let mut data = Vec::with_capacity(events.len());
+    let mut created = Vec::with_capacity(events.len());
+    for event in events {
+        thread_ids.push(event.thread_id);
+        seqs.push(event.seq);
+        run_ids.push(event.run_id);
+        names.push(event.event.as_str());
+        data.push(event.data.to_string());
+        created.push(event.created_at);
+    }
+    sqlx::query(
+        "INSERT INTO run_events (thread_id, seq, run_id, event, data, created_at) \
+         SELECT t, s, r, e, d::json, c FROM UNNEST($1::uuid[], $2::int8[], $3::uuid[], \
+         $4::text[], $5::text[], $6::timestamptz[]) AS x(t, s, r, e, d, c)",
+    )
+    .bind(&thread_ids)
+    .bind(&seqs)
+    .bind(&run_ids)
+    .bind(&names)
+    .bind(&data)
+    .bind(&created)
+    .execute(&mut *conn)
+    .await
+    .map_err(event_insert_error)?;
+    advance_event_seq(conn, events).await
+}
+
 /// Moves each thread's event counter past a batch just inserted; a batch that does not
 /// continue the counter reuses a seq (`Conflict`).
 async fn advance_event_seq(conn: &mut PgConnection, events: &[LoggedEvent]) -> StorageResult<()> {
@@ -643,6 +682,7 @@ impl RunStore for PostgresStorage {
                     .bind(now)
                     .fetch_one(&mut *tx)
                     .await?;
+                insert_events(&mut tx, &end.events).await?;
                 log_run_end(&mut tx, thread_id, run_id, end.status, now).await?;
                 Some(Run::try_from(row)?)
             };
@@ -670,42 +710,8 @@ impl RunStore for PostgresStorage {
         if events.is_empty() {
             return Ok(());
         }
-        // One statement whatever the batch size (arrays, not a row of parameters per
-        // event), so it stays one prepared statement. `data` goes in as text cast to json,
-        // which keeps it as written.
-        let mut thread_ids = Vec::with_capacity(events.len());
-        let mut seqs = Vec::with_capacity(events.len());
-        let mut run_ids = Vec::with_capacity(events.len());
-        let mut names = Vec::with_capacity(events.len());
-        let mut data = Vec::with_capacity(events.len());
-        let mut created = Vec::with_capacity(events.len());
-        for event in events {
-            thread_ids.push(event.thread_id);
-            seqs.push(event.seq);
-            run_ids.push(event.run_id);
-            names.push(event.event.as_str());
-            data.push(event.data.to_string());
-            created.push(event.created_at);
-        }
         let mut tx = self.pool.begin().await?;
-        let result = async {
-            sqlx::query(
-                "INSERT INTO run_events (thread_id, seq, run_id, event, data, created_at) \
-                 SELECT t, s, r, e, d::json, c FROM UNNEST($1::uuid[], $2::int8[], $3::uuid[], \
-                 $4::text[], $5::text[], $6::timestamptz[]) AS x(t, s, r, e, d, c)",
-            )
-            .bind(&thread_ids)
-            .bind(&seqs)
-            .bind(&run_ids)
-            .bind(&names)
-            .bind(&data)
-            .bind(&created)
-            .execute(&mut *tx)
-            .await
-            .map_err(event_insert_error)?;
-            advance_event_seq(&mut tx, events).await
-        }
-        .await;
+        let result = insert_events(&mut tx, events).await;
         settle(tx, result).await
     }
 

@@ -204,6 +204,32 @@ async fn last_seq(conn: &mut SqliteConnection, thread_id: Uuid) -> StorageResult
     Ok(seq.unwrap_or(0))
 }
 
+/// Appends events to their threads' logs and moves the threads' counters past them.
+async fn insert_events(conn: &mut SqliteConnection, events: &[LoggedEvent]) -> StorageResult<()> {
+    let data: Vec<String> = events.iter().map(|e| e.data.to_string()).collect();
+    for (chunk, data) in events
+        .chunks(EVENTS_PER_STATEMENT)
+        .zip(data.chunks(EVENTS_PER_STATEMENT))
+    {
+        let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(
+            "INSERT INTO run_events (thread_id, seq, run_id, event, data, created_at) ",
+        );
+        qb.push_values(chunk.iter().zip(data), |mut row, (event, data)| {
+            row.push_bind(event.thread_id.hyphenated())
+                .push_bind(event.seq)
+                .push_bind(event.run_id.hyphenated())
+                .push_bind(event.event.as_str())
+                .push_bind(data.as_str())
+                .push_bind(event.created_at);
+        });
+        qb.build()
+            .execute(&mut *conn)
+            .await
+            .map_err(event_insert_error)?;
+    }
+    advance_event_seq(conn, events).await
+}
+
 /// Moves each thread's event counter past a batch just inserted; a batch that does not
 /// continue the counter reuses a seq (`Conflict`).
 async fn advance_event_seq(
@@ -612,6 +638,7 @@ impl RunStore for SqliteStorage {
                 .bind(now)
                 .fetch_one(&mut *tx)
                 .await?;
+            insert_events(&mut tx, &end.events).await?;
             log_run_end(&mut tx, thread_id, run_id, end.status, now).await?;
             Some(Run::try_from(row)?)
         };
@@ -637,29 +664,8 @@ impl RunStore for SqliteStorage {
         if events.is_empty() {
             return Ok(());
         }
-        let data: Vec<String> = events.iter().map(|e| e.data.to_string()).collect();
         let mut tx = self.write.begin().await?;
-        for (chunk, data) in events
-            .chunks(EVENTS_PER_STATEMENT)
-            .zip(data.chunks(EVENTS_PER_STATEMENT))
-        {
-            let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(
-                "INSERT INTO run_events (thread_id, seq, run_id, event, data, created_at) ",
-            );
-            qb.push_values(chunk.iter().zip(data), |mut row, (event, data)| {
-                row.push_bind(event.thread_id.hyphenated())
-                    .push_bind(event.seq)
-                    .push_bind(event.run_id.hyphenated())
-                    .push_bind(event.event.as_str())
-                    .push_bind(data.as_str())
-                    .push_bind(event.created_at);
-            });
-            qb.build()
-                .execute(&mut *tx)
-                .await
-                .map_err(event_insert_error)?;
-        }
-        advance_event_seq(&mut tx, events).await?;
+        insert_events(&mut tx, events).await?;
         tx.commit().await?;
         Ok(())
     }

@@ -50,6 +50,7 @@ fn end(status: RunStatus, thread_status: ThreadStatus) -> RunEnd {
         thread_status,
         thread_values: Some(json!({"done": status.as_str()})),
         thread_interrupts: JsonObject::new(),
+        events: Vec::new(),
     }
 }
 
@@ -1250,6 +1251,65 @@ async fn every_way_a_run_ends_logs_its_end_event() {
             ]
         );
         assert_eq!(s.last_event_seq(thread).await.unwrap(), 3);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_runs_last_events_are_logged_with_its_end() {
+    for_each_backend(|db| async move {
+        let s = db.storage();
+        let alice = fresh_user();
+        let thread = thread_of(s, &alice).await;
+
+        let run = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        let claimed = claim(s, "w").await.unwrap();
+        let first = claimed.last_seq + 1;
+        s.append_events(&[event(thread, run.run_id, first)])
+            .await
+            .unwrap();
+        let tail = vec![
+            event(thread, run.run_id, first + 1),
+            event(thread, run.run_id, first + 2),
+        ];
+        s.finish_run(
+            run.run_id,
+            "w",
+            RunEnd {
+                events: tail.clone(),
+                ..end(RunStatus::Success, ThreadStatus::Idle)
+            },
+        )
+        .await
+        .unwrap();
+        let events = s.read_events(thread, 0, None, 100).await.unwrap();
+        assert_eq!(seqs(&events), vec![1, 2, 3, 4], "the end event follows the tail");
+        assert_eq!(events[3].event, RUN_END_EVENT);
+        assert_eq!(events[1].clone(), tail[0].clone().with_stored_time(&events[1]));
+        assert_eq!(s.last_event_seq(thread).await.unwrap(), 4);
+
+        // A tail that does not continue the log is refused, and the run stays running.
+        let next = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        claim(s, "w").await.unwrap();
+        let refused = s
+            .finish_run(
+                next.run_id,
+                "w",
+                RunEnd {
+                    events: vec![event(thread, next.run_id, 2)],
+                    ..end(RunStatus::Success, ThreadStatus::Idle)
+                },
+            )
+            .await;
+        assert!(
+            matches!(refused, Err(StorageError::Conflict(_))),
+            "{refused:?}"
+        );
+        assert_eq!(
+            run_status(s, &alice, thread, next.run_id).await,
+            RunStatus::Running
+        );
+        assert_eq!(s.last_event_seq(thread).await.unwrap(), 4);
     })
     .await;
 }
