@@ -3,6 +3,7 @@
 mod cli;
 mod config;
 mod graphs;
+mod telemetry;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -12,7 +13,6 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use spindle_server::{AppState, WebhookConfig, WorkerConfig};
 use tokio::net::TcpListener;
-use tracing_subscriber::EnvFilter;
 
 use cli::{Cli, Command, DatabaseArgs, ServerArgs};
 use config::LoadedConfig;
@@ -23,7 +23,13 @@ const DEFAULT_DATA_DIR: &str = ".spindle";
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    let _telemetry = match telemetry::init() {
+        Ok(telemetry) => telemetry,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(err) => {
@@ -38,20 +44,6 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
-}
-
-fn init_logging() {
-    let filter = EnvFilter::try_from_env("SPINDLE_LOG")
-        .or_else(|_| EnvFilter::try_from_default_env())
-        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
-    // Logs go to stderr (stdout carries the start-up banner), coloured only on a terminal.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr)
-        .init();
 }
 
 async fn run(cli: Cli) -> Result<()> {

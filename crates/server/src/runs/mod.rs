@@ -5,6 +5,7 @@ pub mod execute;
 pub mod hub;
 pub mod retention;
 pub mod stream;
+pub mod trace;
 pub mod worker;
 
 use spindle_storage::{Scope, Storage, StorageResult};

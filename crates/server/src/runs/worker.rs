@@ -168,7 +168,7 @@ impl RunWorkers {
         let run = &claimed.run;
         // Instrumented, not entered: a span guard held across `.await` would be entered on one
         // thread and left on another.
-        let span = tracing::info_span!("run", run_id = %run.run_id, thread_id = %run.thread_id, attempt = run.attempt);
+        let span = super::trace::run_span(run);
         self.execute_in_span(run, claimed.last_seq)
             .instrument(span)
             .await;
