@@ -10,6 +10,7 @@ loopback receivers by default too, hence ``spindle_only``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -166,6 +167,26 @@ def test_a_failed_run_posts_its_error(webhook_http, receiver, tag):
     assert payload["error"] == {"error": "ValueError", "message": "boom"}
     assert payload["updated_at"] == ended["updated_at"]
     assert len(receiver.settle()) == 1
+
+
+async def test_a_rolled_back_run_posts_status_rollback(webhook_client, receiver, tag):
+    """A run cancelled with `action=rollback` is deleted, and its receiver still learns that it
+    is over: one POST with status `rollback` and no values, as the reference server sends."""
+    thread = await webhook_client.threads.create(metadata={"tag": tag})
+    tid = thread["thread_id"]
+    run = await webhook_client.runs.create(
+        tid, "slow", input={"delay_ms": 5000, "ticks": 0}, metadata={"tag": tag}, webhook=receiver.url
+    )
+    deadline = time.monotonic() + 10
+    while (await webhook_client.runs.get(tid, run["run_id"]))["status"] != "running":
+        assert time.monotonic() < deadline, "the run never started"
+        await asyncio.sleep(0.05)
+    await webhook_client.runs.cancel(tid, run["run_id"], wait=True, action="rollback")
+    [request] = receiver.wait_for(1)
+    payload = request["body"]
+    assert_payload(payload, run, "rollback")
+    assert payload["values"] is None
+    assert len(receiver.settle()) == 1, "one delivery per run"
 
 
 async def test_a_stateless_run_posts_its_values(webhook_client, receiver):

@@ -24,7 +24,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use reqwest::{StatusCode, Url};
 use serde_json::{json, Map, Value};
@@ -589,6 +589,15 @@ pub fn run_payload(run: &Run, values: Option<Value>) -> Value {
         payload.insert("error".into(), error.clone());
     }
     Value::Object(payload)
+}
+
+/// The payload for a run rolled back before it ended: the run as it was, with status
+/// `rollback` (a status no stored run has) and no values, as the reference server sends.
+pub fn rollback_payload(run: &Run, ended_at: DateTime<Utc>) -> Value {
+    let mut payload = run_payload(run, None);
+    payload["status"] = json!("rollback");
+    payload["run_ended_at"] = json!(ended_at);
+    payload
 }
 
 #[cfg(test)]

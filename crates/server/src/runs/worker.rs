@@ -286,7 +286,7 @@ impl RunWorkers {
             .await
             .map_err(|e| e.to_string())?;
         if let Some(url) = webhook {
-            self.send_webhook(ended, final_values, url);
+            self.send_webhook(run, ended, final_values, url);
         }
         if run.kwargs.get(keys::TEMPORARY).and_then(Value::as_str) == Some(CLEANUP_BY_WORKER) {
             if let Err(err) =
@@ -300,16 +300,14 @@ impl RunWorkers {
 
     /// Sends the run's end to its webhook in the background, once the end is committed: a
     /// slow or absent receiver never holds up the run or its worker.
-    fn send_webhook(&self, ended: Option<Run>, values: Option<Value>, url: &str) {
-        match ended {
-            Some(run) => {
-                let payload = webhook::run_payload(&run, values);
-                self.webhooks.spawn(payload, url.to_owned(), run.run_id);
-            }
-            // A rolled-back run was deleted at its creator's request: there is no run left to
-            // report (the reference would send a status, `rollback`, that no run can have).
-            None => tracing::info!("the run was rolled back; its webhook is not called"),
-        }
+    fn send_webhook(&self, claimed: &Run, ended: Option<Run>, values: Option<Value>, url: &str) {
+        let payload = match &ended {
+            Some(run) => webhook::run_payload(run, values),
+            // A rolled-back run was deleted at its creator's request; the receiver still learns
+            // that it is over, with the status the reference server sends for it.
+            None => webhook::rollback_payload(claimed, Utc::now()),
+        };
+        self.webhooks.spawn(payload, url.to_owned(), claimed.run_id);
     }
 
     /// The run's assistant and the graph it executes.
