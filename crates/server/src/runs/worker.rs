@@ -144,11 +144,10 @@ impl RunWorkers {
                 .claim_run(&self.worker_id, self.config.lease, self.config.max_attempts)
                 .await;
             match claimed {
-                Ok(Some(claimed)) => {
-                    // Another run may be waiting; let a sibling look while this one executes.
-                    self.wake.notify_one();
-                    self.execute(claimed).await;
-                }
+                // Straight back to claiming afterwards: a loop sleeps only when it found
+                // nothing, and each created run wakes one sleeper, so waking a sibling here
+                // would only cost an empty claim per run.
+                Ok(Some(claimed)) => self.execute(claimed).await,
                 Ok(None) => {
                     tokio::select! {
                         () = self.wake.notified() => {}

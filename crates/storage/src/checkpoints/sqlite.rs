@@ -207,24 +207,6 @@ impl Checkpointer for SqliteCheckpointer {
             .map(|w| encode_write(w))
             .collect::<Result<Vec<_>, _>>()?;
         let mut tx = self.write.begin().await.map_err(backend)?;
-        // The checkpoint must exist; the next index follows its last write. The one writer
-        // connection serialises concurrent calls.
-        let next: Option<i64> = sqlx::query_scalar(
-            "SELECT (SELECT COALESCE(MAX(idx), -1) + 1 FROM checkpoint_writes w \
-                     WHERE w.thread_id = $1 AND w.checkpoint_ns = $2 AND w.checkpoint_id = $3) \
-             FROM checkpoints WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3",
-        )
-        .bind(thread_id)
-        .bind(checkpoint_ns)
-        .bind(checkpoint_id)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(backend)?;
-        let Some(next) = next else {
-            return Err(CheckpointError::Missing(format!(
-                "checkpoint {checkpoint_id} of {thread_id}"
-            )));
-        };
         if !plan.replace.is_empty() {
             let mut qb: QueryBuilder<'_, Sqlite> =
                 QueryBuilder::new("DELETE FROM checkpoint_writes WHERE thread_id = ");
@@ -240,28 +222,44 @@ impl Checkpointer for SqliteCheckpointer {
             qb.push(")");
             qb.build().execute(&mut *tx).await.map_err(backend)?;
         }
-        let rows: Vec<(i64, &PendingWrite, &[u8])> = plan
+        // Each chunk is one statement that numbers its rows after the checkpoint's last write
+        // and inserts nothing when the checkpoint does not exist. The one writer connection
+        // serialises concurrent calls, so the numbering cannot race.
+        let rows: Vec<(&PendingWrite, &[u8])> = plan
             .insert
             .iter()
             .zip(&values)
-            .enumerate()
-            .map(|(i, (w, v))| (next + i as i64, *w, v.as_slice()))
+            .map(|(w, v)| (*w, v.as_slice()))
             .collect();
         for chunk in rows.chunks(INSERT_CHUNK) {
             let mut qb: QueryBuilder<'_, Sqlite> = QueryBuilder::new(
                 "INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, idx, task_id, \
-                 channel, value) ",
+                 channel, value) SELECT c.thread_id, c.checkpoint_ns, c.checkpoint_id, \
+                 (SELECT COALESCE(MAX(w.idx), -1) + 1 FROM checkpoint_writes w \
+                  WHERE w.thread_id = c.thread_id AND w.checkpoint_ns = c.checkpoint_ns \
+                  AND w.checkpoint_id = c.checkpoint_id) + v.column1, v.column2, v.column3, v.column4 \
+                 FROM checkpoints c, (",
             );
-            qb.push_values(chunk, |mut row, (idx, w, value)| {
-                row.push_bind(thread_id)
-                    .push_bind(checkpoint_ns)
-                    .push_bind(checkpoint_id)
-                    .push_bind(*idx)
+            // SQLite reads the source of an INSERT ... SELECT on its own table in full before
+            // inserting, so every row of the chunk sees the same last index.
+            qb.push_values(chunk.iter().enumerate(), |mut row, (offset, (w, value))| {
+                row.push_bind(offset as i64)
                     .push_bind(w.task_id.as_str())
                     .push_bind(w.channel.as_str())
                     .push_bind(*value);
             });
-            qb.build().execute(&mut *tx).await.map_err(backend)?;
+            qb.push(") v WHERE c.thread_id = ")
+                .push_bind(thread_id)
+                .push(" AND c.checkpoint_ns = ")
+                .push_bind(checkpoint_ns)
+                .push(" AND c.checkpoint_id = ")
+                .push_bind(checkpoint_id);
+            let inserted = qb.build().execute(&mut *tx).await.map_err(backend)?;
+            if inserted.rows_affected() == 0 {
+                return Err(CheckpointError::Missing(format!(
+                    "checkpoint {checkpoint_id} of {thread_id}"
+                )));
+            }
         }
         tx.commit().await.map_err(backend)
     }

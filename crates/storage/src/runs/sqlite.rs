@@ -532,45 +532,28 @@ impl RunStore for SqliteStorage {
             end_abandoned(&mut tx, &run, now).await?;
         }
 
+        // One statement picks and claims: all writes go through the one writer connection, so
+        // no other claim can run between the pick and the update (the partial unique index
+        // on running runs still guards the rule).
         let claim_sql = format!(
-            "UPDATE runs SET status = 'running', attempt = attempt + 1, lease_owner = $2, \
-             lease_expires_at = $3, updated_at = $4, started_at = COALESCE(started_at, $4) \
-             WHERE run_id = $1 AND status = 'pending' \
+            "UPDATE runs SET status = 'running', attempt = attempt + 1, lease_owner = $1, \
+             lease_expires_at = $2, updated_at = $3, started_at = COALESCE(started_at, $3) \
+             WHERE run_id = (SELECT run_id FROM runs r WHERE status = 'pending' \
+                             AND run_after <= $3 AND NOT EXISTS (SELECT 1 FROM runs o \
+                             WHERE o.thread_id = r.thread_id AND o.status = 'running') \
+                             ORDER BY created_at LIMIT 1) \
              RETURNING {RUN_COLUMNS}"
         );
-        for _ in 0..CANDIDATES_PER_CLAIM {
-            let candidate: Option<Hyphenated> = sqlx::query_scalar(
-                "SELECT run_id FROM runs r WHERE status = 'pending' AND run_after <= $1 \
-                 AND NOT EXISTS (SELECT 1 FROM runs o WHERE o.thread_id = r.thread_id \
-                                 AND o.status = 'running') \
-                 ORDER BY created_at LIMIT 1",
-            )
+        let row: Option<RunRow<Hyphenated>> = sqlx::query_as(&claim_sql)
+            .bind(worker_id)
+            .bind(expires)
             .bind(now)
             .fetch_optional(&mut *tx)
             .await?;
-            let Some(candidate) = candidate else { break };
-            let mut savepoint = sqlx::Connection::begin(&mut *tx).await?;
-            let row: Result<Option<RunRow<Hyphenated>>, _> = sqlx::query_as(&claim_sql)
-                .bind(candidate)
-                .bind(worker_id)
-                .bind(expires)
-                .bind(now)
-                .fetch_optional(&mut *savepoint)
-                .await;
-            match row {
-                Ok(Some(row)) => {
-                    savepoint.commit().await?;
-                    let claimed = claimed(&mut tx, row).await?;
-                    tx.commit().await?;
-                    return Ok(Some(claimed));
-                }
-                Ok(None) => savepoint.rollback().await?,
-                // Another claim started a run of this thread first.
-                Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
-                    savepoint.rollback().await?
-                }
-                Err(e) => return Err(e.into()),
-            }
+        if let Some(row) = row {
+            let claimed = claimed(&mut tx, row).await?;
+            tx.commit().await?;
+            return Ok(Some(claimed));
         }
         // Commits the ends of abandoned runs, if any.
         tx.commit().await?;

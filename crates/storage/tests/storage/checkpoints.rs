@@ -605,6 +605,26 @@ async fn pending_writes_keep_their_order_and_need_their_checkpoint() {
     .await;
 }
 
+#[tokio::test]
+async fn a_large_batch_of_writes_keeps_its_order() {
+    for_each_backend(|db| async move {
+        let saver = db.storage().checkpointer();
+        let t = thread();
+        let ids = chain(saver.as_ref(), &t, "", 1).await;
+        // More rows than one insert statement carries, after writes already there.
+        let first = vec![write("a", "n", json!(-1))];
+        saver.put_writes(&t, "", &ids[0], &first).await.unwrap();
+        let batch: Vec<PendingWrite> = (0..1_234)
+            .map(|i| write(&format!("task-{}", i % 7), "n", json!(i)))
+            .collect();
+        saver.put_writes(&t, "", &ids[0], &batch).await.unwrap();
+        let got = saver.get_tuple(&t, "", None).await.unwrap().unwrap();
+        let want: Vec<PendingWrite> = first.into_iter().chain(batch).collect();
+        assert_eq!(got.pending_writes, want);
+    })
+    .await;
+}
+
 /// Copies the checkpoints of `t` in `from` into `to` (for comparing savers).
 async fn chain_into(to: &dyn Checkpointer, from: &Arc<dyn Checkpointer>, t: &str) {
     let mut all = from.list(t, None, &ListFilter::default()).await.unwrap();

@@ -1283,9 +1283,16 @@ async fn a_runs_last_events_are_logged_with_its_end() {
         .await
         .unwrap();
         let events = s.read_events(thread, 0, None, 100).await.unwrap();
-        assert_eq!(seqs(&events), vec![1, 2, 3, 4], "the end event follows the tail");
+        assert_eq!(
+            seqs(&events),
+            vec![1, 2, 3, 4],
+            "the end event follows the tail"
+        );
         assert_eq!(events[3].event, RUN_END_EVENT);
-        assert_eq!(events[1].clone(), tail[0].clone().with_stored_time(&events[1]));
+        assert_eq!(
+            events[1].clone(),
+            tail[0].clone().with_stored_time(&events[1])
+        );
         assert_eq!(s.last_event_seq(thread).await.unwrap(), 4);
 
         // A tail that does not continue the log is refused, and the run stays running.
