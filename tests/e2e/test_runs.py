@@ -287,6 +287,26 @@ async def test_stateless_keep_and_background(client, http):
     assert_status(http.get(f"/threads/{tid}"), 404)
 
 
+async def test_a_refused_batch_item_leaves_no_run_behind(client, tag, http):
+    """A batch whose second item names an assistant that does not exist is a 404, and its first
+    item, valid on its own, was not started either."""
+    assistant = await client.assistants.create("chain", metadata={"tag": tag})
+    aid = assistant["assistant_id"]
+    missing = "00000000-0000-4000-8000-000000000000"
+    # `keep`, so that a started run's thread would still be there to count.
+    first = {"assistant_id": aid, "input": {"n": 1}, "on_completion": "keep"}
+    r = http.post("/runs/batch", json=[first, {"assistant_id": missing, "input": {"n": 2}}])
+    assert_status(r, 404)
+    r = http.post("/threads/count", json={"metadata": {"assistant_id": aid}})
+    assert_status(r, 200)
+    assert r.json() == 0, "no thread (and so no run) of the batch was created"
+    # The same first item alone is started, and its thread carries that assistant.
+    [run] = await client.runs.create_batch([first])
+    assert run["assistant_id"] == aid
+    r = http.post("/threads/count", json={"metadata": {"assistant_id": aid}})
+    assert r.json() == 1, describe(r)
+
+
 async def test_batch_and_cancel_many(client, tag, http):
     """`runs.create_batch` starts stateless runs (one thread each); `runs.cancel_many` stops runs
     of a thread by id; a bad item of a batch is a 422 naming its index."""

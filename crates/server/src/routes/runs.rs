@@ -14,6 +14,7 @@ use serde_json::{json, Map, Value};
 use spindle_storage::{
     CancelAction, IfThreadMissing, MultitaskStrategy, NewRun, Run, RunFilter, RunStatus, Scope,
 };
+use tracing::Instrument;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -482,10 +483,12 @@ async fn start_run(
         if_thread_missing,
     };
     let span = tracing::info_span!("run.create", run_id = %new.run_id, thread_id = %thread_id);
-    for (key, value) in &new.metadata {
-        tracing::debug!(parent: &span, attribute = %format!("trace.metadata.{key}"), value = %value);
-    }
-    let created = state.storage.create_run(scope, new).await?;
+    crate::runs::trace::tag_with_metadata(&span, &new.metadata);
+    let created = state
+        .storage
+        .create_run(scope, new)
+        .instrument(span)
+        .await?;
     state.workers.cancel_local(&created.cancelled);
     state.workers.wake();
     Ok(created.run)
@@ -1013,8 +1016,17 @@ async fn create_run_batch(
     Caller(scope): Caller,
     ApiJson(bodies): ApiJson<Vec<RunCreate>>,
 ) -> ApiResult<Json<Vec<RunOut>>> {
-    // Every webhook first, so that a refused one leaves no run of the batch behind.
+    // Everything a run of the batch could be refused for is checked first (its assistant,
+    // its webhook), so that a refused item leaves no run of the batch behind.
     for (index, body) in bodies.iter().enumerate() {
+        let assistant_id = resolve_assistant_id(&state, &body.assistant_id).map_err(|_| {
+            ApiError::field(
+                vec![json!("body"), json!(index), json!("assistant_id")],
+                "uuid_parsing",
+                "Input should be a valid UUID or the id of a graph",
+            )
+        })?;
+        state.storage.get_assistant(&scope, assistant_id).await?;
         check_webhook(
             &state,
             body,

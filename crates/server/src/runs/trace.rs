@@ -23,7 +23,8 @@ pub fn run_span(run: &Run) -> Span {
     span
 }
 
-fn tag_with_metadata(span: &Span, metadata: &JsonObject) {
+/// Sets `trace.metadata.<key>` on `span` for each key of a run's metadata.
+pub fn tag_with_metadata(span: &Span, metadata: &JsonObject) {
     for attribute in metadata_attributes(metadata) {
         span.set_attribute(attribute.key, attribute.value);
     }
