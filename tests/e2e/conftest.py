@@ -129,6 +129,30 @@ def webhook_server(request: pytest.FixtureRequest):
     yield from _session_server(request.param, extra_args=["--webhook-allow-private"])
 
 
+# A thread-TTL sweep every second, and a default TTL (keep_latest, 0.02 min = 1.2 s) for threads
+# without one of their own, so TTL tests see threads expire within seconds.
+TTL_SERVER_ARGS = [
+    "--thread-sweep-interval-secs", "1",
+    "--thread-ttl-minutes", "0.02",
+    "--thread-ttl-strategy", "keep_latest",
+]
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def ttl_server(request: pytest.FixtureRequest):
+    """A server that sweeps expired threads every second and trims threads idle for 1.2 s
+    (``TTL_SERVER_ARGS``); only for TTL tests, since it trims every thread it holds."""
+    yield from _session_server(request.param, extra_args=TTL_SERVER_ARGS)
+
+
+@pytest.fixture
+def ttl_client(ttl_server: harness.Server):
+    """The official async client, on ``ttl_server``."""
+    c = get_client(url=ttl_server.base_url, api_key=None, timeout=30)
+    yield c
+    _loop().run_until_complete(c.aclose())
+
+
 def _session_server(backend: str, extra_args: list[str] | None = None, env: dict[str, str] | None = None):
     """Start ``spindle`` on ``backend`` with ``extra_args`` and ``env`` added, yield it, then stop it
     and remove its database and working folder (kept, with the logs, when something failed)."""

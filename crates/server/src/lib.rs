@@ -11,6 +11,7 @@ pub mod routes;
 pub mod runs;
 pub mod sse;
 pub mod state;
+pub mod ttl;
 pub mod webhook;
 pub mod wire;
 
@@ -23,6 +24,7 @@ use tower_http::trace::TraceLayer;
 pub use graphs::{default_assistant_id, GraphRegistry};
 pub use runs::WorkerConfig;
 pub use state::AppState;
+pub use ttl::ThreadTtlConfig;
 pub use webhook::WebhookConfig;
 
 /// The application: every route, the OpenAPI document at `/openapi.json` and its rendering at
@@ -49,6 +51,11 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let stop_workers = tokio_util::sync::CancellationToken::new();
     state.workers.start(stop_workers.clone());
+    tokio::spawn(ttl::sweep_threads(
+        state.storage.clone(),
+        state.thread_ttl,
+        stop_workers.clone(),
+    ));
     // Without TCP_NODELAY a response written as headers then body waits for the client's
     // delayed ACK (~40 ms per request on a kept-alive connection).
     use axum::serve::ListenerExt;

@@ -31,6 +31,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .merge(routes::system::router())
         .merge(routes::assistants::router())
         .merge(routes::threads::router())
+        .merge(routes::state::router())
         .merge(routes::runs::router())
         .merge(routes::streams::router())
 }

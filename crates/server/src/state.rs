@@ -11,6 +11,7 @@ use crate::error::ApiError;
 use crate::graphs::GraphRegistry;
 use crate::runs::{EventHub, RunWorkers, WorkerConfig};
 use crate::sse::DEFAULT_KEEPALIVE_SECS;
+use crate::ttl::ThreadTtlConfig;
 use crate::webhook::{WebhookConfig, Webhooks};
 
 #[derive(Clone)]
@@ -23,6 +24,8 @@ pub struct AppState {
     pub keepalive: Duration,
     /// Checks webhook URLs and delivers run ends to them.
     pub webhooks: Arc<Webhooks>,
+    /// The default thread TTL and how often expired threads are swept.
+    pub thread_ttl: ThreadTtlConfig,
 }
 
 impl AppState {
@@ -60,6 +63,7 @@ impl AppState {
             workers,
             keepalive: Duration::from_secs(DEFAULT_KEEPALIVE_SECS),
             webhooks,
+            thread_ttl: ThreadTtlConfig::default(),
         }
     }
 }

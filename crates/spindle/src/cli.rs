@@ -69,6 +69,20 @@ pub struct ServerArgs {
     #[arg(long, env = "SPINDLE_EVENT_RETENTION_HOURS")]
     pub event_retention_hours: Option<u64>,
 
+    /// Minutes a thread without a TTL of its own lives after its last update before the
+    /// thread TTL strategy applies to it; fractions allowed [default: no default TTL]
+    #[arg(long, env = "SPINDLE_THREAD_TTL_MINUTES")]
+    pub thread_ttl_minutes: Option<f64>,
+
+    /// What the default thread TTL does: `delete` the thread, or `keep_latest` (only its
+    /// latest checkpoint stays) [default: delete]
+    #[arg(long, env = "SPINDLE_THREAD_TTL_STRATEGY", value_parser = ["delete", "keep_latest"])]
+    pub thread_ttl_strategy: Option<String>,
+
+    /// Seconds between sweeps for threads whose TTL ran out [default: 300]
+    #[arg(long, env = "SPINDLE_THREAD_SWEEP_INTERVAL_SECS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub thread_sweep_interval_secs: Option<u64>,
+
     /// Deliver webhooks to private-network and loopback addresses (a receiver on this host or
     /// its network); `--webhook-allow-private` alone means true. Link-local addresses (cloud
     /// metadata) stay refused [default: false]

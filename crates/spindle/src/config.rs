@@ -51,6 +51,9 @@ pub struct ServerSection {
     pub run_lease_secs: Option<u64>,
     pub keepalive_interval_secs: Option<u64>,
     pub event_retention_hours: Option<u64>,
+    pub thread_ttl_minutes: Option<f64>,
+    pub thread_ttl_strategy: Option<String>,
+    pub thread_sweep_interval_secs: Option<u64>,
     pub webhook_allow_private: Option<bool>,
 }
 

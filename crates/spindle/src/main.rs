@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use spindle_server::{AppState, WebhookConfig, WorkerConfig};
+use spindle_server::{AppState, ThreadTtlConfig, WebhookConfig, WorkerConfig};
+use spindle_storage::{ThreadTtl, TtlStrategy};
 use tokio::net::TcpListener;
 
 use cli::{Cli, Command, DatabaseArgs, ServerArgs};
@@ -158,6 +159,7 @@ async fn serve(args: ServerArgs, mode: Mode) -> Result<()> {
         worker_config(&args, &config),
         webhook_config(&args, &config),
     );
+    state.thread_ttl = thread_ttl_config(&args, &config)?;
     if let Some(secs) = args
         .keepalive_interval_secs
         .or(config.file.server.keepalive_interval_secs)
@@ -218,6 +220,42 @@ fn worker_config(args: &ServerArgs, config: &LoadedConfig) -> WorkerConfig {
         },
         ..defaults
     }
+}
+
+/// Thread TTL settings: flag or environment, else the config file, else the defaults (no
+/// default TTL; a sweep every five minutes).
+fn thread_ttl_config(args: &ServerArgs, config: &LoadedConfig) -> Result<ThreadTtlConfig> {
+    let file = &config.file.server;
+    let defaults = ThreadTtlConfig::default();
+    let strategy = args
+        .thread_ttl_strategy
+        .as_deref()
+        .or(file.thread_ttl_strategy.as_deref())
+        .map(|s| {
+            TtlStrategy::parse(s).with_context(|| {
+                format!("thread_ttl_strategy {s:?}: expected \"delete\" or \"keep_latest\"")
+            })
+        })
+        .transpose()?
+        .unwrap_or_default();
+    let default = match args.thread_ttl_minutes.or(file.thread_ttl_minutes) {
+        None => None,
+        Some(m) if m.is_finite() && m > 0.0 => Some(ThreadTtl {
+            strategy,
+            minutes: m,
+        }),
+        Some(m) => {
+            anyhow::bail!("thread_ttl_minutes must be a positive number of minutes, got {m}")
+        }
+    };
+    Ok(ThreadTtlConfig {
+        default,
+        sweep_every: args
+            .thread_sweep_interval_secs
+            .or(file.thread_sweep_interval_secs)
+            .map(|s| Duration::from_secs(s.max(1)))
+            .unwrap_or(defaults.sweep_every),
+    })
 }
 
 /// Webhook settings: flag or environment, else the config file, else the defaults.
@@ -318,6 +356,40 @@ mod tests {
             &["spindle", "dev", "--webhook-allow-private=false"],
             &file_allows
         ));
+    }
+
+    #[test]
+    fn thread_ttl_comes_from_the_flags_then_the_file() {
+        let none = LoadedConfig::default();
+        let ttl =
+            |argv: &[&str], config: &LoadedConfig| thread_ttl_config(&server_args(argv), config);
+        let plain = ttl(&["spindle", "dev"], &none).unwrap();
+        assert!(plain.default.is_none());
+        assert_eq!(plain.sweep_every, Duration::from_secs(300));
+        let set = ttl(
+            &[
+                "spindle",
+                "dev",
+                "--thread-ttl-minutes",
+                "0.5",
+                "--thread-ttl-strategy",
+                "keep_latest",
+                "--thread-sweep-interval-secs",
+                "1",
+            ],
+            &none,
+        )
+        .unwrap();
+        let default = set.default.unwrap();
+        assert_eq!(default.strategy, TtlStrategy::KeepLatest);
+        assert_eq!(default.minutes, 0.5);
+        assert_eq!(set.sweep_every, Duration::from_secs(1));
+        let mut file = LoadedConfig::default();
+        file.file.server.thread_ttl_minutes = Some(60.0);
+        let from_file = ttl(&["spindle", "serve"], &file).unwrap();
+        assert_eq!(from_file.default.unwrap().strategy, TtlStrategy::Delete);
+        file.file.server.thread_ttl_minutes = Some(-1.0);
+        assert!(ttl(&["spindle", "serve"], &file).is_err());
     }
 
     #[test]

@@ -20,6 +20,15 @@ pub enum StorageError {
     Migration(#[from] sqlx::migrate::MigrateError),
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
+    /// Saving or removing checkpoints failed.
+    #[error("checkpoint storage failed: {0}")]
+    Checkpoint(String),
+}
+
+impl From<spindle_graph::checkpoint::CheckpointError> for StorageError {
+    fn from(error: spindle_graph::checkpoint::CheckpointError) -> Self {
+        StorageError::Checkpoint(error.to_string())
+    }
 }
 
 pub type StorageResult<T> = Result<T, StorageError>;

@@ -17,6 +17,7 @@ pub mod runs;
 pub mod sqlite;
 #[cfg(feature = "test-util")]
 pub mod test_util;
+pub mod thread_state;
 
 use std::sync::Arc;
 
@@ -87,7 +88,49 @@ pub trait ThreadStore: Send + Sync {
         scope: &Scope,
         id: Uuid,
         metadata: JsonObject,
+    ) -> StorageResult<Thread> {
+        let patch = ThreadPatch {
+            metadata,
+            ttl: None,
+        };
+        self.patch_thread(scope, id, patch).await
+    }
+    /// Merges the patch's metadata and, when given, replaces the thread's TTL (counted from
+    /// now), in one transaction.
+    async fn patch_thread(
+        &self,
+        scope: &Scope,
+        id: Uuid,
+        patch: ThreadPatch,
     ) -> StorageResult<Thread>;
+    /// A state edit: in one transaction, saves `write`'s checkpoints, sets the thread's
+    /// status, values and interrupts from it (clearing its error), and appends `event` to the
+    /// thread's event log. `Conflict` while a run of the thread is pending or running.
+    async fn write_thread_state(
+        &self,
+        scope: &Scope,
+        id: Uuid,
+        write: StateWrite,
+        event: Option<ThreadEvent>,
+    ) -> StorageResult<StateWritten>;
+    /// Prunes the caller's threads among `ids` (others are skipped): `Delete` removes them
+    /// with their runs, events and checkpoints; `KeepLatest` keeps only the latest checkpoint
+    /// of each namespace (skipping a thread with an active run). Returns how many were pruned.
+    async fn prune_threads(
+        &self,
+        scope: &Scope,
+        ids: &[Uuid],
+        strategy: TtlStrategy,
+    ) -> StorageResult<u64>;
+    /// Applies the TTL of up to `limit` expired threads that have no active run, of every
+    /// user: a thread's own TTL once its `expires_at` passed; `default` for threads without
+    /// one, once they were not updated for that long. One transaction.
+    async fn sweep_expired_threads(
+        &self,
+        now: chrono::DateTime<chrono::Utc>,
+        default: Option<ThreadTtl>,
+        limit: i64,
+    ) -> StorageResult<SweepOutcome>;
     async fn delete_thread(&self, scope: &Scope, id: Uuid) -> StorageResult<()>;
     async fn search_threads(
         &self,

@@ -4,6 +4,7 @@
 
 use chrono::{DateTime, Utc};
 use serde_json::{Map, Value};
+use spindle_graph::checkpoint::{ChannelBlob, Checkpoint};
 use uuid::Uuid;
 
 /// A JSON object, as metadata, config and context are.
@@ -255,6 +256,10 @@ pub struct Thread {
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub state_updated_at: DateTime<Utc>,
+    /// The thread's own time to live, when it has one.
+    pub ttl: Option<ThreadTtl>,
+    /// When its own TTL runs out (the sweeper then applies its strategy).
+    pub expires_at: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Clone)]
@@ -262,6 +267,125 @@ pub struct NewThread {
     pub thread_id: Uuid,
     pub metadata: JsonObject,
     pub if_exists: IfExists,
+    /// Expire the thread this long after its creation.
+    pub ttl: Option<ThreadTtl>,
+    /// Checkpoints to start the thread with (supersteps), saved in the creating transaction.
+    /// Not applied when an existing thread is returned (`IfExists::DoNothing`).
+    pub state: Option<StateWrite>,
+}
+
+impl NewThread {
+    /// A thread with only an id and metadata.
+    pub fn new(thread_id: Uuid, metadata: JsonObject, if_exists: IfExists) -> Self {
+        Self {
+            thread_id,
+            metadata,
+            if_exists,
+            ttl: None,
+            state: None,
+        }
+    }
+}
+
+/// A change of a thread's metadata and TTL.
+#[derive(Debug, Clone, Default)]
+pub struct ThreadPatch {
+    /// Merged key by key into the existing metadata.
+    pub metadata: JsonObject,
+    /// Replaces the thread's TTL (counted from now) when given.
+    pub ttl: Option<ThreadTtl>,
+}
+
+/// What happens to a thread when its time to live runs out (or when it is pruned).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TtlStrategy {
+    /// The thread goes, with its runs, events and checkpoints.
+    #[default]
+    Delete,
+    /// The thread stays with only its latest checkpoint (of each namespace).
+    KeepLatest,
+}
+
+impl TtlStrategy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TtlStrategy::Delete => "delete",
+            TtlStrategy::KeepLatest => "keep_latest",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::Delete, Self::KeepLatest]
+            .into_iter()
+            .find(|t| t.as_str() == s)
+    }
+}
+
+/// A thread's time to live: `minutes` (fractions allowed) from when it was set.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ThreadTtl {
+    pub strategy: TtlStrategy,
+    pub minutes: f64,
+}
+
+impl ThreadTtl {
+    /// When a TTL set at `from` runs out.
+    pub fn expiry(&self, from: DateTime<Utc>) -> DateTime<Utc> {
+        let micros = (self.minutes * 60_000_000.0).clamp(0.0, 1e17) as i64;
+        from.checked_add_signed(chrono::Duration::microseconds(micros))
+            .unwrap_or(DateTime::<Utc>::MAX_UTC)
+    }
+}
+
+/// One checkpoint to save as part of a thread change (a state update, supersteps).
+#[derive(Debug, Clone)]
+pub struct CheckpointWrite {
+    pub checkpoint_ns: String,
+    /// The checkpoint as saved (its values travel in `blobs`).
+    pub checkpoint: Checkpoint,
+    pub metadata: Value,
+    pub parent_id: Option<String>,
+    pub blobs: Vec<ChannelBlob>,
+}
+
+/// The thread's columns that follow its latest checkpoint, as a run's end writes them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ThreadStateColumns {
+    /// `interrupted` when the checkpoint has next tasks, else `idle`.
+    pub status: ThreadStatus,
+    pub values: Option<Value>,
+    /// Interrupts by task id.
+    pub interrupts: JsonObject,
+}
+
+/// Checkpoints to save, in order, and the thread's state once they are.
+#[derive(Debug, Clone)]
+pub struct StateWrite {
+    pub checkpoints: Vec<CheckpointWrite>,
+    pub columns: ThreadStateColumns,
+}
+
+/// An event to append to the thread's log with a state change (no run made it).
+#[derive(Debug, Clone)]
+pub struct ThreadEvent {
+    pub event: String,
+    pub data: Value,
+}
+
+/// A thread after a state change, with the event logged for it.
+#[derive(Debug, Clone)]
+pub struct StateWritten {
+    pub thread: Thread,
+    pub event: Option<crate::LoggedEvent>,
+}
+
+/// What one sweep of expired threads did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SweepOutcome {
+    /// Threads removed (`delete`).
+    pub deleted: u64,
+    /// Threads cut down to their latest checkpoints (`keep_latest`).
+    pub trimmed: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -353,6 +477,24 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(patch.apply(&fields()).description, None);
+    }
+
+    #[test]
+    fn ttl_expiry_counts_fractional_minutes() {
+        let ttl = ThreadTtl {
+            strategy: TtlStrategy::Delete,
+            minutes: 0.02,
+        };
+        let from = Utc::now();
+        assert_eq!(
+            ttl.expiry(from) - from,
+            chrono::Duration::milliseconds(1200)
+        );
+        assert_eq!(
+            TtlStrategy::parse("keep_latest"),
+            Some(TtlStrategy::KeepLatest)
+        );
+        assert_eq!(TtlStrategy::parse("zap"), None);
     }
 
     #[test]

@@ -23,7 +23,9 @@ use crate::rows::{
     AssistantRow, AssistantVersionRow, ThreadRow, ASSISTANT_COLUMNS, THREAD_COLUMNS,
     VERSION_COLUMNS,
 };
-use crate::{AssistantStore, Backend, Storage, StorageError, StorageResult, ThreadStore};
+use crate::{
+    thread_state, AssistantStore, Backend, Storage, StorageError, StorageResult, ThreadStore,
+};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 
@@ -393,31 +395,42 @@ async fn fetch_thread(
 #[async_trait]
 impl ThreadStore for PostgresStorage {
     async fn create_thread(&self, scope: &Scope, new: NewThread) -> StorageResult<Thread> {
-        let mut conn = self.pool.acquire().await?;
-        let sql = format!(
+        let mut tx = self.pool.begin().await?;
+        let now = Utc::now();
+        let inserted = sqlx::query(
             "INSERT INTO threads (thread_id, user_id, metadata, created_at, updated_at, state_updated_at) \
-             VALUES ($1, $2, $3, $4, $4, $4) ON CONFLICT (thread_id) DO NOTHING RETURNING {THREAD_COLUMNS}"
-        );
-        let inserted: Option<ThreadRow<Uuid>> = sqlx::query_as(&sql)
-            .bind(new.thread_id)
-            .bind(&scope.user_id)
-            .bind(Json(&new.metadata))
-            .bind(Utc::now())
-            .fetch_optional(&mut *conn)
-            .await?;
-        if let Some(row) = inserted {
-            return Thread::try_from(row);
+             VALUES ($1, $2, $3, $4, $4, $4) ON CONFLICT (thread_id) DO NOTHING",
+        )
+        .bind(new.thread_id)
+        .bind(&scope.user_id)
+        .bind(Json(&new.metadata))
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        let created = inserted.rows_affected() == 1;
+        if created {
+            if let Some(ttl) = &new.ttl {
+                thread_state::postgres::set_ttl(&mut tx, new.thread_id, Some(ttl), now).await?;
+            }
+            if let Some(state) = &new.state {
+                thread_state::postgres::save_state(&mut tx, new.thread_id, state, now).await?;
+            }
         }
-        match (
+        let thread = match (
+            created,
             new.if_exists,
-            fetch_thread(&mut conn, scope, new.thread_id).await?,
+            fetch_thread(&mut tx, scope, new.thread_id).await?,
         ) {
-            (IfExists::DoNothing, Some(existing)) => Ok(existing),
-            _ => Err(StorageError::Conflict(format!(
-                "thread {} already exists",
-                new.thread_id
-            ))),
-        }
+            (true, _, Some(thread)) | (_, IfExists::DoNothing, Some(thread)) => thread,
+            _ => {
+                return Err(StorageError::Conflict(format!(
+                    "thread {} already exists",
+                    new.thread_id
+                )))
+            }
+        };
+        tx.commit().await?;
+        Ok(thread)
     }
 
     async fn get_thread(&self, scope: &Scope, id: Uuid) -> StorageResult<Thread> {
@@ -427,25 +440,87 @@ impl ThreadStore for PostgresStorage {
             .ok_or(StorageError::NotFound("thread"))
     }
 
-    async fn update_thread(
+    async fn patch_thread(
         &self,
         scope: &Scope,
         id: Uuid,
-        metadata: JsonObject,
+        patch: ThreadPatch,
     ) -> StorageResult<Thread> {
+        let mut tx = self.pool.begin().await?;
+        let now = Utc::now();
         // jsonb `||` is a shallow merge that keeps nulls, as LangGraph's metadata merge does.
-        let sql = format!(
+        let updated = sqlx::query(
             "UPDATE threads SET metadata = metadata || $3, updated_at = $4 \
-             WHERE thread_id = $1 AND (user_id = $2 OR user_id IS NULL) RETURNING {THREAD_COLUMNS}"
-        );
-        let row: Option<ThreadRow<Uuid>> = sqlx::query_as(&sql)
-            .bind(id)
-            .bind(&scope.user_id)
-            .bind(Json(Value::Object(metadata)))
-            .bind(Utc::now())
-            .fetch_optional(&self.pool)
-            .await?;
-        Thread::try_from(row.ok_or(StorageError::NotFound("thread"))?)
+             WHERE thread_id = $1 AND (user_id = $2 OR user_id IS NULL)",
+        )
+        .bind(id)
+        .bind(&scope.user_id)
+        .bind(Json(Value::Object(patch.metadata)))
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        if updated.rows_affected() == 0 {
+            return Err(StorageError::NotFound("thread"));
+        }
+        if let Some(ttl) = &patch.ttl {
+            thread_state::postgres::set_ttl(&mut tx, id, Some(ttl), now).await?;
+        }
+        let thread = fetch_thread(&mut tx, scope, id)
+            .await?
+            .ok_or(StorageError::NotFound("thread"))?;
+        tx.commit().await?;
+        Ok(thread)
+    }
+
+    async fn write_thread_state(
+        &self,
+        scope: &Scope,
+        id: Uuid,
+        write: StateWrite,
+        event: Option<ThreadEvent>,
+    ) -> StorageResult<StateWritten> {
+        let mut tx = self.pool.begin().await?;
+        // The row lock orders this with run creation, which takes it too.
+        if !thread_state::postgres::lock_thread(&mut tx, scope, id).await? {
+            return Err(StorageError::NotFound("thread"));
+        }
+        thread_state::postgres::ensure_idle(&mut tx, id).await?;
+        // Microseconds, as the database keeps them: the event returned is the one logged.
+        let now = chrono::SubsecRound::trunc_subsecs(Utc::now(), 6);
+        thread_state::postgres::save_state(&mut tx, id, &write, now).await?;
+        let event = match &event {
+            Some(e) => Some(thread_state::postgres::log_event(&mut tx, id, e, now).await?),
+            None => None,
+        };
+        let thread = fetch_thread(&mut tx, scope, id)
+            .await?
+            .ok_or(StorageError::NotFound("thread"))?;
+        tx.commit().await?;
+        Ok(StateWritten { thread, event })
+    }
+
+    async fn prune_threads(
+        &self,
+        scope: &Scope,
+        ids: &[Uuid],
+        strategy: TtlStrategy,
+    ) -> StorageResult<u64> {
+        let mut tx = self.pool.begin().await?;
+        let pruned = thread_state::postgres::prune(&mut tx, scope, ids, strategy).await?;
+        tx.commit().await?;
+        Ok(pruned)
+    }
+
+    async fn sweep_expired_threads(
+        &self,
+        now: chrono::DateTime<Utc>,
+        default: Option<ThreadTtl>,
+        limit: i64,
+    ) -> StorageResult<SweepOutcome> {
+        let mut tx = self.pool.begin().await?;
+        let outcome = thread_state::postgres::sweep(&mut tx, now, default.as_ref(), limit).await?;
+        tx.commit().await?;
+        Ok(outcome)
     }
 
     async fn delete_thread(&self, scope: &Scope, id: Uuid) -> StorageResult<()> {

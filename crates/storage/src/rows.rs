@@ -7,7 +7,8 @@ use sqlx::types::Json;
 use uuid::Uuid;
 
 use crate::model::{
-    Assistant, AssistantFields, AssistantVersion, JsonObject, Thread, ThreadStatus,
+    Assistant, AssistantFields, AssistantVersion, JsonObject, Thread, ThreadStatus, ThreadTtl,
+    TtlStrategy,
 };
 use crate::{StorageError, StorageResult};
 
@@ -107,6 +108,9 @@ pub(crate) struct ThreadRow<Id> {
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
     state_updated_at: DateTime<Utc>,
+    ttl_strategy: Option<String>,
+    ttl_minutes: Option<f64>,
+    expires_at: Option<DateTime<Utc>>,
 }
 
 impl<Id: IntoUuid> TryFrom<ThreadRow<Id>> for Thread {
@@ -128,6 +132,16 @@ impl<Id: IntoUuid> TryFrom<ThreadRow<Id>> for Thread {
             created_at: row.created_at,
             updated_at: row.updated_at,
             state_updated_at: row.state_updated_at,
+            ttl: match (row.ttl_strategy, row.ttl_minutes) {
+                (Some(strategy), Some(minutes)) => Some(ThreadTtl {
+                    strategy: TtlStrategy::parse(&strategy).ok_or_else(|| {
+                        StorageError::Corrupt(format!("unknown TTL strategy {strategy:?}"))
+                    })?,
+                    minutes,
+                }),
+                _ => None,
+            },
+            expires_at: row.expires_at,
         })
     }
 }
@@ -139,4 +153,5 @@ pub(crate) const VERSION_COLUMNS: &str = "assistant_id, version, graph_id, name,
      config, context, metadata, created_at";
 
 pub(crate) const THREAD_COLUMNS: &str = "thread_id, user_id, status, metadata, config, \
-     state_values, interrupts, error, created_at, updated_at, state_updated_at";
+     state_values, interrupts, error, created_at, updated_at, state_updated_at, ttl_strategy, \
+     ttl_minutes, expires_at";

@@ -28,7 +28,9 @@ use crate::rows::{
     AssistantRow, AssistantVersionRow, ThreadRow, ASSISTANT_COLUMNS, THREAD_COLUMNS,
     VERSION_COLUMNS,
 };
-use crate::{AssistantStore, Backend, Storage, StorageError, StorageResult, ThreadStore};
+use crate::{
+    thread_state, AssistantStore, Backend, Storage, StorageError, StorageResult, ThreadStore,
+};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
@@ -459,9 +461,18 @@ impl ThreadStore for SqliteStorage {
         .bind(now)
         .execute(&mut *tx)
         .await?;
+        let created = inserted.rows_affected() == 1;
+        if created {
+            if let Some(ttl) = &new.ttl {
+                thread_state::sqlite::set_ttl(&mut tx, new.thread_id, Some(ttl), now).await?;
+            }
+            if let Some(state) = &new.state {
+                thread_state::sqlite::save_state(&mut tx, new.thread_id, state, now).await?;
+            }
+        }
         let thread = fetch_thread(&mut tx, scope, new.thread_id).await?;
-        let thread = match (inserted.rows_affected(), new.if_exists, thread) {
-            (1, _, Some(thread)) | (_, IfExists::DoNothing, Some(thread)) => thread,
+        let thread = match (created, new.if_exists, thread) {
+            (true, _, Some(thread)) | (_, IfExists::DoNothing, Some(thread)) => thread,
             _ => {
                 return Err(StorageError::Conflict(format!(
                     "thread {} already exists",
@@ -480,11 +491,11 @@ impl ThreadStore for SqliteStorage {
             .ok_or(StorageError::NotFound("thread"))
     }
 
-    async fn update_thread(
+    async fn patch_thread(
         &self,
         scope: &Scope,
         id: Uuid,
-        metadata: JsonObject,
+        patch: ThreadPatch,
     ) -> StorageResult<Thread> {
         let mut tx = self.write.begin().await?;
         let mut thread = fetch_thread(&mut tx, scope, id)
@@ -492,16 +503,74 @@ impl ThreadStore for SqliteStorage {
             .ok_or(StorageError::NotFound("thread"))?;
         // A shallow merge, like jsonb `||`: a key's new value replaces the old one whole and
         // null is kept as a value. (SQLite's json_patch would merge deeply and delete nulls.)
-        thread.metadata.extend(metadata);
-        thread.updated_at = Utc::now();
+        thread.metadata.extend(patch.metadata);
+        let now = Utc::now();
         sqlx::query("UPDATE threads SET metadata = $2, updated_at = $3 WHERE thread_id = $1")
             .bind(hyph(id))
             .bind(Json(&thread.metadata))
-            .bind(thread.updated_at)
+            .bind(now)
             .execute(&mut *tx)
             .await?;
+        if let Some(ttl) = &patch.ttl {
+            thread_state::sqlite::set_ttl(&mut tx, id, Some(ttl), now).await?;
+        }
+        let thread = fetch_thread(&mut tx, scope, id)
+            .await?
+            .ok_or(StorageError::NotFound("thread"))?;
         tx.commit().await?;
         Ok(thread)
+    }
+
+    async fn write_thread_state(
+        &self,
+        scope: &Scope,
+        id: Uuid,
+        write: StateWrite,
+        event: Option<ThreadEvent>,
+    ) -> StorageResult<StateWritten> {
+        // The one writer connection serialises this with run creation: no run can start
+        // between the check and the write.
+        let mut tx = self.write.begin().await?;
+        fetch_thread(&mut tx, scope, id)
+            .await?
+            .ok_or(StorageError::NotFound("thread"))?;
+        thread_state::sqlite::ensure_idle(&mut tx, id).await?;
+        // Microseconds, as the database keeps them: the event returned is the one logged.
+        let now = chrono::SubsecRound::trunc_subsecs(Utc::now(), 6);
+        thread_state::sqlite::save_state(&mut tx, id, &write, now).await?;
+        let event = match &event {
+            Some(e) => Some(thread_state::sqlite::log_event(&mut tx, id, e, now).await?),
+            None => None,
+        };
+        let thread = fetch_thread(&mut tx, scope, id)
+            .await?
+            .ok_or(StorageError::NotFound("thread"))?;
+        tx.commit().await?;
+        Ok(StateWritten { thread, event })
+    }
+
+    async fn prune_threads(
+        &self,
+        scope: &Scope,
+        ids: &[Uuid],
+        strategy: TtlStrategy,
+    ) -> StorageResult<u64> {
+        let mut tx = self.write.begin().await?;
+        let pruned = thread_state::sqlite::prune(&mut tx, scope, ids, strategy).await?;
+        tx.commit().await?;
+        Ok(pruned)
+    }
+
+    async fn sweep_expired_threads(
+        &self,
+        now: chrono::DateTime<Utc>,
+        default: Option<ThreadTtl>,
+        limit: i64,
+    ) -> StorageResult<SweepOutcome> {
+        let mut tx = self.write.begin().await?;
+        let outcome = thread_state::sqlite::sweep(&mut tx, now, default.as_ref(), limit).await?;
+        tx.commit().await?;
+        Ok(outcome)
     }
 
     async fn delete_thread(&self, scope: &Scope, id: Uuid) -> StorageResult<()> {

@@ -29,8 +29,9 @@ pub use run_types::{
     parse_stream_modes, Durability, RunConfig, RunEnv, RunError, RunInput, RunOutcome,
 };
 pub use snapshot::{
-    fork, get_state, get_state_history, get_state_with_subgraphs, update_state, StateSnapshot,
-    StateTask, UpdateError,
+    fork, get_state, get_state_history, get_state_with_subgraphs, inline_subgraph_states,
+    prepare_update, update_state, NodeUpdate, PreparedUpdate, StateSnapshot, StateTask,
+    UpdateError,
 };
 use state::{LoopState, BRANCH_TO, START_INPUT, TASKS};
 use task::{Task, TaskKind};

@@ -8,11 +8,12 @@ use super::state::LoopState;
 use super::task::{normalise_writes, prepare_parts, route};
 use super::{W_DONE, W_ERROR, W_INTERRUPT};
 use crate::checkpoint::{
-    new_checkpoint_id, CheckpointError, CheckpointRef, CheckpointTuple, Checkpointer, ListFilter,
+    new_checkpoint_id, ChannelBlob, Checkpoint, CheckpointError, CheckpointRef, CheckpointTuple,
+    Checkpointer, ListFilter,
 };
 use crate::context::{RunShared, TaskContext};
 use crate::graph::{Graph, END, START};
-use crate::node::{Command, Interrupt, NodeError};
+use crate::node::{Command, Goto, Interrupt, NodeError};
 use crate::stream::StreamModes;
 
 /// A task of a thread's next step, as thread state shows it.
@@ -58,8 +59,40 @@ pub struct StateSnapshot {
 }
 
 impl StateSnapshot {
+    /// The state of a thread (or subgraph) that has no checkpoint: no values, nothing next.
+    /// Its checkpoint id is empty, and [`StateSnapshot::to_json`] shows it as LangGraph does
+    /// such a state (checkpoint, metadata and time `null`).
+    pub fn empty(thread_id: &str, checkpoint_ns: &str) -> Self {
+        StateSnapshot {
+            values: json!({}),
+            next: Vec::new(),
+            tasks: Vec::new(),
+            metadata: Value::Null,
+            created_at: String::new(),
+            checkpoint: CheckpointRef {
+                thread_id: thread_id.to_string(),
+                checkpoint_ns: checkpoint_ns.to_string(),
+                checkpoint_id: String::new(),
+            },
+            parent_checkpoint: None,
+            interrupts: Vec::new(),
+        }
+    }
+
+    /// Whether this is the state of no checkpoint ([`StateSnapshot::empty`]).
+    pub fn is_empty(&self) -> bool {
+        self.checkpoint.checkpoint_id.is_empty()
+    }
+
     /// The JSON LangGraph's `/threads/{id}/state` returns.
     pub fn to_json(&self) -> Value {
+        if self.is_empty() {
+            return json!({
+                "values": self.values, "next": [], "tasks": [], "metadata": null,
+                "created_at": null, "checkpoint": null, "parent_checkpoint": null,
+                "interrupts": [], "checkpoint_id": null, "parent_checkpoint_id": null,
+            });
+        }
         let cp = |r: &CheckpointRef| json!({"checkpoint_id": r.checkpoint_id, "thread_id": r.thread_id, "checkpoint_ns": r.checkpoint_ns});
         json!({
             "values": self.values,
@@ -236,14 +269,31 @@ pub async fn get_state_with_subgraphs(
     else {
         return Ok(None);
     };
+    inline_subgraph_states(graph, saver, &mut snap).await?;
+    Ok(Some(snap))
+}
+
+/// Inlines the state of each subgraph task of `snap` (recursively): the latest checkpoint of
+/// the task's namespace, or an empty state when the subgraph has not started.
+pub async fn inline_subgraph_states(
+    graph: &Graph,
+    saver: &dyn Checkpointer,
+    snap: &mut StateSnapshot,
+) -> Result<(), CheckpointError> {
+    let thread_id = snap.checkpoint.thread_id.clone();
     for task in snap.tasks.iter_mut() {
         let Some(ns) = task.checkpoint.as_ref().map(|c| c.checkpoint_ns.clone()) else {
             continue;
         };
-        let child = Box::pin(get_state_with_subgraphs(graph, saver, thread_id, &ns, None)).await?;
-        task.state = child.map(Box::new);
+        let child = Box::pin(get_state_with_subgraphs(
+            graph, saver, &thread_id, &ns, None,
+        ))
+        .await?;
+        // A subgraph that has not started yet shows an empty state, as in LangGraph.
+        let child = child.unwrap_or_else(|| StateSnapshot::empty(&thread_id, &ns));
+        task.state = Some(Box::new(child));
     }
-    Ok(Some(snap))
+    Ok(())
 }
 
 /// The subgraph that owns a namespace (`child:task|grandchild:task`).
@@ -309,6 +359,61 @@ fn detached_ctx(node: &str) -> TaskContext {
     TaskContext::detached(run, node)
 }
 
+/// One node's part of a state edit: `values` as if `as_node` had returned them, and the nodes
+/// it sends the graph to next (`goto`, as a `Command` returned by the node would).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NodeUpdate {
+    /// The node's writes: an object, or a list of `[key, value]` pairs.
+    pub values: Value,
+    /// The node that "returned" them; see [`update_state`] for the default.
+    pub as_node: Option<String>,
+    /// Nodes (or `Send`s) to run next besides those the node's edges pick.
+    pub goto: Vec<Goto>,
+}
+
+/// A checkpoint a state edit produced, not saved yet: the caller saves it with
+/// [`Checkpointer::put`] (or in a database transaction of its own, with the thread's other
+/// changes), and may chain another edit on it through [`PreparedUpdate::tuple`].
+#[derive(Debug, Clone)]
+pub struct PreparedUpdate {
+    /// The checkpoint as saved (values travel in `blobs`).
+    pub checkpoint: Checkpoint,
+    /// `{source: "update", step, parents, writes}`.
+    pub metadata: Value,
+    /// The checkpoint it follows.
+    pub parent_id: Option<String>,
+    /// Blobs of the channels it changed.
+    pub blobs: Vec<ChannelBlob>,
+    /// The new checkpoint with its values materialised, as a load would return it once saved.
+    pub tuple: CheckpointTuple,
+}
+
+impl PreparedUpdate {
+    /// Where the new checkpoint lives.
+    pub fn at(&self) -> &CheckpointRef {
+        &self.tuple.at
+    }
+
+    /// The thread's state once the checkpoint is saved.
+    pub fn snapshot(&self, graph: &Graph) -> StateSnapshot {
+        snapshot(graph, &self.tuple)
+    }
+
+    /// Saves it.
+    pub async fn save(&self, saver: &dyn Checkpointer) -> Result<(), CheckpointError> {
+        saver
+            .put(
+                &self.tuple.at.thread_id,
+                &self.tuple.at.checkpoint_ns,
+                &self.checkpoint,
+                &self.metadata,
+                self.parent_id.as_deref(),
+                &self.blobs,
+            )
+            .await
+    }
+}
+
 /// LangGraph's `update_state(values, as_node)`: a new checkpoint (source `update`) as if
 /// `as_node` had returned `values`; its edges decide what runs next. Without `as_node`, the
 /// node that ran last is used (or `__start__` on an empty thread). With `checkpoint_id`, the
@@ -325,72 +430,99 @@ pub async fn update_state(
     if checkpoint_id.is_some() && loaded.is_none() {
         return Err(UpdateError::Invalid("checkpoint not found".into()));
     }
-    let (mut state, step, parent) = match &loaded {
+    let update = NodeUpdate {
+        values,
+        as_node: as_node.map(str::to_string),
+        goto: Vec::new(),
+    };
+    let prepared = prepare_update(graph, thread_id, loaded.as_ref(), &[update]).await?;
+    prepared.save(saver).await?;
+    Ok(prepared.at().clone())
+}
+
+/// The checkpoint a state edit makes on top of `base` (`None`: an empty thread), without
+/// saving it. Several updates are one super-step (LangGraph's `bulk_update_state` step): their
+/// writes are applied together, and each must name its node.
+pub async fn prepare_update(
+    graph: &Graph,
+    thread_id: &str,
+    base: Option<&CheckpointTuple>,
+    updates: &[NodeUpdate],
+) -> Result<PreparedUpdate, UpdateError> {
+    if updates.is_empty() {
+        return Err(UpdateError::Invalid("No updates provided".into()));
+    }
+    let (mut state, step, parent) = match base {
         Some(t) => (
             LoopState::from_checkpoint(graph, &t.checkpoint),
             t.metadata.get("step").and_then(Value::as_i64).unwrap_or(-1),
             Some(t.checkpoint.id.clone()),
         ),
-        None => (LoopState::fresh(graph), -2, None),
+        None => (LoopState::fresh(graph), -1, None),
     };
-    let as_node = match as_node {
-        Some(n) => n.to_string(),
-        None => {
-            // The node that ran most recently.
-            let last = (0..graph.nodes.len())
-                .filter(|&i| state.seen[i] > 0)
-                .max_by_key(|&i| state.seen[i]);
-            match last {
-                Some(i) => graph.nodes[i].name.clone(),
-                None => START.to_string(),
+    let base_state = state.state_object(graph);
+    let mut all_writes: Vec<(String, Value)> = Vec::new();
+    let mut routed: Vec<(String, Value)> = Vec::new();
+    let mut slots = Vec::new();
+    let mut md_writes = Map::new();
+    for update in updates {
+        let as_node = match (&update.as_node, updates.len()) {
+            (Some(n), _) => n.clone(),
+            (None, 1) => last_node(graph, &state),
+            (None, _) => {
+                return Err(UpdateError::Invalid(
+                    "as_node is required when applying multiple updates".into(),
+                ))
             }
+        };
+        let slot = node_slot(graph, &as_node)?;
+        let pairs = Command::update(update.values.clone())
+            .update_pairs()
+            .map_err(node_err)?;
+        let writes = normalise_writes(graph, pairs).map_err(node_err)?;
+        if as_node != END {
+            let ctx = detached_ctx(&as_node);
+            let r = route(graph, slot, &base_state, &writes, &update.goto, &ctx)
+                .await
+                .map_err(node_err)?;
+            routed.extend(r);
         }
-    };
-    let slot = if as_node == START {
-        graph.nodes.len()
-    } else {
-        *graph
-            .node_index
-            .get(&as_node)
-            .ok_or_else(|| UpdateError::Invalid(format!("Node {as_node} does not exist")))?
-    };
-    let pairs = Command::update(values.clone())
-        .update_pairs()
-        .map_err(|e| UpdateError::Invalid(e.to_string()))?;
-    let writes = normalise_writes(graph, pairs).map_err(node_err)?;
-    let base = state.state_object(graph);
-    let routed = if as_node == END {
-        Vec::new()
-    } else {
-        route(graph, slot, &base, &writes, &[], &detached_ctx(&as_node))
-            .await
-            .map_err(node_err)?
-    };
-    // As if `as_node` had run: its own trigger is consumed.
-    if slot < graph.nodes.len() {
+        md_writes.insert(
+            as_node.clone(),
+            Value::Object(writes.iter().cloned().collect()),
+        );
+        all_writes.extend(writes);
+        slots.push(slot);
+    }
+    // As if the nodes had run: their own triggers are consumed.
+    for slot in slots.into_iter().filter(|&s| s < graph.nodes.len()) {
         state.seen[slot] = state.trig[slot];
     }
     // Pending `Send`s and a waiting input belonged to the step the update replaces.
     state.sends.clear();
     state.start_input = None;
     let version = state.next_version();
-    let mut idx_writes = Vec::new();
-    for (k, v) in &writes {
-        if let Some(&i) = graph.channel_index.get(k) {
-            idx_writes.push((i, v.clone()));
-        }
-    }
+    let idx_writes: Vec<(usize, Value)> = all_writes
+        .iter()
+        .filter_map(|(k, v)| graph.channel_index.get(k).map(|&i| (i, v.clone())))
+        .collect();
     let (mut blobs, updated) = state
         .apply(graph, &idx_writes, version)
         .map_err(|e| UpdateError::Invalid(e.message))?;
-    for (ch, _) in &routed {
+    for (ch, arg) in &routed {
         if let Some(node) = ch.strip_prefix(super::state::BRANCH_TO) {
             if let Some(&i) = graph.node_index.get(node) {
                 state.trig[i] = version;
             }
+        } else if ch == super::state::TASKS {
+            // A `Send` in `goto`: the node runs next with its own argument.
+            if let (Some(node), Some(a)) = (arg.get("node").and_then(Value::as_str), arg.get("arg"))
+            {
+                state.sends.push((node.to_string(), a.clone()));
+            }
         }
     }
-    if state.sends_version > 0 {
+    if state.sends_version > 0 || !state.sends.is_empty() {
         state.sends_version = version;
         blobs.push(state.bookkeeping_blob(super::state::TASKS));
     }
@@ -399,30 +531,53 @@ pub async fn update_state(
         blobs.push(state.bookkeeping_blob(super::state::START_INPUT));
     }
     let id = new_checkpoint_id();
-    let cp = state.to_checkpoint(graph, id.clone(), updated);
+    let checkpoint = state.to_checkpoint(graph, id.clone(), updated);
     let mut md = Map::new();
     md.insert("source".into(), json!("update"));
     md.insert("step".into(), json!(step + 1));
     md.insert("parents".into(), json!({}));
-    md.insert(
-        "writes".into(),
-        json!({ as_node: Value::Object(writes.into_iter().collect()) }),
-    );
-    saver
-        .put(
-            thread_id,
-            "",
-            &cp,
-            &Value::Object(md),
-            parent.as_deref(),
-            &blobs,
-        )
-        .await?;
-    Ok(CheckpointRef {
-        thread_id: thread_id.to_string(),
-        checkpoint_ns: String::new(),
-        checkpoint_id: id,
+    md.insert("writes".into(), Value::Object(md_writes));
+    let metadata = Value::Object(md);
+    let mut materialised = checkpoint.clone();
+    materialised.channel_values = state.materialised_values(graph);
+    let tuple = CheckpointTuple {
+        at: CheckpointRef {
+            thread_id: thread_id.to_string(),
+            checkpoint_ns: String::new(),
+            checkpoint_id: id,
+        },
+        checkpoint: materialised,
+        metadata: metadata.clone(),
+        parent_id: parent.clone(),
+        pending_writes: Vec::new(),
+    };
+    Ok(PreparedUpdate {
+        checkpoint,
+        metadata,
+        parent_id: parent,
+        blobs,
+        tuple,
     })
+}
+
+/// The node that ran most recently, or `__start__` when none has.
+fn last_node(graph: &Graph, state: &LoopState) -> String {
+    (0..graph.nodes.len())
+        .filter(|&i| state.seen[i] > 0)
+        .max_by_key(|&i| state.seen[i])
+        .map_or_else(|| START.to_string(), |i| graph.nodes[i].name.clone())
+}
+
+/// The slot of a node (`__start__` is the slot after the last node).
+fn node_slot(graph: &Graph, node: &str) -> Result<usize, UpdateError> {
+    if node == START {
+        return Ok(graph.nodes.len());
+    }
+    graph
+        .node_index
+        .get(node)
+        .copied()
+        .ok_or_else(|| UpdateError::Invalid(format!("Node {node} does not exist")))
 }
 
 fn node_err(e: NodeError) -> UpdateError {

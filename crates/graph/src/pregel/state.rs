@@ -249,6 +249,29 @@ impl LoopState {
         }
     }
 
+    /// The channel values a load of this state's checkpoint would materialise (the channels
+    /// that have a value, and the pending `Send`s).
+    pub fn materialised_values(&self, graph: &Graph) -> BTreeMap<String, Value> {
+        let mut out = BTreeMap::new();
+        for (i, ch) in graph.channels.iter().enumerate() {
+            if let (true, Some(v)) = (self.versions[i] > 0, &self.values[i]) {
+                out.insert(ch.name.clone(), v.clone());
+            }
+        }
+        if !self.sends.is_empty() {
+            let sends = self
+                .sends
+                .iter()
+                .map(|(n, a)| serde_json::json!({"node": n, "arg": a}))
+                .collect();
+            out.insert(TASKS.to_string(), Value::Array(sends));
+        }
+        if let Some(input) = &self.start_input {
+            out.insert(START_INPUT.to_string(), input.clone());
+        }
+        out
+    }
+
     /// Blobs of the bookkeeping channels (sends, start input) at their current versions.
     pub fn bookkeeping_blob(&self, channel: &str) -> ChannelBlob {
         let (version, value) = if channel == TASKS {

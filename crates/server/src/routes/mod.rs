@@ -2,6 +2,7 @@
 
 pub mod assistants;
 pub mod runs;
+pub mod state;
 pub mod streams;
 pub mod system;
 pub mod threads;

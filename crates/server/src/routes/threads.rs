@@ -1,5 +1,6 @@
-//! `/threads`: state and outputs accumulated by runs. (State, history and runs arrive with the
-//! runtime; this module holds the thread records themselves.)
+//! `/threads`: the thread records themselves: create (with a TTL, or with supersteps that
+//! build its history), search, count, get, patch, delete, copy and prune. A thread's state and
+//! history are served by [`super::state`]; its runs by [`super::runs`].
 
 use axum::extract::{Path, State};
 use axum::response::IntoResponse;
@@ -7,9 +8,11 @@ use axum::Json;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use spindle_graph::node::Goto;
+use spindle_graph::pregel::{self, NodeUpdate};
 use spindle_storage::{
-    CancelAction, NewThread, RunFilter, RunStatus, Scope, Thread, ThreadFilter, ThreadSearch,
-    ThreadSortBy, ThreadStatus,
+    CancelAction, NewThread, RunFilter, RunStatus, Scope, StateWrite, Thread, ThreadFilter,
+    ThreadPatch, ThreadSearch, ThreadSortBy, ThreadStatus, ThreadTtl, TtlStrategy,
 };
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
@@ -31,6 +34,87 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(count_threads))
         .routes(routes!(get_thread, patch_thread, delete_thread))
         .routes(routes!(copy_thread))
+        .routes(routes!(prune_threads))
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TtlStrategyWire {
+    /// Remove the thread with its runs, events and checkpoints.
+    #[default]
+    Delete,
+    /// Keep the thread and only its latest checkpoint.
+    KeepLatest,
+}
+
+impl From<TtlStrategyWire> for TtlStrategy {
+    fn from(w: TtlStrategyWire) -> Self {
+        match w {
+            TtlStrategyWire::Delete => TtlStrategy::Delete,
+            TtlStrategyWire::KeepLatest => TtlStrategy::KeepLatest,
+        }
+    }
+}
+
+/// A thread's time to live.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+pub struct TtlIn {
+    /// delete (default) or keep_latest.
+    #[serde(default)]
+    pub strategy: Option<TtlStrategyWire>,
+    /// Minutes from now (fractions allowed); must be positive.
+    #[serde(default)]
+    pub ttl: Option<f64>,
+}
+
+impl TtlIn {
+    fn validate(&self, v: &mut Violations) {
+        match self.ttl {
+            None => v.push(
+                &["ttl", "ttl"],
+                "missing",
+                "Field required: the time to live in minutes",
+                Value::Null,
+                Value::Null,
+            ),
+            Some(minutes) if !(minutes.is_finite() && minutes > 0.0) => v.push(
+                &["ttl", "ttl"],
+                "greater_than",
+                "Input should be greater than 0",
+                json!(minutes),
+                json!({"gt": 0}),
+            ),
+            Some(_) => {}
+        }
+    }
+
+    /// The TTL, once validated.
+    fn to_ttl(&self) -> Option<ThreadTtl> {
+        Some(ThreadTtl {
+            strategy: self.strategy.unwrap_or_default().into(),
+            minutes: self.ttl?,
+        })
+    }
+}
+
+/// One node's update in a superstep.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct SuperstepUpdate {
+    /// The writes, as if `as_node` had returned them.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub values: Option<Value>,
+    /// A `Command` (`update`, `goto`) instead of plain values.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub command: Option<JsonObject>,
+    pub as_node: String,
+}
+
+/// Updates applied together, as one step of the thread's history.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct Superstep {
+    pub updates: Vec<SuperstepUpdate>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
@@ -108,63 +192,94 @@ pub struct ThreadCreate {
     /// Defaults to a new random id.
     #[serde(default)]
     pub thread_id: Option<Uuid>,
+    /// `graph_id` names the graph of the thread's state (needed by `supersteps`).
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub metadata: Option<JsonObject>,
     #[serde(default)]
     pub if_exists: Option<IfExistsWire>,
-    /// Not supported yet: refused rather than ignored.
+    /// Expire the thread this long after its creation.
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
-    pub ttl: Option<Value>,
-    /// Not supported yet: refused rather than ignored.
+    pub ttl: Option<TtlIn>,
+    /// History to start the thread with: each superstep becomes one checkpoint, as if its
+    /// updates' nodes had run.
     #[serde(default)]
-    #[schema(value_type = Option<Vec<Object>>)]
-    pub supersteps: Option<Value>,
-}
-
-/// Refuses fields this server accepts the shape of but cannot honour yet, so that a client is
-/// never told "done" for something that was dropped.
-fn refuse_unsupported(v: &mut Violations, field: &str, value: &Option<Value>, what: &str) {
-    if let Some(value) = value.as_ref().filter(|v| !v.is_null()) {
-        v.push(
-            &[field],
-            "not_supported",
-            format!("{what} is not supported by this server yet"),
-            value.clone(),
-            Value::Null,
-        );
-    }
+    pub supersteps: Option<Vec<Superstep>>,
 }
 
 impl Validate for ThreadCreate {
     fn validate(&self, v: &mut Violations) {
-        refuse_unsupported(v, "ttl", &self.ttl, "thread TTL");
-        refuse_unsupported(
-            v,
-            "supersteps",
-            &self.supersteps,
-            "creating a thread with supersteps",
-        );
+        if let Some(ttl) = &self.ttl {
+            ttl.validate(v);
+        }
+        for (i, step) in self.supersteps.iter().flatten().enumerate() {
+            let i = i.to_string();
+            if step.updates.is_empty() {
+                v.push(
+                    &["supersteps", &i, "updates"],
+                    "too_short",
+                    "A superstep needs at least one update",
+                    json!([]),
+                    Value::Null,
+                );
+            }
+            for (j, update) in step.updates.iter().enumerate() {
+                let j = j.to_string();
+                if update
+                    .command
+                    .as_ref()
+                    .is_some_and(|c| c.contains_key("resume"))
+                {
+                    v.push(
+                        &["supersteps", &i, "updates", &j, "command", "resume"],
+                        "not_supported",
+                        "a superstep cannot resume an interrupt; use update and goto",
+                        Value::Null,
+                        Value::Null,
+                    );
+                }
+            }
+        }
     }
 }
 
 #[derive(Debug, Default, Deserialize, ToSchema)]
-pub struct ThreadPatch {
+pub struct ThreadPatchRequest {
     /// Merged into the existing metadata.
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub metadata: Option<JsonObject>,
-    /// Not supported yet: refused rather than ignored.
+    /// Replaces the thread's TTL, counted from now.
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
-    pub ttl: Option<Value>,
+    pub ttl: Option<TtlIn>,
 }
 
-impl Validate for ThreadPatch {
+impl Validate for ThreadPatchRequest {
     fn validate(&self, v: &mut Violations) {
-        refuse_unsupported(v, "ttl", &self.ttl, "thread TTL");
+        if let Some(ttl) = &self.ttl {
+            ttl.validate(v);
+        }
     }
+}
+
+/// The body of `POST /threads/prune`.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct ThreadPruneRequest {
+    pub thread_ids: Vec<Uuid>,
+    /// delete (default): remove the threads; keep_latest: keep each with only its latest
+    /// checkpoint.
+    #[serde(default)]
+    pub strategy: Option<TtlStrategyWire>,
+}
+
+impl Validate for ThreadPruneRequest {}
+
+/// What `POST /threads/prune` answers.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ThreadPruneResponse {
+    /// How many of the threads were pruned (unknown ids and, for keep_latest, threads with
+    /// an active run are skipped).
+    pub pruned_count: u64,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, ToSchema)]
@@ -267,12 +382,115 @@ async fn create_thread(
     Caller(scope): Caller,
     ApiJson(body): ApiJson<ThreadCreate>,
 ) -> ApiResult<Json<ThreadOut>> {
+    let thread_id = body.thread_id.unwrap_or_else(Uuid::new_v4);
+    let metadata = body.metadata.unwrap_or_default();
+    let steps = body.supersteps.unwrap_or_default();
+    let initial = if steps.is_empty() {
+        None
+    } else {
+        Some(superstep_history(&state, thread_id, &metadata, &steps).await?)
+    };
     let new = NewThread {
-        thread_id: body.thread_id.unwrap_or_else(Uuid::new_v4),
-        metadata: body.metadata.unwrap_or_default(),
+        thread_id,
+        metadata,
         if_exists: body.if_exists.unwrap_or_default().into(),
+        ttl: body.ttl.as_ref().and_then(TtlIn::to_ttl),
+        state: initial,
     };
     Ok(Json(state.storage.create_thread(&scope, new).await?.into()))
+}
+
+/// The checkpoints `supersteps` make on a new thread of the graph its metadata names, one
+/// per superstep, and the thread's state after the last.
+async fn superstep_history(
+    state: &AppState,
+    thread_id: Uuid,
+    metadata: &JsonObject,
+    steps: &[Superstep],
+) -> ApiResult<StateWrite> {
+    let graph_loc = || vec![json!("body"), json!("metadata"), json!("graph_id")];
+    let Some(graph_id) = metadata.get("graph_id").and_then(Value::as_str) else {
+        return Err(ApiError::field(
+            graph_loc(),
+            "missing",
+            "supersteps need the thread's graph: set metadata.graph_id",
+        ));
+    };
+    let Some(graph) = state.graphs.get(graph_id) else {
+        return Err(ApiError::field(
+            graph_loc(),
+            "unknown_graph",
+            format!("graph '{graph_id}' is not loaded in this server"),
+        ));
+    };
+    let tid = thread_id.to_string();
+    let mut checkpoints = Vec::new();
+    let mut last: Option<pregel::PreparedUpdate> = None;
+    for (i, step) in steps.iter().enumerate() {
+        let loc = |rest: &[&str]| {
+            let mut loc = vec![json!("body"), json!("supersteps"), json!(i)];
+            loc.extend(rest.iter().map(|p| json!(p)));
+            loc
+        };
+        let mut updates = Vec::new();
+        for (j, u) in step.updates.iter().enumerate() {
+            if !super::state::is_node(graph, &u.as_node) {
+                return Err(ApiError::field(
+                    loc(&["updates", &j.to_string(), "as_node"]),
+                    "invalid_update",
+                    format!("Node {} does not exist", u.as_node),
+                ));
+            }
+            updates.push(node_update(u));
+        }
+        let base = last.as_ref().map(|p| &p.tuple);
+        let prepared = pregel::prepare_update(graph, &tid, base, &updates)
+            .await
+            .map_err(|e| super::state::refused_update(e, loc(&[])))?;
+        checkpoints.push(super::state::checkpoint_write(&prepared));
+        last = Some(prepared);
+    }
+    let snapshot = last
+        .as_ref()
+        .map(|p| p.snapshot(graph))
+        .ok_or_else(|| ApiError::internal("supersteps made no checkpoint"))?;
+    Ok(StateWrite {
+        checkpoints,
+        columns: super::state::state_columns(&snapshot),
+    })
+}
+
+/// A superstep update as the engine takes it: plain values, or a command's update and gotos.
+fn node_update(u: &SuperstepUpdate) -> NodeUpdate {
+    let Some(command) = &u.command else {
+        return NodeUpdate {
+            values: u.values.clone().unwrap_or(Value::Null),
+            as_node: Some(u.as_node.clone()),
+            goto: Vec::new(),
+        };
+    };
+    let goto = match command.get("goto") {
+        Some(Value::Array(items)) => items.iter().filter_map(goto_of).collect(),
+        Some(item) => goto_of(item).into_iter().collect(),
+        None => Vec::new(),
+    };
+    NodeUpdate {
+        values: command.get("update").cloned().unwrap_or(Value::Null),
+        as_node: Some(u.as_node.clone()),
+        goto,
+    }
+}
+
+/// A `goto` item: a node name or a `Send` (`{node, arg}`).
+fn goto_of(item: &Value) -> Option<Goto> {
+    match item {
+        Value::String(node) => Some(Goto::Node(node.clone())),
+        Value::Object(send) => Some(Goto::Send {
+            node: send.get("node")?.as_str()?.to_owned(),
+            arg: send.get("arg").cloned().unwrap_or(Value::Null),
+        }),
+        _ => None,
+    }
 }
 
 #[utoipa::path(post, path = "/threads/search", tag = "threads", request_body = ThreadSearchRequest,
@@ -329,23 +547,22 @@ async fn get_thread(
     Ok(Json(state.storage.get_thread(&scope, id).await?.into()))
 }
 
-#[utoipa::path(patch, path = "/threads/{thread_id}", tag = "threads", request_body = ThreadPatch,
+#[utoipa::path(patch, path = "/threads/{thread_id}", tag = "threads", request_body = ThreadPatchRequest,
     params(("thread_id" = Uuid, Path)),
     responses((status = 200, body = ThreadOut), (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn patch_thread(
     State(state): State<AppState>,
     Caller(scope): Caller,
     Path(thread_id): Path<String>,
-    ApiJson(body): ApiJson<ThreadPatch>,
+    ApiJson(body): ApiJson<ThreadPatchRequest>,
 ) -> ApiResult<Json<ThreadOut>> {
     let id = path_uuid("thread_id", &thread_id)?;
-    let metadata = body.metadata.unwrap_or_default();
+    let patch = ThreadPatch {
+        metadata: body.metadata.unwrap_or_default(),
+        ttl: body.ttl.as_ref().and_then(TtlIn::to_ttl),
+    };
     Ok(Json(
-        state
-            .storage
-            .update_thread(&scope, id, metadata)
-            .await?
-            .into(),
+        state.storage.patch_thread(&scope, id, patch).await?.into(),
     ))
 }
 
@@ -417,4 +634,27 @@ async fn copy_thread(
         )));
     }
     Ok(Json(copy.into()))
+}
+
+#[utoipa::path(post, path = "/threads/prune", tag = "threads", request_body = ThreadPruneRequest,
+    responses((status = 200, body = ThreadPruneResponse), (status = 422, body = ValidationErrorBody)))]
+async fn prune_threads(
+    State(state): State<AppState>,
+    Caller(scope): Caller,
+    ApiJson(body): ApiJson<ThreadPruneRequest>,
+) -> ApiResult<Json<ThreadPruneResponse>> {
+    let strategy: TtlStrategy = body.strategy.unwrap_or_default().into();
+    if strategy == TtlStrategy::Delete {
+        // As `DELETE /threads/{id}` does: active runs are cancelled before their thread goes.
+        for &id in &body.thread_ids {
+            if state.storage.get_thread(&scope, id).await.is_ok() {
+                stop_active_runs(&state, &scope, id).await?;
+            }
+        }
+    }
+    let pruned_count = state
+        .storage
+        .prune_threads(&scope, &body.thread_ids, strategy)
+        .await?;
+    Ok(Json(ThreadPruneResponse { pruned_count }))
 }

@@ -29,8 +29,22 @@ use spindle_graph::checkpoint::{
 };
 use sqlx::types::Json;
 
+pub(crate) use postgres::insert_checkpoint as insert_checkpoint_pg;
 pub use postgres::PostgresCheckpointer;
+pub(crate) use sqlite::insert_checkpoint as insert_checkpoint_sqlite;
 pub use sqlite::SqliteCheckpointer;
+
+/// What [`Checkpointer::put`] saves, borrowed, for the backends' insert functions.
+///
+/// [`Checkpointer::put`]: spindle_graph::checkpoint::Checkpointer::put
+pub(crate) struct Put<'a> {
+    pub thread_id: &'a str,
+    pub checkpoint_ns: &'a str,
+    pub checkpoint: &'a Checkpoint,
+    pub metadata: &'a Value,
+    pub parent_id: Option<&'a str>,
+    pub blobs: &'a [ChannelBlob],
+}
 
 /// The columns a checkpoint row is read with, in [`CheckpointRow`]'s order.
 const CHECKPOINT_COLUMNS: &str =

@@ -19,7 +19,8 @@ use sqlx::{PgConnection, Postgres, QueryBuilder};
 
 use super::{
     assemble, backend, encode_blobs, encode_write, limit_to_db, metadata_filter, plan_writes,
-    stored_checkpoint, wanted_blobs, BlobRow, Blobs, CheckpointRow, WriteRow, CHECKPOINT_COLUMNS,
+    stored_checkpoint, wanted_blobs, BlobRow, Blobs, CheckpointRow, Put, WriteRow,
+    CHECKPOINT_COLUMNS,
 };
 
 /// The engine's [`Checkpointer`] over the PostgreSQL backend's pool.
@@ -147,6 +148,53 @@ async fn load(
     assemble(thread_id, rows, blobs, writes, shared_blobs)
 }
 
+/// Saves one checkpoint with its blobs on `conn`, in one statement, so callers can make it part
+/// of a larger transaction (a state update saves it with the thread's new columns).
+pub(crate) async fn insert_checkpoint(
+    conn: &mut PgConnection,
+    put: &Put<'_>,
+) -> Result<(), CheckpointError> {
+    let stored = stored_checkpoint(put.checkpoint);
+    let blobs = encode_blobs(put.blobs)?;
+    let channels: Vec<&str> = blobs.iter().map(|b| b.channel).collect();
+    let versions: Vec<i64> = blobs.iter().map(|b| b.version).collect();
+    let bases: Vec<Option<i64>> = blobs.iter().map(|b| b.base).collect();
+    let values: Vec<&[u8]> = blobs.iter().map(|b| b.value.as_slice()).collect();
+    // Saved again under the same id, a checkpoint replaces the earlier one, writes
+    // included; for a new id the `DELETE` finds nothing.
+    sqlx::query(
+        "WITH new_blobs AS ( \
+             INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, base, value) \
+             SELECT $1, $2, ch, v, b, val \
+             FROM UNNEST($7::text[], $8::bigint[], $9::bigint[], $10::bytea[]) AS u(ch, v, b, val) \
+             ON CONFLICT DO NOTHING \
+         ), stale_writes AS ( \
+             DELETE FROM checkpoint_writes \
+             WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3 \
+         ) \
+         INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, \
+                                  checkpoint, metadata) \
+         VALUES ($1, $2, $3, $4, $5, $6) \
+         ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET \
+             parent_checkpoint_id = EXCLUDED.parent_checkpoint_id, \
+             checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata",
+    )
+    .bind(put.thread_id)
+    .bind(put.checkpoint_ns)
+    .bind(&stored.id)
+    .bind(put.parent_id)
+    .bind(Json(&stored))
+    .bind(Json(jsonb_safe(put.metadata)))
+    .bind(channels)
+    .bind(versions)
+    .bind(bases)
+    .bind(values)
+    .execute(conn)
+    .await
+    .map_err(backend)?;
+    Ok(())
+}
+
 #[async_trait]
 impl Checkpointer for PostgresCheckpointer {
     async fn put(
@@ -158,45 +206,16 @@ impl Checkpointer for PostgresCheckpointer {
         parent_id: Option<&str>,
         blobs: &[ChannelBlob],
     ) -> Result<(), CheckpointError> {
-        let stored = stored_checkpoint(checkpoint);
-        let blobs = encode_blobs(blobs)?;
-        let channels: Vec<&str> = blobs.iter().map(|b| b.channel).collect();
-        let versions: Vec<i64> = blobs.iter().map(|b| b.version).collect();
-        let bases: Vec<Option<i64>> = blobs.iter().map(|b| b.base).collect();
-        let values: Vec<&[u8]> = blobs.iter().map(|b| b.value.as_slice()).collect();
-        // Saved again under the same id, a checkpoint replaces the earlier one, writes
-        // included; for a new id the `DELETE` finds nothing.
-        sqlx::query(
-            "WITH new_blobs AS ( \
-                 INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, base, value) \
-                 SELECT $1, $2, ch, v, b, val \
-                 FROM UNNEST($7::text[], $8::bigint[], $9::bigint[], $10::bytea[]) AS u(ch, v, b, val) \
-                 ON CONFLICT DO NOTHING \
-             ), stale_writes AS ( \
-                 DELETE FROM checkpoint_writes \
-                 WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3 \
-             ) \
-             INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, \
-                                      checkpoint, metadata) \
-             VALUES ($1, $2, $3, $4, $5, $6) \
-             ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET \
-                 parent_checkpoint_id = EXCLUDED.parent_checkpoint_id, \
-                 checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata",
-        )
-        .bind(thread_id)
-        .bind(checkpoint_ns)
-        .bind(&stored.id)
-        .bind(parent_id)
-        .bind(Json(&stored))
-        .bind(Json(jsonb_safe(metadata)))
-        .bind(channels)
-        .bind(versions)
-        .bind(bases)
-        .bind(values)
-        .execute(&self.pool)
-        .await
-        .map_err(backend)?;
-        Ok(())
+        let mut conn = self.pool.acquire().await.map_err(backend)?;
+        let put = Put {
+            thread_id,
+            checkpoint_ns,
+            checkpoint,
+            metadata,
+            parent_id,
+            blobs,
+        };
+        insert_checkpoint(&mut conn, &put).await
     }
 
     async fn put_writes(

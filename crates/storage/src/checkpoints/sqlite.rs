@@ -14,7 +14,8 @@ use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 
 use super::{
     assemble, backend, encode_blobs, encode_write, limit_to_db, metadata_filter, plan_writes,
-    stored_checkpoint, wanted_blobs, BlobRow, Blobs, CheckpointRow, WriteRow, CHECKPOINT_COLUMNS,
+    stored_checkpoint, wanted_blobs, BlobRow, Blobs, CheckpointRow, Put, WriteRow,
+    CHECKPOINT_COLUMNS,
 };
 use crate::json_filter::push_sqlite_contains;
 
@@ -119,6 +120,80 @@ async fn load(
     assemble(thread_id, rows, blobs, writes, shared_blobs)
 }
 
+/// Saves one checkpoint with its blobs on `conn` (inside the caller's transaction), so it can
+/// be part of a larger change (a state update saves it with the thread's new columns).
+pub(crate) async fn insert_checkpoint(
+    conn: &mut SqliteConnection,
+    put: &Put<'_>,
+) -> Result<(), CheckpointError> {
+    let (thread_id, checkpoint_ns, metadata, parent_id) = (
+        put.thread_id,
+        put.checkpoint_ns,
+        put.metadata,
+        put.parent_id,
+    );
+    let stored = stored_checkpoint(put.checkpoint);
+    let blobs = encode_blobs(put.blobs)?;
+    for chunk in blobs.chunks(INSERT_CHUNK) {
+        let mut qb: QueryBuilder<'_, Sqlite> = QueryBuilder::new(
+            "INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, base, value) ",
+        );
+        qb.push_values(chunk, |mut row, b| {
+            row.push_bind(thread_id)
+                .push_bind(checkpoint_ns)
+                .push_bind(b.channel)
+                .push_bind(b.version)
+                .push_bind(b.base)
+                .push_bind(b.value.as_slice());
+        });
+        // Versions are immutable: an existing blob already holds this content.
+        qb.push(" ON CONFLICT DO NOTHING");
+        qb.build().execute(&mut *conn).await.map_err(backend)?;
+    }
+    let inserted = sqlx::query(
+        "INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, \
+         checkpoint, metadata, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+         ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO NOTHING",
+    )
+    .bind(thread_id)
+    .bind(checkpoint_ns)
+    .bind(&stored.id)
+    .bind(parent_id)
+    .bind(Json(&stored))
+    .bind(Json(metadata))
+    .bind(Utc::now())
+    .execute(&mut *conn)
+    .await
+    .map_err(backend)?;
+    if inserted.rows_affected() == 0 {
+        // Saved again under the same id: it replaces the earlier one, writes included.
+        sqlx::query(
+            "UPDATE checkpoints SET parent_checkpoint_id = $4, checkpoint = $5, metadata = $6 \
+             WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3",
+        )
+        .bind(thread_id)
+        .bind(checkpoint_ns)
+        .bind(&stored.id)
+        .bind(parent_id)
+        .bind(Json(&stored))
+        .bind(Json(metadata))
+        .execute(&mut *conn)
+        .await
+        .map_err(backend)?;
+        sqlx::query(
+            "DELETE FROM checkpoint_writes \
+             WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3",
+        )
+        .bind(thread_id)
+        .bind(checkpoint_ns)
+        .bind(&stored.id)
+        .execute(&mut *conn)
+        .await
+        .map_err(backend)?;
+    }
+    Ok(())
+}
+
 #[async_trait]
 impl Checkpointer for SqliteCheckpointer {
     async fn put(
@@ -130,66 +205,16 @@ impl Checkpointer for SqliteCheckpointer {
         parent_id: Option<&str>,
         blobs: &[ChannelBlob],
     ) -> Result<(), CheckpointError> {
-        let stored = stored_checkpoint(checkpoint);
-        let blobs = encode_blobs(blobs)?;
+        let put = Put {
+            thread_id,
+            checkpoint_ns,
+            checkpoint,
+            metadata,
+            parent_id,
+            blobs,
+        };
         let mut tx = self.write.begin().await.map_err(backend)?;
-        for chunk in blobs.chunks(INSERT_CHUNK) {
-            let mut qb: QueryBuilder<'_, Sqlite> = QueryBuilder::new(
-                "INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, base, value) ",
-            );
-            qb.push_values(chunk, |mut row, b| {
-                row.push_bind(thread_id)
-                    .push_bind(checkpoint_ns)
-                    .push_bind(b.channel)
-                    .push_bind(b.version)
-                    .push_bind(b.base)
-                    .push_bind(b.value.as_slice());
-            });
-            // Versions are immutable: an existing blob already holds this content.
-            qb.push(" ON CONFLICT DO NOTHING");
-            qb.build().execute(&mut *tx).await.map_err(backend)?;
-        }
-        let inserted = sqlx::query(
-            "INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, \
-             checkpoint, metadata, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7) \
-             ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO NOTHING",
-        )
-        .bind(thread_id)
-        .bind(checkpoint_ns)
-        .bind(&stored.id)
-        .bind(parent_id)
-        .bind(Json(&stored))
-        .bind(Json(metadata))
-        .bind(Utc::now())
-        .execute(&mut *tx)
-        .await
-        .map_err(backend)?;
-        if inserted.rows_affected() == 0 {
-            // Saved again under the same id: it replaces the earlier one, writes included.
-            sqlx::query(
-                "UPDATE checkpoints SET parent_checkpoint_id = $4, checkpoint = $5, metadata = $6 \
-                 WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3",
-            )
-            .bind(thread_id)
-            .bind(checkpoint_ns)
-            .bind(&stored.id)
-            .bind(parent_id)
-            .bind(Json(&stored))
-            .bind(Json(metadata))
-            .execute(&mut *tx)
-            .await
-            .map_err(backend)?;
-            sqlx::query(
-                "DELETE FROM checkpoint_writes \
-                 WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3",
-            )
-            .bind(thread_id)
-            .bind(checkpoint_ns)
-            .bind(&stored.id)
-            .execute(&mut *tx)
-            .await
-            .map_err(backend)?;
-        }
+        insert_checkpoint(&mut tx, &put).await?;
         tx.commit().await.map_err(backend)
     }
 

@@ -210,6 +210,7 @@ pub const RUN_END_EVENT: &str = "end";
 pub struct LoggedEvent {
     pub thread_id: Uuid,
     pub seq: i64,
+    /// The run that made it; nil for a state update made through the state API.
     pub run_id: Uuid,
     /// SSE event name (`values`, `updates|child:1`, `metadata`, `end`, ...).
     pub event: String,
@@ -419,7 +420,8 @@ fn seq_taken(thread_id: Uuid) -> crate::StorageError {
 struct EventRow<Id> {
     thread_id: Id,
     seq: i64,
-    run_id: Id,
+    /// `NULL` for an event no run made (a state update through the state API).
+    run_id: Option<Id>,
     event: String,
     data: String,
     created_at: DateTime<Utc>,
@@ -434,7 +436,7 @@ impl<Id: crate::rows::IntoUuid> TryFrom<EventRow<Id>> for LoggedEvent {
         Ok(LoggedEvent {
             thread_id: row.thread_id.into_uuid(),
             seq: row.seq,
-            run_id: row.run_id.into_uuid(),
+            run_id: row.run_id.map_or(Uuid::nil(), |id| id.into_uuid()),
             event: row.event,
             data,
             created_at: row.created_at,

@@ -31,11 +31,7 @@ pub fn new_assistant(fields: AssistantFields) -> NewAssistant {
 }
 
 pub fn new_thread(metadata: Value) -> NewThread {
-    NewThread {
-        thread_id: Uuid::new_v4(),
-        metadata: obj(metadata),
-        if_exists: IfExists::Raise,
-    }
+    NewThread::new(Uuid::new_v4(), obj(metadata), IfExists::Raise)
 }
 
 pub fn page(limit: i64, offset: i64) -> Page {

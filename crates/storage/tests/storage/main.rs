@@ -8,4 +8,5 @@ mod checkpoints;
 mod common;
 mod migrations;
 mod runs;
+mod thread_state;
 mod threads;

@@ -1,0 +1,644 @@
+//! `/threads/{id}/state` and `/threads/{id}/history`: a thread's state at its latest or any
+//! checkpoint, its history (newest first), and state edits as if a node had written them.
+//!
+//! A thread's graph is the one its metadata names (`graph_id`, set when a run creates the
+//! thread or by the client), else the graph of its latest run's assistant. A thread without
+//! either has no state to show: reads answer an empty state (or no history), as LangGraph does.
+//! Reading a state or a history page costs a fixed number of queries whatever the length of
+//! the thread (see `spindle_storage::checkpoints`).
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use spindle_graph::checkpoint::{metadata_matches, CheckpointError, ListFilter};
+use spindle_graph::pregel::{self, NodeUpdate, PreparedUpdate, StateSnapshot, UpdateError};
+use spindle_graph::Graph;
+use spindle_storage::{
+    CheckpointWrite, RunFilter, Scope, StateWrite, Thread, ThreadEvent, ThreadStateColumns,
+    ThreadStatus,
+};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use uuid::Uuid;
+
+use crate::error::{ApiError, ApiResult, ErrorBody, ErrorCode, ValidationErrorBody};
+use crate::extract::{ApiJson, ApiQuery, Validate, Violations};
+use crate::runs::hub::HubMessage;
+use crate::runs::stream::STATE_UPDATE_EVENT;
+use crate::state::{AppState, Caller};
+use crate::wire::{page, path_uuid};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(get_state, update_state))
+        .routes(routes!(get_state_at))
+        .routes(routes!(post_state_at))
+        .routes(routes!(get_history, post_history))
+}
+
+/// `limit` of a history page: 1 to 1000; LangGraph's server reads 1 when it is not given.
+const HISTORY_DEFAULT_LIMIT: i64 = 1;
+const HISTORY_MAX_LIMIT: i64 = 1000;
+
+/// A checkpoint reference in a body (`checkpoint_id`, `checkpoint_ns`; `thread_id` is the
+/// path's and ignored).
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+pub struct CheckpointRefIn {
+    #[serde(default)]
+    pub checkpoint_id: Option<String>,
+    /// `""` (the root graph, the default) or a subgraph's `node:task_id[|...]`.
+    #[serde(default)]
+    pub checkpoint_ns: Option<String>,
+    #[serde(default)]
+    pub thread_id: Option<String>,
+    /// Accepted for compatibility; namespaces are followed through `checkpoint_ns`.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub checkpoint_map: Option<Value>,
+}
+
+#[derive(Debug, Default, Deserialize, IntoParams)]
+pub struct StateQuery {
+    /// Inline the state of pending subgraph tasks.
+    #[serde(default, deserialize_with = "crate::wire::query_bool")]
+    #[param(value_type = Option<bool>)]
+    pub subgraphs: Option<bool>,
+}
+
+impl Validate for StateQuery {}
+
+/// The body of `POST /threads/{id}/state/checkpoint`.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct StateAtRequest {
+    pub checkpoint: CheckpointRefIn,
+    #[serde(default)]
+    pub subgraphs: Option<bool>,
+}
+
+impl Validate for StateAtRequest {}
+
+/// The body of `POST /threads/{id}/state`.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+pub struct StateUpdateRequest {
+    /// The writes, as if `as_node` had returned them: an object (or `[key, value]` pairs).
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub values: Option<Value>,
+    /// The node that "wrote" them; by default the node that ran last.
+    #[serde(default)]
+    pub as_node: Option<String>,
+    /// Edit the state at this checkpoint instead of the latest (the thread forks from it).
+    #[serde(default)]
+    pub checkpoint: Option<CheckpointRefIn>,
+    /// Short form of `checkpoint.checkpoint_id`.
+    #[serde(default)]
+    pub checkpoint_id: Option<String>,
+}
+
+impl Validate for StateUpdateRequest {
+    fn validate(&self, v: &mut Violations) {
+        if let Some(values) = &self.values {
+            if !(values.is_object() || values.is_array() || values.is_null()) {
+                v.push(
+                    &["values"],
+                    "model_type",
+                    "Input should be an object, a list or null",
+                    values.clone(),
+                    Value::Null,
+                );
+            }
+        }
+        let ns = self
+            .checkpoint
+            .as_ref()
+            .and_then(|c| c.checkpoint_ns.as_deref());
+        if ns.is_some_and(|ns| !ns.is_empty()) {
+            v.push(
+                &["checkpoint", "checkpoint_ns"],
+                "not_supported",
+                "updating a subgraph's state is not supported: edit the root graph's state",
+                json!(ns),
+                Value::Null,
+            );
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize, IntoParams)]
+pub struct HistoryQuery {
+    /// 1 to 1000 (default 1).
+    #[serde(default)]
+    pub limit: Option<i64>,
+    /// Only states older than this checkpoint id.
+    #[serde(default)]
+    pub before: Option<String>,
+}
+
+impl Validate for HistoryQuery {
+    fn validate(&self, v: &mut Violations) {
+        v.range("limit", self.limit, 1, Some(HISTORY_MAX_LIMIT));
+    }
+}
+
+/// The body of `POST /threads/{id}/history`.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+pub struct HistoryRequest {
+    /// 1 to 1000 (default 1).
+    #[serde(default)]
+    pub limit: Option<i64>,
+    /// Only states older than this checkpoint: its id, a checkpoint object
+    /// (`{checkpoint_id}`) or a config (`{configurable: {checkpoint_id}}`).
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub before: Option<Value>,
+    /// Only states whose checkpoint metadata holds these key/value pairs.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<Map<String, Value>>,
+    /// A subgraph's namespace (`checkpoint_ns`); with `checkpoint_id`, only that state.
+    #[serde(default)]
+    pub checkpoint: Option<CheckpointRefIn>,
+    /// Inline the state of pending subgraph tasks in each state.
+    #[serde(default)]
+    pub subgraphs: Option<bool>,
+    /// A subgraph's namespace (`checkpoint.checkpoint_ns` wins).
+    #[serde(default)]
+    pub checkpoint_ns: Option<String>,
+}
+
+impl Validate for HistoryRequest {
+    fn validate(&self, v: &mut Violations) {
+        v.range("limit", self.limit, 1, Some(HISTORY_MAX_LIMIT));
+        if let Err(bad) = before_id(self.before.as_ref()) {
+            v.push(
+                &["before"],
+                "checkpoint_type",
+                "Input should be a checkpoint id, a checkpoint ({checkpoint_id}) or a config \
+                 ({configurable: {checkpoint_id}})",
+                bad,
+                Value::Null,
+            );
+        }
+    }
+}
+
+/// The checkpoint id `before` names; the offending value when it names none.
+fn before_id(before: Option<&Value>) -> Result<Option<String>, Value> {
+    let id_in = |v: &Value| {
+        v.get("checkpoint_id")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    };
+    match before {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(id)) => Ok(Some(id.clone())),
+        Some(v @ Value::Object(o)) => match o.get("configurable") {
+            Some(conf) => id_in(conf).map(Some).ok_or_else(|| v.clone()),
+            None => id_in(v).map(Some).ok_or_else(|| v.clone()),
+        },
+        Some(other) => Err(other.clone()),
+    }
+}
+
+/// A thread's state as `GET /threads/{id}/state` answers it (LangGraph's `ThreadState`).
+#[derive(Debug, ToSchema)]
+#[schema(as = ThreadState)]
+#[allow(dead_code)]
+pub struct ThreadStateDoc {
+    #[schema(value_type = Object)]
+    values: Value,
+    next: Vec<String>,
+    #[schema(value_type = Vec<Object>)]
+    tasks: Vec<Value>,
+    #[schema(value_type = Vec<Object>)]
+    interrupts: Vec<Value>,
+    #[schema(value_type = Option<Object>)]
+    metadata: Value,
+    created_at: Option<String>,
+    #[schema(value_type = Option<Object>)]
+    checkpoint: Value,
+    #[schema(value_type = Option<Object>)]
+    parent_checkpoint: Value,
+    checkpoint_id: Option<String>,
+    parent_checkpoint_id: Option<String>,
+}
+
+/// What `POST /threads/{id}/state` answers: where the new checkpoint is.
+#[derive(Debug, ToSchema)]
+#[allow(dead_code)]
+pub struct StateUpdateResponse {
+    /// `{thread_id, checkpoint_ns, checkpoint_id}`.
+    #[schema(value_type = Object)]
+    checkpoint: Value,
+    /// The same, under LangGraph's older name.
+    #[schema(value_type = Object)]
+    configurable: Value,
+    checkpoint_id: String,
+}
+
+/// The graph whose state the thread holds, if it has one.
+pub(crate) async fn thread_graph(
+    state: &AppState,
+    scope: &Scope,
+    thread: &Thread,
+) -> ApiResult<Option<Arc<Graph>>> {
+    let graph_id = match thread.metadata.get("graph_id").and_then(Value::as_str) {
+        Some(id) => Some(id.to_owned()),
+        None => latest_run_graph(state, scope, thread.thread_id).await?,
+    };
+    let Some(graph_id) = graph_id else {
+        return Ok(None);
+    };
+    match state.graphs.get(&graph_id) {
+        Some(graph) => Ok(Some(graph.clone())),
+        None => Err(ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!("the thread's graph '{graph_id}' is not loaded in this server"),
+        )),
+    }
+}
+
+/// The graph of the assistant of the thread's latest run.
+async fn latest_run_graph(
+    state: &AppState,
+    scope: &Scope,
+    thread_id: Uuid,
+) -> ApiResult<Option<String>> {
+    let runs = state
+        .storage
+        .list_runs(scope, thread_id, RunFilter::default(), page(Some(1), None))
+        .await?;
+    let Some(run) = runs.first() else {
+        return Ok(None);
+    };
+    match state.storage.get_assistant(scope, run.assistant_id).await {
+        Ok(assistant) => Ok(Some(assistant.fields.graph_id)),
+        Err(spindle_storage::StorageError::NotFound(_)) => Ok(None),
+        Err(err) => Err(err.into()),
+    }
+}
+
+fn checkpoint_failed(err: CheckpointError) -> ApiError {
+    ApiError::internal(format!("cannot read the thread's checkpoints: {err}"))
+}
+
+/// Where a state read points.
+struct StateAt<'a> {
+    checkpoint_ns: &'a str,
+    checkpoint_id: Option<&'a str>,
+    subgraphs: bool,
+}
+
+/// The state of a thread at a checkpoint (the latest by default), as JSON.
+async fn read_state(
+    state: &AppState,
+    scope: &Scope,
+    thread_id: Uuid,
+    at: StateAt<'_>,
+) -> ApiResult<Value> {
+    let thread = state.storage.get_thread(scope, thread_id).await?;
+    let tid = thread_id.to_string();
+    let Some(graph) = thread_graph(state, scope, &thread).await? else {
+        return Ok(empty_state(&tid, at.checkpoint_id));
+    };
+    let saver = state.storage.checkpointer();
+    let (ns, id) = (at.checkpoint_ns, at.checkpoint_id);
+    let snapshot = if at.subgraphs {
+        pregel::get_state_with_subgraphs(&graph, saver.as_ref(), &tid, ns, id).await
+    } else {
+        pregel::get_state(&graph, saver.as_ref(), &tid, ns, id).await
+    }
+    .map_err(checkpoint_failed)?;
+    Ok(match snapshot {
+        Some(s) => s.to_json(),
+        None => empty_state(&tid, at.checkpoint_id),
+    })
+}
+
+/// The state of no checkpoint, as LangGraph answers it: nothing, pointing at the checkpoint
+/// asked for (if one was).
+fn empty_state(thread_id: &str, asked: Option<&str>) -> Value {
+    let mut empty = StateSnapshot::empty(thread_id, "").to_json();
+    if let Some(id) = asked {
+        empty["checkpoint"] = json!({"checkpoint_id": id, "thread_id": thread_id});
+        empty["checkpoint_id"] = json!(id);
+    }
+    empty
+}
+
+#[utoipa::path(get, path = "/threads/{thread_id}/state", tag = "threads",
+    params(("thread_id" = Uuid, Path), StateQuery),
+    responses((status = 200, description = "the state at the latest checkpoint (empty when there is none)", body = ThreadStateDoc),
+              (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
+async fn get_state(
+    State(state): State<AppState>,
+    Caller(scope): Caller,
+    Path(thread_id): Path<String>,
+    ApiQuery(query): ApiQuery<StateQuery>,
+) -> ApiResult<Json<Value>> {
+    let id = path_uuid("thread_id", &thread_id)?;
+    let at = StateAt {
+        checkpoint_ns: "",
+        checkpoint_id: None,
+        subgraphs: query.subgraphs.unwrap_or(false),
+    };
+    Ok(Json(read_state(&state, &scope, id, at).await?))
+}
+
+#[utoipa::path(get, path = "/threads/{thread_id}/state/{checkpoint_id}", tag = "threads",
+    params(("thread_id" = Uuid, Path), ("checkpoint_id" = String, Path), StateQuery),
+    responses((status = 200, description = "the state at that checkpoint (empty when the thread has no such checkpoint)", body = ThreadStateDoc),
+              (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
+async fn get_state_at(
+    State(state): State<AppState>,
+    Caller(scope): Caller,
+    Path((thread_id, checkpoint_id)): Path<(String, String)>,
+    ApiQuery(query): ApiQuery<StateQuery>,
+) -> ApiResult<Json<Value>> {
+    let id = path_uuid("thread_id", &thread_id)?;
+    let at = StateAt {
+        checkpoint_ns: "",
+        checkpoint_id: Some(&checkpoint_id),
+        subgraphs: query.subgraphs.unwrap_or(false),
+    };
+    Ok(Json(read_state(&state, &scope, id, at).await?))
+}
+
+#[utoipa::path(post, path = "/threads/{thread_id}/state/checkpoint", tag = "threads",
+    request_body = StateAtRequest, params(("thread_id" = Uuid, Path)),
+    responses((status = 200, description = "the state at that checkpoint; a namespace without an id gives that subgraph's latest state", body = ThreadStateDoc),
+              (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
+async fn post_state_at(
+    State(state): State<AppState>,
+    Caller(scope): Caller,
+    Path(thread_id): Path<String>,
+    ApiJson(body): ApiJson<StateAtRequest>,
+) -> ApiResult<Json<Value>> {
+    let id = path_uuid("thread_id", &thread_id)?;
+    let at = StateAt {
+        checkpoint_ns: body.checkpoint.checkpoint_ns.as_deref().unwrap_or(""),
+        checkpoint_id: body.checkpoint.checkpoint_id.as_deref(),
+        subgraphs: body.subgraphs.unwrap_or(false),
+    };
+    Ok(Json(read_state(&state, &scope, id, at).await?))
+}
+
+/// What a history page asks for.
+struct HistoryAsk {
+    checkpoint_ns: String,
+    /// Only this checkpoint (a `checkpoint.checkpoint_id`), as LangGraph's list does.
+    only: Option<String>,
+    filter: ListFilter,
+    subgraphs: bool,
+}
+
+async fn read_history(
+    state: &AppState,
+    scope: &Scope,
+    thread_id: Uuid,
+    ask: HistoryAsk,
+) -> ApiResult<Vec<Value>> {
+    let thread = state.storage.get_thread(scope, thread_id).await?;
+    let Some(graph) = thread_graph(state, scope, &thread).await? else {
+        return Ok(Vec::new());
+    };
+    let tid = thread_id.to_string();
+    let saver = state.storage.checkpointer();
+    let ns = ask.checkpoint_ns.as_str();
+    let mut states = match &ask.only {
+        Some(id) => pregel::get_state(&graph, saver.as_ref(), &tid, ns, Some(id))
+            .await
+            .map_err(checkpoint_failed)?
+            .filter(|s| {
+                let older = ask.filter.before.as_ref().is_none_or(|b| id < b);
+                older && metadata_matches(&s.metadata, ask.filter.metadata.as_ref())
+            })
+            .into_iter()
+            .collect(),
+        None => pregel::get_state_history(&graph, saver.as_ref(), &tid, ns, &ask.filter)
+            .await
+            .map_err(checkpoint_failed)?,
+    };
+    if ask.subgraphs {
+        for s in states.iter_mut() {
+            pregel::inline_subgraph_states(&graph, saver.as_ref(), s)
+                .await
+                .map_err(checkpoint_failed)?;
+        }
+    }
+    Ok(states.iter().map(StateSnapshot::to_json).collect())
+}
+
+fn history_limit(limit: Option<i64>) -> usize {
+    limit
+        .unwrap_or(HISTORY_DEFAULT_LIMIT)
+        .clamp(1, HISTORY_MAX_LIMIT) as usize
+}
+
+#[utoipa::path(get, path = "/threads/{thread_id}/history", tag = "threads",
+    params(("thread_id" = Uuid, Path), HistoryQuery),
+    responses((status = 200, description = "states, newest first", body = Vec<ThreadStateDoc>),
+              (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
+async fn get_history(
+    State(state): State<AppState>,
+    Caller(scope): Caller,
+    Path(thread_id): Path<String>,
+    ApiQuery(query): ApiQuery<HistoryQuery>,
+) -> ApiResult<Json<Vec<Value>>> {
+    let id = path_uuid("thread_id", &thread_id)?;
+    let ask = HistoryAsk {
+        checkpoint_ns: String::new(),
+        only: None,
+        filter: ListFilter {
+            before: query.before,
+            limit: Some(history_limit(query.limit)),
+            metadata: None,
+        },
+        subgraphs: false,
+    };
+    Ok(Json(read_history(&state, &scope, id, ask).await?))
+}
+
+#[utoipa::path(post, path = "/threads/{thread_id}/history", tag = "threads",
+    request_body = HistoryRequest, params(("thread_id" = Uuid, Path)),
+    responses((status = 200, description = "states, newest first", body = Vec<ThreadStateDoc>),
+              (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
+async fn post_history(
+    State(state): State<AppState>,
+    Caller(scope): Caller,
+    Path(thread_id): Path<String>,
+    ApiJson(body): ApiJson<HistoryRequest>,
+) -> ApiResult<Json<Vec<Value>>> {
+    let id = path_uuid("thread_id", &thread_id)?;
+    let checkpoint = body.checkpoint.unwrap_or_default();
+    let ask = HistoryAsk {
+        checkpoint_ns: checkpoint
+            .checkpoint_ns
+            .or(body.checkpoint_ns)
+            .unwrap_or_default(),
+        only: checkpoint.checkpoint_id,
+        filter: ListFilter {
+            // Validated: a `before` that names no checkpoint was refused.
+            before: before_id(body.before.as_ref()).unwrap_or_default(),
+            limit: Some(history_limit(body.limit)),
+            metadata: body.metadata.map(Value::Object),
+        },
+        subgraphs: body.subgraphs.unwrap_or(false),
+    };
+    Ok(Json(read_history(&state, &scope, id, ask).await?))
+}
+
+/// The thread's columns that follow its latest checkpoint, as a run's end sets them:
+/// `interrupted` when something is next, else `idle`.
+pub(crate) fn state_columns(snapshot: &StateSnapshot) -> ThreadStateColumns {
+    let mut interrupts = Map::new();
+    for task in snapshot.tasks.iter().filter(|t| !t.interrupts.is_empty()) {
+        let list = task.interrupts.iter().map(|i| i.to_state_json()).collect();
+        interrupts.insert(task.id.clone(), Value::Array(list));
+    }
+    ThreadStateColumns {
+        status: if snapshot.next.is_empty() {
+            ThreadStatus::Idle
+        } else {
+            ThreadStatus::Interrupted
+        },
+        values: Some(snapshot.values.clone()),
+        interrupts,
+    }
+}
+
+/// A prepared edit as storage saves it.
+pub(crate) fn checkpoint_write(prepared: &PreparedUpdate) -> CheckpointWrite {
+    CheckpointWrite {
+        checkpoint_ns: prepared.at().checkpoint_ns.clone(),
+        checkpoint: prepared.checkpoint.clone(),
+        metadata: prepared.metadata.clone(),
+        parent_id: prepared.parent_id.clone(),
+        blobs: prepared.blobs.clone(),
+    }
+}
+
+/// The 422 of an edit the graph refused, naming the field at fault.
+pub(crate) fn refused_update(err: UpdateError, loc: Vec<Value>) -> ApiError {
+    match err {
+        UpdateError::Invalid(msg) => ApiError::field(loc, "invalid_update", msg),
+        UpdateError::Checkpoint(err) => checkpoint_failed(err),
+    }
+}
+
+/// Whether `node` can "write" an update to `graph`.
+pub(crate) fn is_node(graph: &Graph, node: &str) -> bool {
+    node == spindle_graph::START
+        || node == spindle_graph::END
+        || graph.node_names().any(|n| n == node)
+}
+
+#[utoipa::path(post, path = "/threads/{thread_id}/state", tag = "threads",
+    request_body = StateUpdateRequest, params(("thread_id" = Uuid, Path)),
+    responses((status = 200, description = "the new checkpoint", body = StateUpdateResponse),
+              (status = 404, description = "no such thread, or no such checkpoint to edit", body = ErrorBody),
+              (status = 409, description = "a run of the thread is pending or running", body = ErrorBody),
+              (status = 422, body = ValidationErrorBody)))]
+async fn update_state(
+    State(state): State<AppState>,
+    Caller(scope): Caller,
+    Path(thread_id): Path<String>,
+    ApiJson(body): ApiJson<StateUpdateRequest>,
+) -> ApiResult<Json<Value>> {
+    let id = path_uuid("thread_id", &thread_id)?;
+    let thread = state.storage.get_thread(&scope, id).await?;
+    let Some(graph) = thread_graph(&state, &scope, &thread).await? else {
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!(
+                "thread {id} has no graph: make a run on it, or set `graph_id` in its metadata"
+            ),
+        ));
+    };
+    if let Some(node) = body.as_node.as_deref().filter(|n| !is_node(&graph, n)) {
+        return Err(ApiError::field(
+            vec![json!("body"), json!("as_node")],
+            "invalid_update",
+            format!("Node {node} does not exist"),
+        ));
+    }
+    let tid = id.to_string();
+    let checkpoint_id = body
+        .checkpoint
+        .as_ref()
+        .and_then(|c| c.checkpoint_id.clone())
+        .or(body.checkpoint_id);
+    let saver = state.storage.checkpointer();
+    let base = saver
+        .get_tuple(&tid, "", checkpoint_id.as_deref())
+        .await
+        .map_err(checkpoint_failed)?;
+    if let (Some(cid), None) = (&checkpoint_id, &base) {
+        return Err(crate::error::not_found_resource("checkpoint", cid));
+    }
+    let update = NodeUpdate {
+        values: body.values.unwrap_or(Value::Null),
+        as_node: body.as_node,
+        goto: Vec::new(),
+    };
+    let prepared = pregel::prepare_update(&graph, &tid, base.as_ref(), &[update])
+        .await
+        .map_err(|e| refused_update(e, vec![json!("body"), json!("values")]))?;
+    let snapshot = prepared.snapshot(&graph);
+    let event = ThreadEvent {
+        event: STATE_UPDATE_EVENT.into(),
+        data: json!({"state": snapshot.to_json(), "thread_id": tid}),
+    };
+    let write = StateWrite {
+        checkpoints: vec![checkpoint_write(&prepared)],
+        columns: state_columns(&snapshot),
+    };
+    let written = state
+        .storage
+        .write_thread_state(&scope, id, write, Some(event))
+        .await?;
+    if let Some(event) = written.event {
+        state.hub.publish(id, HubMessage::Event(Arc::new(event)));
+    }
+    let at = prepared.at();
+    let checkpoint = json!({
+        "thread_id": at.thread_id, "checkpoint_ns": at.checkpoint_ns, "checkpoint_id": at.checkpoint_id,
+    });
+    Ok(Json(json!({
+        "checkpoint": checkpoint,
+        "configurable": checkpoint,
+        "checkpoint_id": at.checkpoint_id,
+    })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn before_takes_an_id_a_checkpoint_or_a_config() {
+        assert_eq!(before_id(None), Ok(None));
+        assert_eq!(before_id(Some(&json!("c1"))), Ok(Some("c1".into())));
+        assert_eq!(
+            before_id(Some(&json!({"checkpoint_id": "c2"}))),
+            Ok(Some("c2".into()))
+        );
+        assert_eq!(
+            before_id(Some(&json!({"configurable": {"checkpoint_id": "c3"}}))),
+            Ok(Some("c3".into()))
+        );
+        assert!(before_id(Some(&json!(5))).is_err());
+        assert!(before_id(Some(&json!({"configurable": {}}))).is_err());
+        assert!(before_id(Some(&json!({"other": 1}))).is_err());
+    }
+
+    #[test]
+    fn history_limit_defaults_to_one() {
+        assert_eq!(history_limit(None), 1);
+        assert_eq!(history_limit(Some(10)), 10);
+    }
+}

@@ -1,0 +1,132 @@
+//! Thread state reads on SQLite: the latest state and a history page of 10, on a thread of 10
+//! checkpoints and on one of 10,000 (a message appended per checkpoint, as a chat grows). The
+//! figures should not depend on the thread's length: both reads cost a fixed number of queries
+//! over the primary key, and a history page materialises only its own checkpoints' channels.
+//!
+//! Run with `cargo bench -p spindle-storage --bench state`.
+
+use std::sync::Arc;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use serde_json::json;
+use spindle_graph::checkpoint::{Checkpointer, ListFilter};
+use spindle_graph::pregel::{self, NodeUpdate};
+use spindle_graph::Graph;
+use spindle_storage::sqlite::SqliteStorage;
+use spindle_storage::Storage;
+
+const SIZES: [usize; 2] = [10, 10_000];
+
+/// A thread of `n` checkpoints of `echo`, each appending one message as `respond` would.
+async fn grow(graph: &Graph, saver: &dyn Checkpointer, thread: &str, n: usize) {
+    let mut base = None;
+    for i in 0..n {
+        let message = json!({
+            "id": format!("m{i}"), "type": "ai",
+            "content": format!("message {i}: the quick brown fox jumps over the lazy dog"),
+        });
+        let update = NodeUpdate {
+            values: json!({"messages": [message]}),
+            as_node: Some("respond".into()),
+            goto: Vec::new(),
+        };
+        let prepared = pregel::prepare_update(graph, thread, base.as_ref(), &[update])
+            .await
+            .expect("update applies");
+        prepared.save(saver).await.expect("checkpoint saved");
+        base = Some(prepared.tuple);
+    }
+}
+
+fn state_reads(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let url = dir.path().join("bench.db");
+    let storage = rt
+        .block_on(SqliteStorage::open(url.to_str().expect("UTF-8 path")))
+        .expect("open SQLite");
+    let saver: Arc<dyn Checkpointer> = storage.checkpointer();
+    let graph = spindle_graph::examples::get("echo")
+        .expect("known example")
+        .expect("example compiles");
+    for n in SIZES {
+        rt.block_on(grow(&graph, saver.as_ref(), &format!("t{n}"), n));
+    }
+
+    let mut group = c.benchmark_group("thread_state_sqlite");
+    for n in SIZES {
+        let thread = format!("t{n}");
+        group.bench_function(format!("get_state/{n}_checkpoints"), |b| {
+            b.iter(|| {
+                rt.block_on(pregel::get_state(&graph, saver.as_ref(), &thread, "", None))
+                    .expect("state")
+                    .expect("a checkpoint")
+            })
+        });
+        let page = ListFilter {
+            limit: Some(10),
+            ..ListFilter::default()
+        };
+        group.bench_function(format!("history_page_10/{n}_checkpoints"), |b| {
+            b.iter(|| {
+                let states = rt
+                    .block_on(pregel::get_state_history(
+                        &graph,
+                        saver.as_ref(),
+                        &thread,
+                        "",
+                        &page,
+                    ))
+                    .expect("history");
+                assert_eq!(states.len(), 10);
+            })
+        });
+    }
+    // A page from the middle of the long thread (`before`), as a client paging back gets.
+    let thread = format!("t{}", SIZES[1]);
+    let middle = rt
+        .block_on(saver.list(
+            &thread,
+            Some(""),
+            &ListFilter {
+                limit: Some(SIZES[1] / 2),
+                ..ListFilter::default()
+            },
+        ))
+        .expect("list")
+        .pop()
+        .expect("a checkpoint")
+        .at
+        .checkpoint_id;
+    let deep = ListFilter {
+        before: Some(middle),
+        limit: Some(10),
+        metadata: None,
+    };
+    group.bench_function(
+        format!("history_page_10_before_middle/{}_checkpoints", SIZES[1]),
+        |b| {
+            b.iter(|| {
+                rt.block_on(pregel::get_state_history(
+                    &graph,
+                    saver.as_ref(),
+                    &thread,
+                    "",
+                    &deep,
+                ))
+                .expect("history")
+            })
+        },
+    );
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().sample_size(50);
+    targets = state_reads
+}
+criterion_main!(benches);
