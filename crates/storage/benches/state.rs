@@ -1,7 +1,9 @@
 //! Thread state reads on SQLite: the latest state and a history page of 10, on a thread of 10
-//! checkpoints and on one of 10,000 (a message appended per checkpoint, as a chat grows). The
-//! figures should not depend on the thread's length: both reads cost a fixed number of queries
-//! over the primary key, and a history page materialises only its own checkpoints' channels.
+//! checkpoints and on one of 10,000 (`chain`'s counter written at each checkpoint, so every
+//! state has the same size and only the number of checkpoints differs). The figures should not
+//! depend on the thread's length: both reads cost a fixed number of queries over the primary
+//! key, and a history page materialises only its own checkpoints' channels. (A state whose
+//! values grow, such as a chat's message list, costs in proportion to those values.)
 //!
 //! Run with `cargo bench -p spindle-storage --bench state`.
 
@@ -17,17 +19,13 @@ use spindle_storage::Storage;
 
 const SIZES: [usize; 2] = [10, 10_000];
 
-/// A thread of `n` checkpoints of `echo`, each appending one message as `respond` would.
+/// A thread of `n` checkpoints of `chain`, each an update of its counter as node `a`.
 async fn grow(graph: &Graph, saver: &dyn Checkpointer, thread: &str, n: usize) {
     let mut base = None;
     for i in 0..n {
-        let message = json!({
-            "id": format!("m{i}"), "type": "ai",
-            "content": format!("message {i}: the quick brown fox jumps over the lazy dog"),
-        });
         let update = NodeUpdate {
-            values: json!({"messages": [message]}),
-            as_node: Some("respond".into()),
+            values: json!({"n": i}),
+            as_node: Some("a".into()),
             goto: Vec::new(),
         };
         let prepared = pregel::prepare_update(graph, thread, base.as_ref(), &[update])
@@ -49,7 +47,7 @@ fn state_reads(c: &mut Criterion) {
         .block_on(SqliteStorage::open(url.to_str().expect("UTF-8 path")))
         .expect("open SQLite");
     let saver: Arc<dyn Checkpointer> = storage.checkpointer();
-    let graph = spindle_graph::examples::get("echo")
+    let graph = spindle_graph::examples::get("chain")
         .expect("known example")
         .expect("example compiles");
     for n in SIZES {

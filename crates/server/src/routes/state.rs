@@ -541,7 +541,7 @@ pub(crate) fn is_node(graph: &Graph, node: &str) -> bool {
     request_body = StateUpdateRequest, params(("thread_id" = Uuid, Path)),
     responses((status = 200, description = "the new checkpoint", body = StateUpdateResponse),
               (status = 404, description = "no such thread, or no such checkpoint to edit", body = ErrorBody),
-              (status = 409, description = "a run of the thread is pending or running", body = ErrorBody),
+              (status = 409, description = "a run of the thread is pending or running, or the state changed while the edit was made", body = ErrorBody),
               (status = 422, body = ValidationErrorBody)))]
 async fn update_state(
     State(state): State<AppState>,
@@ -596,6 +596,11 @@ async fn update_state(
     let write = StateWrite {
         checkpoints: vec![checkpoint_write(&prepared)],
         columns: state_columns(&snapshot),
+        // An edit of the latest state must still apply to the latest state when it is saved;
+        // an edit of an older checkpoint forks from it whatever came since.
+        expect_latest: checkpoint_id
+            .is_none()
+            .then(|| base.as_ref().map(|t| t.at.checkpoint_id.clone())),
     };
     let written = state
         .storage
