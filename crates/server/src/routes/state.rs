@@ -530,11 +530,11 @@ pub(crate) fn refused_update(err: UpdateError, loc: Vec<Value>) -> ApiError {
     }
 }
 
-/// Whether `node` can "write" an update to `graph`.
+/// Whether `node` can "write" an update to `graph`: one of its nodes, or `__start__` (an
+/// update as the input). LangGraph's special `__end__`, `__input__` and `__copy__` updates are
+/// not supported, so they are refused as unknown nodes.
 pub(crate) fn is_node(graph: &Graph, node: &str) -> bool {
-    node == spindle_graph::START
-        || node == spindle_graph::END
-        || graph.node_names().any(|n| n == node)
+    node == spindle_graph::START || graph.node_names().any(|n| n == node)
 }
 
 #[utoipa::path(post, path = "/threads/{thread_id}/state", tag = "threads",
