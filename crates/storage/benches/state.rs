@@ -6,6 +6,18 @@
 //! values grow, such as a chat's message list, costs in proportion to those values.)
 //!
 //! Run with `cargo bench -p spindle-storage --bench state`.
+//!
+//! Measured on the 2-core machine (shared), 2026-11-23, medians:
+//!
+//! | read | 10 checkpoints | 10,000 checkpoints |
+//! | --- | --- | --- |
+//! | `get_state` (latest) | 171 µs | 186 µs |
+//! | history page of 10 (newest) | 320 µs | 407 µs |
+//! | history page of 10 before the middle checkpoint | | 592 µs |
+//!
+//! For contrast, on an `echo` thread whose message list grows by one message per checkpoint,
+//! the latest state at 10,000 checkpoints (10,000 messages) took 88 ms and a page of 10 such
+//! states 1.1 s: there the cost follows the size of the values read, not the history.
 
 use std::sync::Arc;
 
