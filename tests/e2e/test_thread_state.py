@@ -298,6 +298,15 @@ async def test_a_run_from_an_earlier_checkpoint_forks_and_keeps_the_history(clie
     assert head["values"] == {"n": 100} and head["next"] == ["b"]
     assert len(await client.threads.get_history(tid, limit=100)) == len(new) + 1
 
+    # A run given the checkpoint as an object (`checkpoint`) forks the same way.
+    again = await client.runs.wait(
+        tid, "chain", input=None, checkpoint={"checkpoint_id": after_a["checkpoint_id"], "checkpoint_ns": ""}
+    )
+    assert again == {"n": 3}
+    latest = await client.threads.get_history(tid, limit=100)
+    fork = [s for s in latest if s["metadata"]["source"] == "fork"]
+    assert len(fork) == 2 and all(f["parent_checkpoint_id"] == after_a["checkpoint_id"] for f in fork)
+
 
 async def test_supersteps_build_a_history(client, tag):
     """`supersteps` on create: each superstep is one checkpoint, as if its nodes ran; updates of

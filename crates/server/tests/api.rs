@@ -429,6 +429,11 @@ async fn openapi_lists_every_served_route() {
         "/threads/count",
         "/threads/{thread_id}",
         "/threads/{thread_id}/copy",
+        "/threads/prune",
+        "/threads/{thread_id}/state",
+        "/threads/{thread_id}/state/{checkpoint_id}",
+        "/threads/{thread_id}/state/checkpoint",
+        "/threads/{thread_id}/history",
     ] {
         assert!(
             paths.contains_key(path),
@@ -442,6 +447,77 @@ async fn openapi_lists_every_served_route() {
         !html.contains("https://") && !html.contains("http://"),
         "the docs page loads nothing from elsewhere"
     );
+}
+
+#[tokio::test]
+async fn state_updates_build_history_on_a_thread_of_a_named_graph() {
+    let app = test_app().await;
+    let thread = app
+        .post("/threads", json!({"metadata": {"graph_id": "chain"}}))
+        .await;
+    let tid = thread.body["thread_id"].as_str().unwrap().to_owned();
+    let empty = app.get(&format!("/threads/{tid}/state")).await;
+    assert_eq!(empty.body["checkpoint"], Value::Null);
+    assert_eq!(empty.body["values"], json!({}));
+
+    let first = app
+        .post(
+            &format!("/threads/{tid}/state"),
+            json!({"values": {"n": 1}, "as_node": "a"}),
+        )
+        .await;
+    assert_eq!(first.status, StatusCode::OK, "{:?}", first.body);
+    let cid = first.body["checkpoint"]["checkpoint_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    app.post(
+        &format!("/threads/{tid}/state"),
+        json!({"values": {"n": 2}, "as_node": "b"}),
+    )
+    .await;
+
+    let state = app.get(&format!("/threads/{tid}/state")).await;
+    assert_eq!(state.body["values"], json!({"n": 2}));
+    assert_eq!(state.body["next"], json!(["c"]));
+    assert_eq!(state.body["parent_checkpoint_id"], json!(cid));
+    let thread = app.get(&format!("/threads/{tid}")).await;
+    assert_eq!(thread.body["status"], "interrupted");
+    assert_eq!(thread.body["values"], json!({"n": 2}));
+
+    let history = app
+        .post(&format!("/threads/{tid}/history"), json!({"limit": 10}))
+        .await;
+    let steps: Vec<&Value> = history
+        .body
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| &s["metadata"]["step"])
+        .collect();
+    assert_eq!(steps, [&json!(1), &json!(0)]);
+    let older = app
+        .post(
+            &format!("/threads/{tid}/history"),
+            json!({"limit": 10, "before": state.body["checkpoint_id"]}),
+        )
+        .await;
+    assert_eq!(older.body.as_array().unwrap().len(), 1);
+    let at = app.get(&format!("/threads/{tid}/state/{cid}")).await;
+    assert_eq!(at.body["values"], json!({"n": 1}));
+
+    let bad = app
+        .post(
+            &format!("/threads/{tid}/state"),
+            json!({"values": {"n": 3}, "as_node": "__end__"}),
+        )
+        .await;
+    assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(first_loc(&bad), json!(["body", "as_node"]));
+    let bad = app
+        .post(&format!("/threads/{tid}/history"), json!({"limit": 1001}))
+        .await;
+    assert_eq!(first_loc(&bad), json!(["body", "limit"]));
 }
 
 #[tokio::test]

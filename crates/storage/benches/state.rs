@@ -1,9 +1,23 @@
 //! Thread state reads on SQLite: the latest state and a history page of 10, on a thread of 10
-//! checkpoints and on one of 10,000 (a message appended per checkpoint, as a chat grows). The
-//! figures should not depend on the thread's length: both reads cost a fixed number of queries
-//! over the primary key, and a history page materialises only its own checkpoints' channels.
+//! checkpoints and on one of 10,000 (`chain`'s counter written at each checkpoint, so every
+//! state has the same size and only the number of checkpoints differs). The figures should not
+//! depend on the thread's length: both reads cost a fixed number of queries over the primary
+//! key, and a history page materialises only its own checkpoints' channels. (A state whose
+//! values grow, such as a chat's message list, costs in proportion to those values.)
 //!
 //! Run with `cargo bench -p spindle-storage --bench state`.
+//!
+//! Measured on the 2-core machine (shared), 2026-11-23, medians:
+//!
+//! | read | 10 checkpoints | 10,000 checkpoints |
+//! | --- | --- | --- |
+//! | `get_state` (latest) | 171 µs | 186 µs |
+//! | history page of 10 (newest) | 320 µs | 407 µs |
+//! | history page of 10 before the middle checkpoint | | 592 µs |
+//!
+//! For contrast, on an `echo` thread whose message list grows by one message per checkpoint,
+//! the latest state at 10,000 checkpoints (10,000 messages) took 88 ms and a page of 10 such
+//! states 1.1 s: there the cost follows the size of the values read, not the history.
 
 use std::sync::Arc;
 
@@ -17,17 +31,13 @@ use spindle_storage::Storage;
 
 const SIZES: [usize; 2] = [10, 10_000];
 
-/// A thread of `n` checkpoints of `echo`, each appending one message as `respond` would.
+/// A thread of `n` checkpoints of `chain`, each an update of its counter as node `a`.
 async fn grow(graph: &Graph, saver: &dyn Checkpointer, thread: &str, n: usize) {
     let mut base = None;
     for i in 0..n {
-        let message = json!({
-            "id": format!("m{i}"), "type": "ai",
-            "content": format!("message {i}: the quick brown fox jumps over the lazy dog"),
-        });
         let update = NodeUpdate {
-            values: json!({"messages": [message]}),
-            as_node: Some("respond".into()),
+            values: json!({"n": i}),
+            as_node: Some("a".into()),
             goto: Vec::new(),
         };
         let prepared = pregel::prepare_update(graph, thread, base.as_ref(), &[update])
@@ -49,7 +59,7 @@ fn state_reads(c: &mut Criterion) {
         .block_on(SqliteStorage::open(url.to_str().expect("UTF-8 path")))
         .expect("open SQLite");
     let saver: Arc<dyn Checkpointer> = storage.checkpointer();
-    let graph = spindle_graph::examples::get("echo")
+    let graph = spindle_graph::examples::get("chain")
         .expect("known example")
         .expect("example compiles");
     for n in SIZES {

@@ -363,6 +363,10 @@ pub struct ThreadStateColumns {
 pub struct StateWrite {
     pub checkpoints: Vec<CheckpointWrite>,
     pub columns: ThreadStateColumns,
+    /// When the edit was computed from the thread's latest root checkpoint: that checkpoint's
+    /// id (`None` inside: the thread had none). The write is a `Conflict` if another one
+    /// became the latest meanwhile (a run started and ended between the read and the write).
+    pub expect_latest: Option<Option<String>>,
 }
 
 /// An event to append to the thread's log with a state change (no run made it).

@@ -485,6 +485,7 @@ impl ThreadStore for PostgresStorage {
             return Err(StorageError::NotFound("thread"));
         }
         thread_state::postgres::ensure_idle(&mut tx, id).await?;
+        thread_state::postgres::ensure_latest(&mut tx, id, &write).await?;
         // Microseconds, as the database keeps them: the event returned is the one logged.
         let now = chrono::SubsecRound::trunc_subsecs(Utc::now(), 6);
         thread_state::postgres::save_state(&mut tx, id, &write, now).await?;

@@ -535,6 +535,7 @@ impl ThreadStore for SqliteStorage {
             .await?
             .ok_or(StorageError::NotFound("thread"))?;
         thread_state::sqlite::ensure_idle(&mut tx, id).await?;
+        thread_state::sqlite::ensure_latest(&mut tx, id, &write).await?;
         // Microseconds, as the database keeps them: the event returned is the one logged.
         let now = chrono::SubsecRound::trunc_subsecs(Utc::now(), 6);
         thread_state::sqlite::save_state(&mut tx, id, &write, now).await?;

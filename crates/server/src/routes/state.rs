@@ -530,18 +530,18 @@ pub(crate) fn refused_update(err: UpdateError, loc: Vec<Value>) -> ApiError {
     }
 }
 
-/// Whether `node` can "write" an update to `graph`.
+/// Whether `node` can "write" an update to `graph`: one of its nodes, or `__start__` (an
+/// update as the input). LangGraph's special `__end__`, `__input__` and `__copy__` updates are
+/// not supported, so they are refused as unknown nodes.
 pub(crate) fn is_node(graph: &Graph, node: &str) -> bool {
-    node == spindle_graph::START
-        || node == spindle_graph::END
-        || graph.node_names().any(|n| n == node)
+    node == spindle_graph::START || graph.node_names().any(|n| n == node)
 }
 
 #[utoipa::path(post, path = "/threads/{thread_id}/state", tag = "threads",
     request_body = StateUpdateRequest, params(("thread_id" = Uuid, Path)),
     responses((status = 200, description = "the new checkpoint", body = StateUpdateResponse),
               (status = 404, description = "no such thread, or no such checkpoint to edit", body = ErrorBody),
-              (status = 409, description = "a run of the thread is pending or running", body = ErrorBody),
+              (status = 409, description = "a run of the thread is pending or running, or the state changed while the edit was made", body = ErrorBody),
               (status = 422, body = ValidationErrorBody)))]
 async fn update_state(
     State(state): State<AppState>,
@@ -596,6 +596,11 @@ async fn update_state(
     let write = StateWrite {
         checkpoints: vec![checkpoint_write(&prepared)],
         columns: state_columns(&snapshot),
+        // An edit of the latest state must still apply to the latest state when it is saved;
+        // an edit of an older checkpoint forks from it whatever came since.
+        expect_latest: checkpoint_id
+            .is_none()
+            .then(|| base.as_ref().map(|t| t.at.checkpoint_id.clone())),
     };
     let written = state
         .storage

@@ -457,6 +457,8 @@ async fn superstep_history(
     Ok(StateWrite {
         checkpoints,
         columns: super::state::state_columns(&snapshot),
+        // A new thread: nothing can have been written before.
+        expect_latest: None,
     })
 }
 

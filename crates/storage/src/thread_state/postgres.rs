@@ -51,6 +51,30 @@ async fn has_active_run(conn: &mut PgConnection, id: Uuid) -> StorageResult<bool
     Ok(found.is_some())
 }
 
+/// Refuses a write computed from a latest checkpoint that is no longer the latest.
+pub(crate) async fn ensure_latest(
+    conn: &mut PgConnection,
+    id: Uuid,
+    write: &StateWrite,
+) -> StorageResult<()> {
+    let Some(expected) = &write.expect_latest else {
+        return Ok(());
+    };
+    let latest: Option<String> = sqlx::query_scalar(
+        "SELECT MAX(checkpoint_id) FROM checkpoints WHERE thread_id = $1 AND checkpoint_ns = ''",
+    )
+    .bind(engine_id(id))
+    .fetch_one(conn)
+    .await?;
+    if &latest != expected {
+        return Err(crate::StorageError::Conflict(format!(
+            "thread {id} has a newer checkpoint than the state this edit was made from; read it \
+             and try again"
+        )));
+    }
+    Ok(())
+}
+
 /// Saves the checkpoints of `write` and sets the thread's state columns from it.
 pub(crate) async fn save_state(
     conn: &mut PgConnection,

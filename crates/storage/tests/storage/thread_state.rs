@@ -106,6 +106,7 @@ async fn a_state_write_saves_checkpoints_columns_and_event_together() {
         let write = StateWrite {
             checkpoints: history(2),
             columns: columns(ThreadStatus::Interrupted, json!({"items": [1, 2]})),
+            expect_latest: None,
         };
         let written = s
             .write_thread_state(&user, id, write, Some(state_update()))
@@ -125,10 +126,41 @@ async fn a_state_write_saves_checkpoints_columns_and_event_together() {
         assert_eq!(logged, vec![event.clone()]);
         assert_eq!(s.last_event_seq(id).await.unwrap(), 1);
 
+        // An edit made from a state that is no longer the latest is refused.
+        let stale = StateWrite {
+            checkpoints: history(1),
+            columns: columns(ThreadStatus::Idle, json!({})),
+            expect_latest: Some(None),
+        };
+        assert_conflict(
+            s.write_thread_state(&user, id, stale, None).await,
+            "an edit of a stale state",
+        );
+        let latest = s
+            .checkpointer()
+            .get_tuple(&id.to_string(), "", None)
+            .await
+            .unwrap()
+            .unwrap()
+            .at
+            .checkpoint_id;
+        let fresh = StateWrite {
+            checkpoints: vec![step(
+                3,
+                Some(&latest),
+                BlobValue::Full { value: json!([9]) },
+            )],
+            columns: columns(ThreadStatus::Idle, json!({"items": [9]})),
+            expect_latest: Some(Some(latest)),
+        };
+        s.write_thread_state(&user, id, fresh, None).await.unwrap();
+        assert_eq!(items_at(s, id, None).await, Some(json!([9])));
+
         // Another user's thread does not exist.
         let other = StateWrite {
             checkpoints: history(1),
             columns: columns(ThreadStatus::Idle, json!({})),
+            expect_latest: None,
         };
         assert_not_found(
             s.write_thread_state(&fresh_user(), id, other, None).await,
@@ -153,6 +185,7 @@ async fn a_state_write_is_refused_while_a_run_is_active_and_changes_nothing() {
         let write = StateWrite {
             checkpoints: history(1),
             columns: columns(ThreadStatus::Idle, json!({"items": [1]})),
+            expect_latest: None,
         };
         assert_conflict(
             s.write_thread_state(&user, id, write, Some(state_update()))
@@ -181,6 +214,7 @@ async fn a_thread_is_created_with_its_ttl_and_supersteps() {
             state: Some(StateWrite {
                 checkpoints: history(3),
                 columns: columns(ThreadStatus::Idle, json!({"items": [1, 2, 3]})),
+                expect_latest: None,
             }),
             ..new_thread(json!({"graph_id": "g"}))
         };
@@ -236,6 +270,7 @@ async fn prune_deletes_or_keeps_only_the_latest_checkpoint() {
                 state: Some(StateWrite {
                     checkpoints: history(5),
                     columns: columns(ThreadStatus::Idle, json!({"items": [1, 2, 3, 4, 5]})),
+                    expect_latest: None,
                 }),
                 ..new_thread(json!({}))
             };
@@ -349,6 +384,7 @@ async fn keep_latest_drops_blobs_the_latest_checkpoint_no_longer_reaches() {
             state: Some(StateWrite {
                 checkpoints,
                 columns: columns(ThreadStatus::Idle, json!({"items": ["x"]})),
+                expect_latest: None,
             }),
             ..new_thread(json!({}))
         };
@@ -373,6 +409,7 @@ async fn the_sweep_applies_each_threads_ttl_and_the_default() {
             state: Some(StateWrite {
                 checkpoints: history(3),
                 columns: columns(ThreadStatus::Idle, json!({"items": [1, 2, 3]})),
+                expect_latest: None,
             }),
             ..new_thread(json!({}))
         };
