@@ -8,7 +8,6 @@ use axum::Json;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use spindle_graph::node::Goto;
 use spindle_graph::pregel::{self, NodeUpdate};
 use spindle_storage::{
     CancelAction, NewThread, RunFilter, RunStatus, Scope, StateWrite, Thread, ThreadFilter,
@@ -21,6 +20,7 @@ use uuid::Uuid;
 
 use crate::error::{ApiError, ApiResult, ErrorBody, ValidationErrorBody};
 use crate::extract::{ApiJson, Validate, Violations};
+use crate::runs::execute::goto_of;
 use crate::state::{AppState, Caller};
 use crate::wire::{
     page, pagination_headers, path_uuid, select_fields, validate_page, IfExistsWire, JsonObject,
@@ -480,18 +480,6 @@ fn node_update(u: &SuperstepUpdate) -> NodeUpdate {
         values: command.get("update").cloned().unwrap_or(Value::Null),
         as_node: Some(u.as_node.clone()),
         goto,
-    }
-}
-
-/// A `goto` item: a node name or a `Send` (`{node, arg}`).
-fn goto_of(item: &Value) -> Option<Goto> {
-    match item {
-        Value::String(node) => Some(Goto::Node(node.clone())),
-        Value::Object(send) => Some(Goto::Send {
-            node: send.get("node")?.as_str()?.to_owned(),
-            arg: send.get("arg").cloned().unwrap_or(Value::Null),
-        }),
-        _ => None,
     }
 }
 
