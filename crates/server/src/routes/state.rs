@@ -16,10 +16,7 @@ use serde_json::{json, Map, Value};
 use spindle_graph::checkpoint::{metadata_matches, CheckpointError, ListFilter};
 use spindle_graph::pregel::{self, NodeUpdate, PreparedUpdate, StateSnapshot, UpdateError};
 use spindle_graph::Graph;
-use spindle_storage::{
-    CheckpointWrite, RunFilter, Scope, StateWrite, Thread, ThreadEvent, ThreadStateColumns,
-    ThreadStatus,
-};
+use spindle_storage::{CheckpointWrite, RunFilter, Scope, StateWrite, Thread, ThreadEvent};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -28,6 +25,7 @@ use uuid::Uuid;
 use crate::error::{ApiError, ApiResult, ErrorBody, ErrorCode, ValidationErrorBody};
 use crate::extract::{ApiJson, ApiQuery, Validate, Violations};
 use crate::runs::hub::HubMessage;
+use crate::runs::state_columns;
 use crate::runs::stream::STATE_UPDATE_EVENT;
 use crate::state::{AppState, Caller};
 use crate::wire::{page, path_uuid};
@@ -490,25 +488,6 @@ async fn post_history(
         subgraphs: body.subgraphs.unwrap_or(false),
     };
     Ok(Json(read_history(&state, &scope, id, ask).await?))
-}
-
-/// The thread's columns that follow its latest checkpoint, as a run's end sets them:
-/// `interrupted` when something is next, else `idle`.
-pub(crate) fn state_columns(snapshot: &StateSnapshot) -> ThreadStateColumns {
-    let mut interrupts = Map::new();
-    for task in snapshot.tasks.iter().filter(|t| !t.interrupts.is_empty()) {
-        let list = task.interrupts.iter().map(|i| i.to_state_json()).collect();
-        interrupts.insert(task.id.clone(), Value::Array(list));
-    }
-    ThreadStateColumns {
-        status: if snapshot.next.is_empty() {
-            ThreadStatus::Idle
-        } else {
-            ThreadStatus::Interrupted
-        },
-        values: Some(snapshot.values.clone()),
-        interrupts,
-    }
 }
 
 /// A prepared edit as storage saves it.

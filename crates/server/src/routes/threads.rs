@@ -456,7 +456,7 @@ async fn superstep_history(
         .ok_or_else(|| ApiError::internal("supersteps made no checkpoint"))?;
     Ok(StateWrite {
         checkpoints,
-        columns: super::state::state_columns(&snapshot),
+        columns: crate::runs::state_columns(&snapshot),
         // A new thread: nothing can have been written before.
         expect_latest: None,
     })

@@ -8,7 +8,9 @@ pub mod stream;
 pub mod trace;
 pub mod worker;
 
-use spindle_storage::{Scope, Storage, StorageResult};
+use serde_json::{Map, Value};
+use spindle_graph::pregel::StateSnapshot;
+use spindle_storage::{Scope, Storage, StorageResult, ThreadStateColumns, ThreadStatus};
 use uuid::Uuid;
 
 pub use hub::{EventHub, HubMessage};
@@ -30,4 +32,24 @@ pub async fn delete_thread(
         tracing::warn!(%thread_id, error = %err, "cannot delete the thread's checkpoints");
     }
     Ok(())
+}
+
+/// The thread's columns that follow its latest checkpoint, as a run's end and a state
+/// edit set them:
+/// `interrupted` when something is next, else `idle`.
+pub(crate) fn state_columns(snapshot: &StateSnapshot) -> ThreadStateColumns {
+    let mut interrupts = Map::new();
+    for task in snapshot.tasks.iter().filter(|t| !t.interrupts.is_empty()) {
+        let list = task.interrupts.iter().map(|i| i.to_state_json()).collect();
+        interrupts.insert(task.id.clone(), Value::Array(list));
+    }
+    ThreadStateColumns {
+        status: if snapshot.next.is_empty() {
+            ThreadStatus::Idle
+        } else {
+            ThreadStatus::Interrupted
+        },
+        values: Some(snapshot.values.clone()),
+        interrupts,
+    }
 }

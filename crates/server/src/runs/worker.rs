@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::Utc;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use spindle_graph::checkpoint::Checkpointer;
 use spindle_graph::pregel::{self, StateSnapshot};
 use spindle_graph::stream::StreamEvent;
@@ -359,20 +359,11 @@ fn run_end(
     timed_out: bool,
     snapshot: Option<StateSnapshot>,
 ) -> RunEnd {
-    let thread_values = snapshot.as_ref().map(|s| s.values.clone());
-    let mut thread_interrupts = Map::new();
-    let has_next = snapshot.as_ref().is_some_and(|s| !s.next.is_empty());
-    if let Some(s) = &snapshot {
-        for task in s.tasks.iter().filter(|t| !t.interrupts.is_empty()) {
-            let list = task.interrupts.iter().map(|i| i.to_state_json()).collect();
-            thread_interrupts.insert(task.id.clone(), Value::Array(list));
-        }
-    }
-    let idle_or_interrupted = if has_next {
-        ThreadStatus::Interrupted
-    } else {
-        ThreadStatus::Idle
-    };
+    let columns = snapshot.as_ref().map(super::state_columns);
+    let idle_or_interrupted = columns.as_ref().map_or(ThreadStatus::Idle, |c| c.status);
+    let (thread_values, thread_interrupts) = columns
+        .map(|c| (c.values, c.interrupts))
+        .unwrap_or_default();
     let (status, error, thread_status) = match outcome {
         Ok(_) => (RunStatus::Success, None, idle_or_interrupted),
         Err(Failure::Run(RunError::Cancelled)) if timed_out => (
