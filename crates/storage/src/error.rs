@@ -16,6 +16,12 @@ pub enum StorageError {
     /// The database failed or could not be reached.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+    /// The SQLite write connection failed (see `sqlite_writer`).
+    #[error("database error: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// A write's transaction did not commit, or the writer thread is gone.
+    #[error("database write failed: {0}")]
+    Commit(String),
     #[error("migration failed: {0}")]
     Migration(#[from] sqlx::migrate::MigrateError),
     #[error("stored data is corrupt: {0}")]
@@ -43,4 +49,22 @@ pub(crate) fn conflict_if_taken(
         sqlx::Error::Database(e) if e.is_unique_violation() => StorageError::Conflict(message()),
         _ => error.into(),
     }
+}
+
+/// [`conflict_if_taken`] for errors of the SQLite write connection.
+pub(crate) fn sqlite_conflict_if_taken(
+    error: rusqlite::Error,
+    message: impl FnOnce() -> String,
+) -> StorageError {
+    if sqlite_constraint(&error, rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE)
+        || sqlite_constraint(&error, rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY)
+    {
+        return StorageError::Conflict(message());
+    }
+    error.into()
+}
+
+/// Whether `error` is the SQLite constraint violation `code` (an extended result code).
+pub(crate) fn sqlite_constraint(error: &rusqlite::Error, code: std::os::raw::c_int) -> bool {
+    matches!(error, rusqlite::Error::SqliteFailure(e, _) if e.extended_code == code)
 }

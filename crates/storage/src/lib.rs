@@ -15,6 +15,8 @@ pub mod postgres;
 mod rows;
 pub mod runs;
 pub mod sqlite;
+mod sqlite_values;
+mod sqlite_writer;
 #[cfg(feature = "test-util")]
 pub mod test_util;
 pub mod thread_state;

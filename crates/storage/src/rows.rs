@@ -113,6 +113,29 @@ pub(crate) struct ThreadRow<Id> {
     expires_at: Option<DateTime<Utc>>,
 }
 
+impl ThreadRow<Uuid> {
+    /// A row read on the SQLite write connection.
+    pub(crate) fn from_sqlite(r: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
+        use crate::sqlite_values::RowExt;
+        Ok(Self {
+            thread_id: r.uuid("thread_id")?,
+            user_id: r.get("user_id")?,
+            status: r.get("status")?,
+            metadata: Json(r.json("metadata")?),
+            config: Json(r.json("config")?),
+            state_values: r.opt_json("state_values")?.map(Json),
+            interrupts: Json(r.json("interrupts")?),
+            error: r.opt_json("error")?.map(Json),
+            created_at: r.ts("created_at")?,
+            updated_at: r.ts("updated_at")?,
+            state_updated_at: r.ts("state_updated_at")?,
+            ttl_strategy: r.get("ttl_strategy")?,
+            ttl_minutes: r.get("ttl_minutes")?,
+            expires_at: r.opt_ts("expires_at")?,
+        })
+    }
+}
+
 impl<Id: IntoUuid> TryFrom<ThreadRow<Id>> for Thread {
     type Error = StorageError;
 

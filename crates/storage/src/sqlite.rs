@@ -16,11 +16,14 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 use sqlx::types::Json;
+use rusqlite::OptionalExtension;
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 use uuid::fmt::Hyphenated;
 use uuid::Uuid;
 
 use crate::checkpoints::SqliteCheckpointer;
+use crate::sqlite_values::{id, json, ts};
+use crate::sqlite_writer::{WritePermit, Writer};
 use crate::error::conflict_if_taken;
 use crate::json_filter::push_sqlite_contains;
 use crate::model::*;
@@ -36,7 +39,10 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite")
 
 pub struct SqliteStorage {
     pub(crate) read: SqlitePool,
-    pub(crate) write: SqlitePool,
+    /// Runs writes, as closures, on the one write connection (`sqlite_writer`).
+    pub(crate) writer: Arc<Writer>,
+    /// For writes not yet moved to the writer thread; used only under a [`Writer::permit`].
+    write: SqlitePool,
 }
 
 fn hyph(id: Uuid) -> Hyphenated {
@@ -69,11 +75,26 @@ impl SqliteStorage {
             .connect_with(options.clone())
             .await?;
         MIGRATOR.run(&write).await?;
+        let writer = Arc::new(Writer::open(options.get_filename())?);
         let read = SqlitePoolOptions::new()
             .max_connections(8)
             .connect_with(options.read_only(true))
             .await?;
-        Ok(Self { read, write })
+        Ok(Self {
+            read,
+            writer,
+            write,
+        })
+    }
+
+    /// A transaction on the sqlx write connection, with the writer thread parked until the
+    /// permit is dropped (after the transaction ends).
+    async fn begin_write(
+        &self,
+    ) -> StorageResult<(WritePermit, sqlx::Transaction<'static, Sqlite>)> {
+        let permit = self.writer.permit().await?;
+        let tx = self.write.begin().await?;
+        Ok((permit, tx))
     }
 
     /// The writer pool, for unit tests that set up rows directly.
@@ -245,7 +266,7 @@ impl AssistantStore for SqliteStorage {
         owner: Owner<'_>,
         new: NewAssistant,
     ) -> StorageResult<Assistant> {
-        let mut tx = self.write.begin().await?;
+        let (_permit, mut tx) = self.begin_write().await?;
         let existing: Option<(Option<String>,)> =
             sqlx::query_as("SELECT user_id FROM assistants WHERE assistant_id = $1")
                 .bind(hyph(new.assistant_id))
@@ -312,7 +333,7 @@ impl AssistantStore for SqliteStorage {
         id: Uuid,
         patch: AssistantPatch,
     ) -> StorageResult<Assistant> {
-        let mut tx = self.write.begin().await?;
+        let (_permit, mut tx) = self.begin_write().await?;
         let current = fetch_assistant(&mut tx, scope, id)
             .await?
             .ok_or(StorageError::NotFound("assistant"))?;
@@ -337,18 +358,22 @@ impl AssistantStore for SqliteStorage {
         Ok(updated)
     }
 
-    async fn delete_assistant(&self, scope: &Scope, id: Uuid) -> StorageResult<()> {
-        let done = sqlx::query(
-            "DELETE FROM assistants WHERE assistant_id = $1 AND (user_id = $2 OR user_id IS NULL)",
-        )
-        .bind(hyph(id))
-        .bind(&scope.user_id)
-        .execute(&self.write)
-        .await?;
-        if done.rows_affected() == 0 {
-            return Err(StorageError::NotFound("assistant"));
-        }
-        Ok(())
+    async fn delete_assistant(&self, scope: &Scope, assistant: Uuid) -> StorageResult<()> {
+        let user_id = scope.user_id.clone();
+        self.writer
+            .write(move |conn| {
+                let deleted = conn
+                    .prepare_cached(
+                        "DELETE FROM assistants WHERE assistant_id = ?1 \
+                         AND (user_id = ?2 OR user_id IS NULL)",
+                    )?
+                    .execute((id(assistant), user_id))?;
+                if deleted == 0 {
+                    return Err(StorageError::NotFound("assistant"));
+                }
+                Ok(())
+            })
+            .await
     }
 
     async fn search_assistants(
@@ -411,7 +436,7 @@ impl AssistantStore for SqliteStorage {
         id: Uuid,
         version: i64,
     ) -> StorageResult<Assistant> {
-        let mut tx = self.write.begin().await?;
+        let (_permit, mut tx) = self.begin_write().await?;
         fetch_assistant(&mut tx, scope, id)
             .await?
             .ok_or(StorageError::NotFound("assistant"))?;
@@ -446,42 +471,61 @@ async fn fetch_thread(
     row.map(Thread::try_from).transpose()
 }
 
+/// A thread the caller can see, read on the write connection.
+fn thread_now(conn: &rusqlite::Connection, scope: &Scope, thread: Uuid) -> StorageResult<Thread> {
+    let sql = format!(
+        "SELECT {THREAD_COLUMNS} FROM threads WHERE thread_id = ?1 \
+         AND (user_id = ?2 OR user_id IS NULL)"
+    );
+    let row = conn
+        .prepare_cached(&sql)?
+        .query_row((id(thread), &scope.user_id), ThreadRow::from_sqlite)
+        .optional()?;
+    row.ok_or(StorageError::NotFound("thread"))?.try_into()
+}
+
+fn create_thread(
+    conn: &rusqlite::Connection,
+    scope: &Scope,
+    new: NewThread,
+) -> StorageResult<Thread> {
+    let now = Utc::now();
+    let created = conn
+        .prepare_cached(
+            "INSERT INTO threads (thread_id, user_id, metadata, created_at, updated_at, \
+             state_updated_at) VALUES (?1, ?2, ?3, ?4, ?4, ?4) ON CONFLICT (thread_id) DO NOTHING",
+        )?
+        .execute((
+            id(new.thread_id),
+            &scope.user_id,
+            json(&new.metadata)?,
+            ts(now),
+        ))?
+        == 1;
+    if created {
+        if let Some(ttl) = &new.ttl {
+            thread_state::sqlite::set_ttl(conn, new.thread_id, Some(ttl), now)?;
+        }
+        if let Some(state) = &new.state {
+            thread_state::sqlite::save_state(conn, new.thread_id, state, now)?;
+        }
+    }
+    match (created, new.if_exists, thread_now(conn, scope, new.thread_id)) {
+        (true, _, Ok(thread)) | (_, IfExists::DoNothing, Ok(thread)) => Ok(thread),
+        (_, _, Err(StorageError::NotFound(_))) | (false, IfExists::Raise, Ok(_)) => Err(
+            StorageError::Conflict(format!("thread {} already exists", new.thread_id)),
+        ),
+        (_, _, Err(e)) => Err(e),
+    }
+}
+
 #[async_trait]
 impl ThreadStore for SqliteStorage {
     async fn create_thread(&self, scope: &Scope, new: NewThread) -> StorageResult<Thread> {
-        let mut tx = self.write.begin().await?;
-        let now = Utc::now();
-        let inserted = sqlx::query(
-            "INSERT INTO threads (thread_id, user_id, metadata, created_at, updated_at, state_updated_at) \
-             VALUES ($1, $2, $3, $4, $4, $4) ON CONFLICT (thread_id) DO NOTHING",
-        )
-        .bind(hyph(new.thread_id))
-        .bind(&scope.user_id)
-        .bind(Json(&new.metadata))
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
-        let created = inserted.rows_affected() == 1;
-        if created {
-            if let Some(ttl) = &new.ttl {
-                thread_state::sqlite::set_ttl(&mut tx, new.thread_id, Some(ttl), now).await?;
-            }
-            if let Some(state) = &new.state {
-                thread_state::sqlite::save_state(&mut tx, new.thread_id, state, now).await?;
-            }
-        }
-        let thread = fetch_thread(&mut tx, scope, new.thread_id).await?;
-        let thread = match (created, new.if_exists, thread) {
-            (true, _, Some(thread)) | (_, IfExists::DoNothing, Some(thread)) => thread,
-            _ => {
-                return Err(StorageError::Conflict(format!(
-                    "thread {} already exists",
-                    new.thread_id
-                )))
-            }
-        };
-        tx.commit().await?;
-        Ok(thread)
+        let scope = scope.clone();
+        self.writer
+            .write(move |conn| create_thread(conn, &scope, new))
+            .await
     }
 
     async fn get_thread(&self, scope: &Scope, id: Uuid) -> StorageResult<Thread> {
@@ -494,60 +538,56 @@ impl ThreadStore for SqliteStorage {
     async fn patch_thread(
         &self,
         scope: &Scope,
-        id: Uuid,
+        thread: Uuid,
         patch: ThreadPatch,
     ) -> StorageResult<Thread> {
-        let mut tx = self.write.begin().await?;
-        let mut thread = fetch_thread(&mut tx, scope, id)
-            .await?
-            .ok_or(StorageError::NotFound("thread"))?;
-        // A shallow merge, like jsonb `||`: a key's new value replaces the old one whole and
-        // null is kept as a value. (SQLite's json_patch would merge deeply and delete nulls.)
-        thread.metadata.extend(patch.metadata);
-        let now = Utc::now();
-        sqlx::query("UPDATE threads SET metadata = $2, updated_at = $3 WHERE thread_id = $1")
-            .bind(hyph(id))
-            .bind(Json(&thread.metadata))
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
-        if let Some(ttl) = &patch.ttl {
-            thread_state::sqlite::set_ttl(&mut tx, id, Some(ttl), now).await?;
-        }
-        let thread = fetch_thread(&mut tx, scope, id)
-            .await?
-            .ok_or(StorageError::NotFound("thread"))?;
-        tx.commit().await?;
-        Ok(thread)
+        let scope = scope.clone();
+        self.writer
+            .write(move |conn| {
+                let mut current = thread_now(conn, &scope, thread)?;
+                // A shallow merge, like jsonb `||`: a key's new value replaces the old one
+                // whole and null is kept as a value. (SQLite's json_patch would merge deeply
+                // and delete nulls.)
+                current.metadata.extend(patch.metadata);
+                let now = Utc::now();
+                conn.prepare_cached(
+                    "UPDATE threads SET metadata = ?2, updated_at = ?3 WHERE thread_id = ?1",
+                )?
+                .execute((id(thread), json(&current.metadata)?, ts(now)))?;
+                if let Some(ttl) = &patch.ttl {
+                    thread_state::sqlite::set_ttl(conn, thread, Some(ttl), now)?;
+                }
+                thread_now(conn, &scope, thread)
+            })
+            .await
     }
 
     async fn write_thread_state(
         &self,
         scope: &Scope,
-        id: Uuid,
+        thread: Uuid,
         write: StateWrite,
         event: Option<ThreadEvent>,
     ) -> StorageResult<StateWritten> {
-        // The one writer connection serialises this with run creation: no run can start
-        // between the check and the write.
-        let mut tx = self.write.begin().await?;
-        fetch_thread(&mut tx, scope, id)
-            .await?
-            .ok_or(StorageError::NotFound("thread"))?;
-        thread_state::sqlite::ensure_idle(&mut tx, id).await?;
-        thread_state::sqlite::ensure_latest(&mut tx, id, &write).await?;
-        // Microseconds, as the database keeps them: the event returned is the one logged.
-        let now = chrono::SubsecRound::trunc_subsecs(Utc::now(), 6);
-        thread_state::sqlite::save_state(&mut tx, id, &write, now).await?;
-        let event = match &event {
-            Some(e) => Some(thread_state::sqlite::log_event(&mut tx, id, e, now).await?),
-            None => None,
-        };
-        let thread = fetch_thread(&mut tx, scope, id)
-            .await?
-            .ok_or(StorageError::NotFound("thread"))?;
-        tx.commit().await?;
-        Ok(StateWritten { thread, event })
+        let scope = scope.clone();
+        // The writer thread runs one write at a time: no run can start between the check and
+        // the write.
+        self.writer
+            .write(move |conn| {
+                thread_now(conn, &scope, thread)?;
+                thread_state::sqlite::ensure_idle(conn, thread)?;
+                thread_state::sqlite::ensure_latest(conn, thread, &write)?;
+                // Microseconds, as the database keeps them: the event returned is the one
+                // logged.
+                let now = chrono::SubsecRound::trunc_subsecs(Utc::now(), 6);
+                thread_state::sqlite::save_state(conn, thread, &write, now)?;
+                let event = event
+                    .map(|e| thread_state::sqlite::log_event(conn, thread, &e, now))
+                    .transpose()?;
+                let thread = thread_now(conn, &scope, thread)?;
+                Ok(StateWritten { thread, event })
+            })
+            .await
     }
 
     async fn prune_threads(
@@ -556,10 +596,10 @@ impl ThreadStore for SqliteStorage {
         ids: &[Uuid],
         strategy: TtlStrategy,
     ) -> StorageResult<u64> {
-        let mut tx = self.write.begin().await?;
-        let pruned = thread_state::sqlite::prune(&mut tx, scope, ids, strategy).await?;
-        tx.commit().await?;
-        Ok(pruned)
+        let (scope, ids) = (scope.clone(), ids.to_vec());
+        self.writer
+            .write(move |conn| thread_state::sqlite::prune(conn, &scope, &ids, strategy))
+            .await
     }
 
     async fn sweep_expired_threads(
@@ -568,24 +608,26 @@ impl ThreadStore for SqliteStorage {
         default: Option<ThreadTtl>,
         limit: i64,
     ) -> StorageResult<SweepOutcome> {
-        let mut tx = self.write.begin().await?;
-        let outcome = thread_state::sqlite::sweep(&mut tx, now, default.as_ref(), limit).await?;
-        tx.commit().await?;
-        Ok(outcome)
+        self.writer
+            .write(move |conn| thread_state::sqlite::sweep(conn, now, default.as_ref(), limit))
+            .await
     }
 
-    async fn delete_thread(&self, scope: &Scope, id: Uuid) -> StorageResult<()> {
-        let done = sqlx::query(
-            "DELETE FROM threads WHERE thread_id = $1 AND (user_id = $2 OR user_id IS NULL)",
-        )
-        .bind(hyph(id))
-        .bind(&scope.user_id)
-        .execute(&self.write)
-        .await?;
-        if done.rows_affected() == 0 {
-            return Err(StorageError::NotFound("thread"));
-        }
-        Ok(())
+    async fn delete_thread(&self, scope: &Scope, thread: Uuid) -> StorageResult<()> {
+        let user_id = scope.user_id.clone();
+        self.writer
+            .write(move |conn| {
+                let deleted = conn
+                    .prepare_cached(
+                        "DELETE FROM threads WHERE thread_id = ?1 AND (user_id = ?2 OR user_id IS NULL)",
+                    )?
+                    .execute((id(thread), user_id))?;
+                if deleted == 0 {
+                    return Err(StorageError::NotFound("thread"));
+                }
+                Ok(())
+            })
+            .await
     }
 
     async fn search_threads(
@@ -621,7 +663,7 @@ impl ThreadStore for SqliteStorage {
     }
 
     async fn copy_thread(&self, scope: &Scope, id: Uuid, new_id: Uuid) -> StorageResult<Thread> {
-        let mut tx = self.write.begin().await?;
+        let (_permit, mut tx) = self.begin_write().await?;
         let copied = sqlx::query(
             "INSERT INTO threads (thread_id, user_id, status, metadata, config, state_values, interrupts, error, \
              created_at, updated_at, state_updated_at) \
@@ -660,7 +702,7 @@ impl Storage for SqliteStorage {
     fn checkpointer(&self) -> Arc<dyn Checkpointer> {
         Arc::new(SqliteCheckpointer::new(
             self.read.clone(),
-            self.write.clone(),
+            self.writer.clone(),
         ))
     }
 }

@@ -31,6 +31,7 @@ use sqlx::types::Json;
 
 pub(crate) use postgres::insert_checkpoint as insert_checkpoint_pg;
 pub use postgres::PostgresCheckpointer;
+pub(crate) use sqlite::delete_checkpoints as delete_checkpoints_sqlite;
 pub(crate) use sqlite::insert_checkpoint as insert_checkpoint_sqlite;
 pub use sqlite::SqliteCheckpointer;
 
@@ -86,8 +87,15 @@ struct EncodedBlob<'a> {
     value: Vec<u8>,
 }
 
-fn backend(error: sqlx::Error) -> CheckpointError {
+fn backend(error: impl std::fmt::Display) -> CheckpointError {
     CheckpointError::Backend(error.to_string())
+}
+
+/// A write that did not commit, as the engine's error.
+impl From<crate::StorageError> for CheckpointError {
+    fn from(error: crate::StorageError) -> Self {
+        backend(error)
+    }
 }
 
 fn corrupt(what: &str, error: impl std::fmt::Display) -> CheckpointError {

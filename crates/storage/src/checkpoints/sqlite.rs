@@ -1,5 +1,7 @@
-//! Checkpoints in SQLite: writes through the storage's one writer connection, reads through
-//! its read-only pool, each read in one transaction so its queries see one snapshot.
+//! Checkpoints in SQLite: writes run on the storage's writer thread (`sqlite_writer`), reads
+//! through its read-only pool, each read in one transaction so its queries see one snapshot.
+
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use chrono::Utc;
@@ -8,30 +10,29 @@ use spindle_graph::checkpoint::{
     ChannelBlob, Checkpoint, CheckpointError, CheckpointTuple, Checkpointer, ListFilter,
     PendingWrite,
 };
+use rusqlite::{Connection, OptionalExtension};
 use sqlx::sqlite::SqlitePool;
-use sqlx::types::Json;
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 
 use super::{
     assemble, backend, encode_blobs, encode_write, limit_to_db, metadata_filter, plan_writes,
-    stored_checkpoint, wanted_blobs, BlobRow, Blobs, CheckpointRow, Put, WriteRow,
+    stored_checkpoint, wanted_blobs, BlobRow, Blobs, CheckpointRow, Put, WritePlan, WriteRow,
     CHECKPOINT_COLUMNS,
 };
+use crate::sqlite_values::ts;
+use crate::sqlite_writer::Writer;
 use crate::json_filter::push_sqlite_contains;
 
-/// Rows per multi-row `INSERT`, well under SQLite's limit on bound parameters.
-const INSERT_CHUNK: usize = 500;
-
-/// The engine's [`Checkpointer`] over the SQLite backend's pools.
+/// The engine's [`Checkpointer`] over the SQLite backend: reads through its pool, writes
+/// through its writer thread.
 pub struct SqliteCheckpointer {
     read: SqlitePool,
-    write: SqlitePool,
+    writer: Arc<Writer>,
 }
 
 impl SqliteCheckpointer {
-    /// `write` must be the storage's single-connection writer pool.
-    pub(crate) fn new(read: SqlitePool, write: SqlitePool) -> Self {
-        Self { read, write }
+    pub(crate) fn new(read: SqlitePool, writer: Arc<Writer>) -> Self {
+        Self { read, writer }
     }
 }
 
@@ -120,76 +121,146 @@ async fn load(
     assemble(thread_id, rows, blobs, writes, shared_blobs)
 }
 
-/// Saves one checkpoint with its blobs on `conn` (inside the caller's transaction), so it can
-/// be part of a larger change (a state update saves it with the thread's new columns).
-pub(crate) async fn insert_checkpoint(
-    conn: &mut SqliteConnection,
-    put: &Put<'_>,
-) -> Result<(), CheckpointError> {
-    let (thread_id, checkpoint_ns, metadata, parent_id) = (
-        put.thread_id,
-        put.checkpoint_ns,
-        put.metadata,
-        put.parent_id,
-    );
+/// Saves one checkpoint with its blobs on the write connection (inside the caller's write),
+/// so it can be part of a larger change (a state update saves it with the thread's new
+/// columns).
+pub(crate) fn insert_checkpoint(conn: &Connection, put: &Put<'_>) -> Result<(), CheckpointError> {
     let stored = stored_checkpoint(put.checkpoint);
     let blobs = encode_blobs(put.blobs)?;
-    for chunk in blobs.chunks(INSERT_CHUNK) {
-        let mut qb: QueryBuilder<'_, Sqlite> = QueryBuilder::new(
-            "INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, base, value) ",
-        );
-        qb.push_values(chunk, |mut row, b| {
-            row.push_bind(thread_id)
-                .push_bind(checkpoint_ns)
-                .push_bind(b.channel)
-                .push_bind(b.version)
-                .push_bind(b.base)
-                .push_bind(b.value.as_slice());
-        });
-        // Versions are immutable: an existing blob already holds this content.
-        qb.push(" ON CONFLICT DO NOTHING");
-        qb.build().execute(&mut *conn).await.map_err(backend)?;
+    let mut insert_blob = conn
+        .prepare_cached(
+            "INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, base, value) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING",
+        )
+        .map_err(backend)?;
+    // Versions are immutable: an existing blob already holds this content.
+    for b in &blobs {
+        insert_blob
+            .execute((
+                put.thread_id,
+                put.checkpoint_ns,
+                b.channel,
+                b.version,
+                b.base,
+                b.value.as_slice(),
+            ))
+            .map_err(backend)?;
     }
-    let inserted = sqlx::query(
-        "INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, \
-         checkpoint, metadata, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7) \
-         ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO NOTHING",
-    )
-    .bind(thread_id)
-    .bind(checkpoint_ns)
-    .bind(&stored.id)
-    .bind(parent_id)
-    .bind(Json(&stored))
-    .bind(Json(metadata))
-    .bind(Utc::now())
-    .execute(&mut *conn)
-    .await
-    .map_err(backend)?;
-    if inserted.rows_affected() == 0 {
+    let checkpoint = serde_json::to_string(&stored).map_err(encoding)?;
+    let metadata = serde_json::to_string(put.metadata).map_err(encoding)?;
+    let inserted = conn
+        .prepare_cached(
+            "INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, \
+             parent_checkpoint_id, checkpoint, metadata, created_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
+             ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO NOTHING",
+        )
+        .map_err(backend)?
+        .execute((
+            put.thread_id,
+            put.checkpoint_ns,
+            &stored.id,
+            put.parent_id,
+            &checkpoint,
+            &metadata,
+            ts(Utc::now()),
+        ))
+        .map_err(backend)?;
+    if inserted == 0 {
         // Saved again under the same id: it replaces the earlier one, writes included.
-        sqlx::query(
-            "UPDATE checkpoints SET parent_checkpoint_id = $4, checkpoint = $5, metadata = $6 \
-             WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3",
+        let key = (put.thread_id, put.checkpoint_ns, &stored.id);
+        conn.prepare_cached(
+            "UPDATE checkpoints SET parent_checkpoint_id = ?4, checkpoint = ?5, metadata = ?6 \
+             WHERE thread_id = ?1 AND checkpoint_ns = ?2 AND checkpoint_id = ?3",
         )
-        .bind(thread_id)
-        .bind(checkpoint_ns)
-        .bind(&stored.id)
-        .bind(parent_id)
-        .bind(Json(&stored))
-        .bind(Json(metadata))
-        .execute(&mut *conn)
-        .await
+        .map_err(backend)?
+        .execute((key.0, key.1, key.2, put.parent_id, &checkpoint, &metadata))
         .map_err(backend)?;
-        sqlx::query(
+        conn.prepare_cached(
             "DELETE FROM checkpoint_writes \
-             WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3",
+             WHERE thread_id = ?1 AND checkpoint_ns = ?2 AND checkpoint_id = ?3",
         )
-        .bind(thread_id)
-        .bind(checkpoint_ns)
-        .bind(&stored.id)
-        .execute(&mut *conn)
-        .await
+        .map_err(backend)?
+        .execute(key)
         .map_err(backend)?;
+    }
+    Ok(())
+}
+
+fn encoding(e: serde_json::Error) -> CheckpointError {
+    CheckpointError::Backend(format!("cannot encode a checkpoint: {e}"))
+}
+
+/// Saves pending writes of a checkpoint, numbered after its last one; none when the
+/// checkpoint does not exist.
+fn insert_writes(
+    conn: &Connection,
+    thread_id: &str,
+    checkpoint_ns: &str,
+    checkpoint_id: &str,
+    plan: &WritePlan<'_>,
+    values: &[Vec<u8>],
+) -> Result<(), CheckpointError> {
+    let key = (thread_id, checkpoint_ns, checkpoint_id);
+    let mut replace = conn
+        .prepare_cached(
+            "DELETE FROM checkpoint_writes WHERE thread_id = ?1 AND checkpoint_ns = ?2 \
+             AND checkpoint_id = ?3 AND task_id = ?4 AND channel = ?5",
+        )
+        .map_err(backend)?;
+    for (task, channel) in &plan.replace {
+        replace
+            .execute((key.0, key.1, key.2, *task, *channel))
+            .map_err(backend)?;
+    }
+    if plan.insert.is_empty() {
+        return Ok(());
+    }
+    // The writer thread runs one write at a time, so the numbering cannot race.
+    let next: Option<i64> = conn
+        .prepare_cached(
+            "SELECT (SELECT COALESCE(MAX(w.idx), -1) + 1 FROM checkpoint_writes w \
+              WHERE w.thread_id = c.thread_id AND w.checkpoint_ns = c.checkpoint_ns \
+              AND w.checkpoint_id = c.checkpoint_id) \
+             FROM checkpoints c WHERE c.thread_id = ?1 AND c.checkpoint_ns = ?2 \
+             AND c.checkpoint_id = ?3",
+        )
+        .map_err(backend)?
+        .query_row(key, |r| r.get(0))
+        .optional()
+        .map_err(backend)?;
+    let Some(next) = next else {
+        return Err(CheckpointError::Missing(format!(
+            "checkpoint {checkpoint_id} of {thread_id}"
+        )));
+    };
+    let mut insert = conn
+        .prepare_cached(
+            "INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, idx, \
+             task_id, channel, value) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        )
+        .map_err(backend)?;
+    for (offset, (w, value)) in plan.insert.iter().zip(values).enumerate() {
+        insert
+            .execute((
+                key.0,
+                key.1,
+                key.2,
+                next + offset as i64,
+                w.task_id.as_str(),
+                w.channel.as_str(),
+                value.as_slice(),
+            ))
+            .map_err(backend)?;
+    }
+    Ok(())
+}
+
+/// Removes every checkpoint row of a thread (inside the caller's write).
+pub(crate) fn delete_checkpoints(conn: &Connection, thread_id: &str) -> rusqlite::Result<()> {
+    for table in ["checkpoint_writes", "checkpoint_blobs", "checkpoints"] {
+        conn.prepare_cached(&format!("DELETE FROM {table} WHERE thread_id = ?1"))?
+            .execute([thread_id])?;
     }
     Ok(())
 }
@@ -205,17 +276,27 @@ impl Checkpointer for SqliteCheckpointer {
         parent_id: Option<&str>,
         blobs: &[ChannelBlob],
     ) -> Result<(), CheckpointError> {
-        let put = Put {
-            thread_id,
-            checkpoint_ns,
-            checkpoint,
-            metadata,
-            parent_id,
-            blobs,
-        };
-        let mut tx = self.write.begin().await.map_err(backend)?;
-        insert_checkpoint(&mut tx, &put).await?;
-        tx.commit().await.map_err(backend)
+        let (thread_id, checkpoint_ns, checkpoint, metadata, parent_id, blobs) = (
+            thread_id.to_owned(),
+            checkpoint_ns.to_owned(),
+            checkpoint.clone(),
+            metadata.clone(),
+            parent_id.map(str::to_owned),
+            blobs.to_vec(),
+        );
+        self.writer
+            .write(move |conn| {
+                let put = Put {
+                    thread_id: &thread_id,
+                    checkpoint_ns: &checkpoint_ns,
+                    checkpoint: &checkpoint,
+                    metadata: &metadata,
+                    parent_id: parent_id.as_deref(),
+                    blobs: &blobs,
+                };
+                insert_checkpoint(conn, &put)
+            })
+            .await
     }
 
     async fn put_writes(
@@ -225,68 +306,30 @@ impl Checkpointer for SqliteCheckpointer {
         checkpoint_id: &str,
         writes: &[PendingWrite],
     ) -> Result<(), CheckpointError> {
-        let plan = plan_writes(writes);
-        let values = plan
+        let values = plan_writes(writes)
             .insert
             .iter()
             .map(|w| encode_write(w))
             .collect::<Result<Vec<_>, _>>()?;
-        let mut tx = self.write.begin().await.map_err(backend)?;
-        if !plan.replace.is_empty() {
-            let mut qb: QueryBuilder<'_, Sqlite> =
-                QueryBuilder::new("DELETE FROM checkpoint_writes WHERE thread_id = ");
-            qb.push_bind(thread_id)
-                .push(" AND checkpoint_ns = ")
-                .push_bind(checkpoint_ns)
-                .push(" AND checkpoint_id = ")
-                .push_bind(checkpoint_id)
-                .push(" AND (task_id, channel) IN (");
-            qb.push_values(&plan.replace, |mut row, (task, channel)| {
-                row.push_bind(*task).push_bind(*channel);
-            });
-            qb.push(")");
-            qb.build().execute(&mut *tx).await.map_err(backend)?;
-        }
-        // Each chunk is one statement that numbers its rows after the checkpoint's last write
-        // and inserts nothing when the checkpoint does not exist. The one writer connection
-        // serialises concurrent calls, so the numbering cannot race.
-        let rows: Vec<(&PendingWrite, &[u8])> = plan
-            .insert
-            .iter()
-            .zip(&values)
-            .map(|(w, v)| (*w, v.as_slice()))
-            .collect();
-        for chunk in rows.chunks(INSERT_CHUNK) {
-            let mut qb: QueryBuilder<'_, Sqlite> = QueryBuilder::new(
-                "INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, idx, task_id, \
-                 channel, value) SELECT c.thread_id, c.checkpoint_ns, c.checkpoint_id, \
-                 (SELECT COALESCE(MAX(w.idx), -1) + 1 FROM checkpoint_writes w \
-                  WHERE w.thread_id = c.thread_id AND w.checkpoint_ns = c.checkpoint_ns \
-                  AND w.checkpoint_id = c.checkpoint_id) + v.column1, v.column2, v.column3, v.column4 \
-                 FROM checkpoints c, (",
-            );
-            // SQLite reads the source of an INSERT ... SELECT on its own table in full before
-            // inserting, so every row of the chunk sees the same last index.
-            qb.push_values(chunk.iter().enumerate(), |mut row, (offset, (w, value))| {
-                row.push_bind(offset as i64)
-                    .push_bind(w.task_id.as_str())
-                    .push_bind(w.channel.as_str())
-                    .push_bind(*value);
-            });
-            qb.push(") v WHERE c.thread_id = ")
-                .push_bind(thread_id)
-                .push(" AND c.checkpoint_ns = ")
-                .push_bind(checkpoint_ns)
-                .push(" AND c.checkpoint_id = ")
-                .push_bind(checkpoint_id);
-            let inserted = qb.build().execute(&mut *tx).await.map_err(backend)?;
-            if inserted.rows_affected() == 0 {
-                return Err(CheckpointError::Missing(format!(
-                    "checkpoint {checkpoint_id} of {thread_id}"
-                )));
-            }
-        }
-        tx.commit().await.map_err(backend)
+        let (thread_id, checkpoint_ns, checkpoint_id, writes) = (
+            thread_id.to_owned(),
+            checkpoint_ns.to_owned(),
+            checkpoint_id.to_owned(),
+            writes.to_vec(),
+        );
+        self.writer
+            .write(move |conn| {
+                let plan = plan_writes(&writes);
+                insert_writes(
+                    conn,
+                    &thread_id,
+                    &checkpoint_ns,
+                    &checkpoint_id,
+                    &plan,
+                    &values,
+                )
+            })
+            .await
     }
 
     async fn get_tuple(
@@ -353,62 +396,51 @@ impl Checkpointer for SqliteCheckpointer {
     }
 
     async fn delete_thread(&self, thread_id: &str) -> Result<(), CheckpointError> {
-        let mut tx = self.write.begin().await.map_err(backend)?;
-        for table in ["checkpoint_writes", "checkpoint_blobs", "checkpoints"] {
-            sqlx::query(&format!("DELETE FROM {table} WHERE thread_id = $1"))
-                .bind(thread_id)
-                .execute(&mut *tx)
-                .await
-                .map_err(backend)?;
-        }
-        tx.commit().await.map_err(backend)
+        let thread_id = thread_id.to_owned();
+        self.writer
+            .write(move |conn| delete_checkpoints(conn, &thread_id).map_err(backend))
+            .await
     }
 
     async fn copy_thread(&self, from: &str, to: &str) -> Result<(), CheckpointError> {
         if from == to {
             return Ok(());
         }
-        let mut tx = self.write.begin().await.map_err(backend)?;
-        let exists: Option<i64> =
-            sqlx::query_scalar("SELECT 1 FROM checkpoints WHERE thread_id = $1 LIMIT 1")
-                .bind(from)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(backend)?;
-        if exists.is_none() {
-            return Ok(());
-        }
-        // The copy replaces whatever `to` had, as the engine's in-memory saver does.
-        for table in ["checkpoint_writes", "checkpoint_blobs", "checkpoints"] {
-            sqlx::query(&format!("DELETE FROM {table} WHERE thread_id = $1"))
-                .bind(to)
-                .execute(&mut *tx)
-                .await
-                .map_err(backend)?;
-        }
-        for sql in COPY_SQL {
-            sqlx::query(sql)
-                .bind(from)
-                .bind(to)
-                .execute(&mut *tx)
-                .await
-                .map_err(backend)?;
-        }
-        tx.commit().await.map_err(backend)
+        let (from, to) = (from.to_owned(), to.to_owned());
+        self.writer
+            .write(move |conn| {
+                copy_checkpoints(conn, &from, &to).map_err(backend)
+            })
+            .await
     }
 }
 
-/// Copies every row of thread `$1` to thread `$2`.
+fn copy_checkpoints(conn: &Connection, from: &str, to: &str) -> rusqlite::Result<()> {
+    let exists = conn
+        .prepare_cached("SELECT 1 FROM checkpoints WHERE thread_id = ?1 LIMIT 1")?
+        .exists([from])?;
+    if !exists {
+        return Ok(());
+    }
+    // The copy replaces whatever `to` had, as the engine's in-memory saver does.
+    delete_checkpoints(conn, to)?;
+    for sql in COPY_SQL {
+        conn.prepare_cached(sql)?.execute([from, to])?;
+    }
+    Ok(())
+}
+
+/// Copies every row of thread `?1` to thread `?2`.
 const COPY_SQL: [&str; 3] = [
     "INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, \
      checkpoint, metadata, created_at) \
-     SELECT $2, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata, created_at \
-     FROM checkpoints WHERE thread_id = $1",
+     SELECT ?2, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata, created_at \
+     FROM checkpoints WHERE thread_id = ?1",
     "INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, base, value) \
-     SELECT $2, checkpoint_ns, channel, version, base, value FROM checkpoint_blobs WHERE thread_id = $1",
+     SELECT ?2, checkpoint_ns, channel, version, base, value FROM checkpoint_blobs WHERE thread_id = ?1",
     "INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, idx, task_id, channel, value) \
-     SELECT $2, checkpoint_ns, checkpoint_id, idx, task_id, channel, value \
-     FROM checkpoint_writes WHERE thread_id = $1",
+     SELECT ?2, checkpoint_ns, checkpoint_id, idx, task_id, channel, value \
+     FROM checkpoint_writes WHERE thread_id = ?1",
 ];
 
 #[cfg(test)]

@@ -359,6 +359,31 @@ struct RunRow<Id> {
     ended_at: Option<DateTime<Utc>>,
 }
 
+impl RunRow<Uuid> {
+    /// A row read on the SQLite write connection.
+    fn from_sqlite(r: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
+        use crate::sqlite_values::RowExt;
+        Ok(Self {
+            run_id: r.uuid("run_id")?,
+            thread_id: r.uuid("thread_id")?,
+            assistant_id: r.uuid("assistant_id")?,
+            user_id: r.get("user_id")?,
+            status: r.get("status")?,
+            kwargs: sqlx::types::Json(r.json("kwargs")?),
+            metadata: sqlx::types::Json(r.json("metadata")?),
+            multitask_strategy: r.get("multitask_strategy")?,
+            attempt: r.get("attempt")?,
+            run_after: r.ts("run_after")?,
+            cancel: r.get("cancel")?,
+            error: r.opt_json("error")?.map(sqlx::types::Json),
+            created_at: r.ts("created_at")?,
+            updated_at: r.ts("updated_at")?,
+            started_at: r.opt_ts("started_at")?,
+            ended_at: r.opt_ts("ended_at")?,
+        })
+    }
+}
+
 impl<Id: crate::rows::IntoUuid> TryFrom<RunRow<Id>> for Run {
     type Error = crate::StorageError;
 

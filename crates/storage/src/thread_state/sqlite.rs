@@ -1,115 +1,110 @@
-//! Thread state changes and thread expiry on SQLite. Every function runs on the caller's
-//! connection, inside its transaction on the one writer connection.
+//! Thread state changes and thread expiry on SQLite. Every function runs on the write
+//! connection (`sqlite_writer`), inside the caller's write.
 
 use chrono::{DateTime, Utc};
-use sqlx::types::Json;
-use sqlx::SqliteConnection;
-use uuid::fmt::Hyphenated;
+use rusqlite::Connection;
 use uuid::Uuid;
 
 use super::{busy, engine_id, put, ExpiredRow};
 use crate::checkpoints::insert_checkpoint_sqlite;
 use crate::model::{Scope, StateWrite, SweepOutcome, ThreadEvent, ThreadTtl, TtlStrategy};
+use crate::sqlite_values::{id, json, ts, RowExt};
 use crate::{LoggedEvent, StorageResult};
 
-/// The latest checkpoint of each namespace of thread `$1`: what `keep_latest` keeps.
+/// The latest checkpoint of each namespace of thread `?1`: what `keep_latest` keeps.
 const LATEST: &str = "SELECT checkpoint_ns, MAX(checkpoint_id) FROM checkpoints \
-     WHERE thread_id = $1 GROUP BY checkpoint_ns";
+     WHERE thread_id = ?1 GROUP BY checkpoint_ns";
+
+fn exec(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> StorageResult<usize> {
+    Ok(conn.prepare_cached(sql)?.execute(params)?)
+}
 
 /// Refuses a state change while a run of the thread is pending or running.
-pub(crate) async fn ensure_idle(conn: &mut SqliteConnection, id: Uuid) -> StorageResult<()> {
-    if has_active_run(conn, id).await? {
-        return Err(busy(id));
+pub(crate) fn ensure_idle(conn: &Connection, thread: Uuid) -> StorageResult<()> {
+    if has_active_run(conn, thread)? {
+        return Err(busy(thread));
     }
     Ok(())
 }
 
-async fn has_active_run(conn: &mut SqliteConnection, id: Uuid) -> StorageResult<bool> {
-    let found: Option<i64> = sqlx::query_scalar(
-        "SELECT 1 FROM runs WHERE thread_id = $1 AND status IN ('pending', 'running') LIMIT 1",
-    )
-    .bind(id.hyphenated())
-    .fetch_optional(conn)
-    .await?;
-    Ok(found.is_some())
+fn has_active_run(conn: &Connection, thread: Uuid) -> StorageResult<bool> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT 1 FROM runs WHERE thread_id = ?1 AND status IN ('pending', 'running') LIMIT 1",
+        )?
+        .exists([id(thread)])?)
 }
 
 /// Refuses a write computed from a latest checkpoint that is no longer the latest.
-pub(crate) async fn ensure_latest(
-    conn: &mut SqliteConnection,
-    id: Uuid,
+pub(crate) fn ensure_latest(
+    conn: &Connection,
+    thread: Uuid,
     write: &StateWrite,
 ) -> StorageResult<()> {
     let Some(expected) = &write.expect_latest else {
         return Ok(());
     };
-    let latest: Option<String> = sqlx::query_scalar(
-        "SELECT MAX(checkpoint_id) FROM checkpoints WHERE thread_id = $1 AND checkpoint_ns = ''",
-    )
-    .bind(engine_id(id))
-    .fetch_one(conn)
-    .await?;
+    let latest: Option<String> = conn
+        .prepare_cached(
+            "SELECT MAX(checkpoint_id) FROM checkpoints WHERE thread_id = ?1 AND checkpoint_ns = ''",
+        )?
+        .query_row([engine_id(thread)], |r| r.get(0))?;
     if &latest != expected {
         return Err(crate::StorageError::Conflict(format!(
-            "thread {id} has a newer checkpoint than the state this edit was made from; read it \
-             and try again"
+            "thread {thread} has a newer checkpoint than the state this edit was made from; \
+             read it and try again"
         )));
     }
     Ok(())
 }
 
 /// Saves the checkpoints of `write` and sets the thread's state columns from it.
-pub(crate) async fn save_state(
-    conn: &mut SqliteConnection,
-    id: Uuid,
+pub(crate) fn save_state(
+    conn: &Connection,
+    thread: Uuid,
     write: &StateWrite,
     now: DateTime<Utc>,
 ) -> StorageResult<()> {
-    let thread_id = engine_id(id);
+    let thread_id = engine_id(thread);
     for checkpoint in &write.checkpoints {
-        insert_checkpoint_sqlite(&mut *conn, &put(&thread_id, checkpoint)).await?;
+        insert_checkpoint_sqlite(conn, &put(&thread_id, checkpoint))?;
     }
     let columns = &write.columns;
-    sqlx::query(
-        "UPDATE threads SET status = $2, state_values = $3, interrupts = $4, error = NULL, \
-         updated_at = $5, state_updated_at = $5 WHERE thread_id = $1",
-    )
-    .bind(id.hyphenated())
-    .bind(columns.status.as_str())
-    .bind(columns.values.as_ref().map(Json))
-    .bind(Json(&columns.interrupts))
-    .bind(now)
-    .execute(conn)
-    .await?;
+    exec(
+        conn,
+        "UPDATE threads SET status = ?2, state_values = ?3, interrupts = ?4, error = NULL, \
+         updated_at = ?5, state_updated_at = ?5 WHERE thread_id = ?1",
+        (
+            id(thread),
+            columns.status.as_str(),
+            columns.values.as_ref().map(json).transpose()?,
+            json(&columns.interrupts)?,
+            ts(now),
+        ),
+    )?;
     Ok(())
 }
 
 /// Appends an event no run made to the thread's log, numbered by the thread's counter.
-pub(crate) async fn log_event(
-    conn: &mut SqliteConnection,
-    id: Uuid,
+pub(crate) fn log_event(
+    conn: &Connection,
+    thread: Uuid,
     event: &ThreadEvent,
     now: DateTime<Utc>,
 ) -> StorageResult<LoggedEvent> {
-    let seq: i64 = sqlx::query_scalar(
-        "UPDATE threads SET event_seq = event_seq + 1 WHERE thread_id = $1 RETURNING event_seq",
-    )
-    .bind(id.hyphenated())
-    .fetch_one(&mut *conn)
-    .await?;
-    sqlx::query(
+    let seq: i64 = conn
+        .prepare_cached(
+            "UPDATE threads SET event_seq = event_seq + 1 WHERE thread_id = ?1 RETURNING event_seq",
+        )?
+        .query_row([id(thread)], |r| r.get(0))?;
+    exec(
+        conn,
         "INSERT INTO run_events (thread_id, seq, run_id, event, data, created_at) \
-         VALUES ($1, $2, NULL, $3, $4, $5)",
-    )
-    .bind(id.hyphenated())
-    .bind(seq)
-    .bind(&event.event)
-    .bind(event.data.to_string())
-    .bind(now)
-    .execute(conn)
-    .await?;
+         VALUES (?1, ?2, NULL, ?3, ?4, ?5)",
+        (id(thread), seq, &event.event, event.data.to_string(), ts(now)),
+    )?;
     Ok(LoggedEvent {
-        thread_id: id,
+        thread_id: thread,
         seq,
         run_id: Uuid::nil(),
         event: event.event.clone(),
@@ -119,107 +114,97 @@ pub(crate) async fn log_event(
 }
 
 /// Sets (or clears) the thread's own TTL, counted from `now`.
-pub(crate) async fn set_ttl(
-    conn: &mut SqliteConnection,
-    id: Uuid,
+pub(crate) fn set_ttl(
+    conn: &Connection,
+    thread: Uuid,
     ttl: Option<&ThreadTtl>,
     now: DateTime<Utc>,
 ) -> StorageResult<()> {
-    sqlx::query(
-        "UPDATE threads SET ttl_strategy = $2, ttl_minutes = $3, expires_at = $4, \
-         ttl_swept_at = NULL WHERE thread_id = $1",
-    )
-    .bind(id.hyphenated())
-    .bind(ttl.map(|t| t.strategy.as_str()))
-    .bind(ttl.map(|t| t.minutes))
-    .bind(ttl.map(|t| t.expiry(now)))
-    .execute(conn)
-    .await?;
+    exec(
+        conn,
+        "UPDATE threads SET ttl_strategy = ?2, ttl_minutes = ?3, expires_at = ?4, \
+         ttl_swept_at = NULL WHERE thread_id = ?1",
+        (
+            id(thread),
+            ttl.map(|t| t.strategy.as_str()),
+            ttl.map(|t| t.minutes),
+            ttl.map(|t| ts(t.expiry(now))),
+        ),
+    )?;
     Ok(())
 }
 
 /// Removes a thread with its checkpoints (its runs and events go by cascade).
-async fn delete_rows(conn: &mut SqliteConnection, id: Uuid) -> StorageResult<bool> {
-    let thread_id = engine_id(id);
-    for table in ["checkpoint_writes", "checkpoint_blobs", "checkpoints"] {
-        sqlx::query(&format!("DELETE FROM {table} WHERE thread_id = $1"))
-            .bind(&thread_id)
-            .execute(&mut *conn)
-            .await?;
-    }
-    let done = sqlx::query("DELETE FROM threads WHERE thread_id = $1")
-        .bind(id.hyphenated())
-        .execute(conn)
-        .await?;
-    Ok(done.rows_affected() > 0)
+pub(crate) fn delete_rows(conn: &Connection, thread: Uuid) -> StorageResult<bool> {
+    crate::checkpoints::delete_checkpoints_sqlite(conn, &engine_id(thread))?;
+    Ok(exec(conn, "DELETE FROM threads WHERE thread_id = ?1", [id(thread)])? > 0)
 }
 
 /// Keeps only the latest checkpoint of each namespace, its pending writes and the blobs it
 /// reaches (delta chains followed through `base`).
-async fn keep_latest(conn: &mut SqliteConnection, id: Uuid) -> StorageResult<()> {
-    let thread_id = engine_id(id);
+fn keep_latest(conn: &Connection, thread: Uuid) -> StorageResult<()> {
+    let thread_id = engine_id(thread);
     for table in ["checkpoint_writes", "checkpoints"] {
-        sqlx::query(&format!(
-            "DELETE FROM {table} WHERE thread_id = $1 \
-             AND (checkpoint_ns, checkpoint_id) NOT IN ({LATEST})"
-        ))
-        .bind(&thread_id)
-        .execute(&mut *conn)
-        .await?;
+        exec(
+            conn,
+            &format!(
+                "DELETE FROM {table} WHERE thread_id = ?1 \
+                 AND (checkpoint_ns, checkpoint_id) NOT IN ({LATEST})"
+            ),
+            [&thread_id],
+        )?;
     }
     // Their parents are gone: the kept checkpoints start the history now.
-    sqlx::query("UPDATE checkpoints SET parent_checkpoint_id = NULL WHERE thread_id = $1")
-        .bind(&thread_id)
-        .execute(&mut *conn)
-        .await?;
-    sqlx::query(
+    exec(
+        conn,
+        "UPDATE checkpoints SET parent_checkpoint_id = NULL WHERE thread_id = ?1",
+        [&thread_id],
+    )?;
+    exec(
+        conn,
         "WITH RECURSIVE reached(checkpoint_ns, channel, version) AS ( \
              SELECT c.checkpoint_ns, v.key, v.value FROM checkpoints c, \
-                    json_each(c.checkpoint, '$.channel_versions') v WHERE c.thread_id = $1 \
+                    json_each(c.checkpoint, '$.channel_versions') v WHERE c.thread_id = ?1 \
            UNION \
              SELECT b.checkpoint_ns, b.channel, b.base FROM reached r \
-             JOIN checkpoint_blobs b ON b.thread_id = $1 AND b.checkpoint_ns = r.checkpoint_ns \
+             JOIN checkpoint_blobs b ON b.thread_id = ?1 AND b.checkpoint_ns = r.checkpoint_ns \
               AND b.channel = r.channel AND b.version = r.version \
              WHERE b.base IS NOT NULL \
          ) \
-         DELETE FROM checkpoint_blobs WHERE thread_id = $1 \
+         DELETE FROM checkpoint_blobs WHERE thread_id = ?1 \
          AND (checkpoint_ns, channel, version) NOT IN (SELECT * FROM reached)",
-    )
-    .bind(&thread_id)
-    .execute(conn)
-    .await?;
+        [&thread_id],
+    )?;
     Ok(())
 }
 
 /// Prunes the caller's threads among `ids`; answers how many were pruned. Ids the caller
 /// cannot see are skipped; `keep_latest` skips a thread with an active run.
-pub(crate) async fn prune(
-    conn: &mut SqliteConnection,
+pub(crate) fn prune(
+    conn: &Connection,
     scope: &Scope,
     ids: &[Uuid],
     strategy: TtlStrategy,
 ) -> StorageResult<u64> {
     let mut pruned = 0;
-    for &id in ids {
-        let visible: Option<i64> = sqlx::query_scalar(
-            "SELECT 1 FROM threads WHERE thread_id = $1 AND (user_id = $2 OR user_id IS NULL)",
-        )
-        .bind(id.hyphenated())
-        .bind(&scope.user_id)
-        .fetch_optional(&mut *conn)
-        .await?;
-        if visible.is_none() {
+    for &thread in ids {
+        let visible = conn
+            .prepare_cached(
+                "SELECT 1 FROM threads WHERE thread_id = ?1 AND (user_id = ?2 OR user_id IS NULL)",
+            )?
+            .exists((id(thread), &scope.user_id))?;
+        if !visible {
             continue;
         }
         match strategy {
             TtlStrategy::Delete => {
-                if delete_rows(conn, id).await? {
+                if delete_rows(conn, thread)? {
                     pruned += 1;
                 }
             }
             TtlStrategy::KeepLatest => {
-                if !has_active_run(conn, id).await? {
-                    keep_latest(conn, id).await?;
+                if !has_active_run(conn, thread)? {
+                    keep_latest(conn, thread)?;
                     pruned += 1;
                 }
             }
@@ -230,54 +215,56 @@ pub(crate) async fn prune(
 
 /// Applies the TTL of up to `limit` expired threads without an active run: their own TTL
 /// once `expires_at` passed, else `default` once they were idle that long.
-pub(crate) async fn sweep(
-    conn: &mut SqliteConnection,
+pub(crate) fn sweep(
+    conn: &Connection,
     now: DateTime<Utc>,
     default: Option<&ThreadTtl>,
     limit: i64,
 ) -> StorageResult<SweepOutcome> {
     let cutoff = super::default_cutoff(now, default);
-    let rows: Vec<ExpiredRow<Hyphenated>> = sqlx::query_as(
-        "SELECT thread_id, ttl_strategy, ttl_minutes, expires_at FROM threads t \
-         WHERE ((expires_at IS NOT NULL AND expires_at <= $1) \
-            OR ($2 IS NOT NULL AND ttl_minutes IS NULL AND updated_at <= $2 \
-                AND (ttl_swept_at IS NULL OR ttl_swept_at <= $2))) \
-         AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.thread_id = t.thread_id \
-                         AND r.status IN ('pending', 'running')) \
-         LIMIT $3",
-    )
-    .bind(now)
-    .bind(cutoff)
-    .bind(limit)
-    .fetch_all(&mut *conn)
-    .await?;
+    let rows: Vec<ExpiredRow<Uuid>> = conn
+        .prepare_cached(
+            "SELECT thread_id, ttl_strategy, ttl_minutes, expires_at FROM threads t \
+             WHERE ((expires_at IS NOT NULL AND expires_at <= ?1) \
+                OR (?2 IS NOT NULL AND ttl_minutes IS NULL AND updated_at <= ?2 \
+                    AND (ttl_swept_at IS NULL OR ttl_swept_at <= ?2))) \
+             AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.thread_id = t.thread_id \
+                             AND r.status IN ('pending', 'running')) \
+             LIMIT ?3",
+        )?
+        .query_map((ts(now), cutoff.map(ts), limit), |r| {
+            Ok(ExpiredRow {
+                thread_id: r.uuid("thread_id")?,
+                ttl_strategy: r.get("ttl_strategy")?,
+                ttl_minutes: r.get("ttl_minutes")?,
+                expires_at: r.opt_ts("expires_at")?,
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
     let mut outcome = SweepOutcome::default();
     for row in rows {
-        let id = row.thread_id.into_uuid();
+        let thread = row.thread_id;
         let own = row.own_ttl()?;
         let Some(ttl) = own.or(default.copied()) else {
             continue;
         };
         match ttl.strategy {
             TtlStrategy::Delete => {
-                delete_rows(conn, id).await?;
+                delete_rows(conn, thread)?;
                 outcome.deleted += 1;
             }
             TtlStrategy::KeepLatest => {
-                keep_latest(conn, id).await?;
+                keep_latest(conn, thread)?;
                 // Trimmed: the next trim is one TTL from now (a thread under the default
                 // TTL counts from this sweep instead of from its last update).
-                sqlx::query(
+                exec(
+                    conn,
                     "UPDATE threads SET \
-                     expires_at = CASE WHEN ttl_minutes IS NULL THEN expires_at ELSE $2 END, \
-                     ttl_swept_at = CASE WHEN ttl_minutes IS NULL THEN $3 ELSE ttl_swept_at END \
-                     WHERE thread_id = $1",
-                )
-                .bind(id.hyphenated())
-                .bind(ttl.expiry(now))
-                .bind(now)
-                .execute(&mut *conn)
-                .await?;
+                     expires_at = CASE WHEN ttl_minutes IS NULL THEN expires_at ELSE ?2 END, \
+                     ttl_swept_at = CASE WHEN ttl_minutes IS NULL THEN ?3 ELSE ttl_swept_at END \
+                     WHERE thread_id = ?1",
+                    (id(thread), ts(ttl.expiry(now)), ts(now)),
+                )?;
                 outcome.trimmed += 1;
             }
         }
