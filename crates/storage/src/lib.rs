@@ -15,6 +15,7 @@ pub mod postgres;
 mod rows;
 pub mod runs;
 pub mod sqlite;
+mod sqlite_reader;
 mod sqlite_values;
 mod sqlite_writer;
 #[cfg(feature = "test-util")]

@@ -44,6 +44,26 @@ pub(crate) struct AssistantRow<Id> {
     updated_at: DateTime<Utc>,
 }
 
+impl AssistantRow<Uuid> {
+    /// A row read by rusqlite (the SQLite writer thread and point reads).
+    pub(crate) fn from_sqlite(r: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
+        use crate::sqlite_values::RowExt;
+        Ok(Self {
+            assistant_id: r.uuid("assistant_id")?,
+            user_id: r.get("user_id")?,
+            graph_id: r.get("graph_id")?,
+            name: r.get("name")?,
+            description: r.get("description")?,
+            config: Json(r.json("config")?),
+            context: Json(r.json("context")?),
+            metadata: Json(r.json("metadata")?),
+            version: r.get("version")?,
+            created_at: r.ts("created_at")?,
+            updated_at: r.ts("updated_at")?,
+        })
+    }
+}
+
 impl<Id: IntoUuid> From<AssistantRow<Id>> for Assistant {
     fn from(row: AssistantRow<Id>) -> Self {
         Assistant {
@@ -114,7 +134,7 @@ pub(crate) struct ThreadRow<Id> {
 }
 
 impl ThreadRow<Uuid> {
-    /// A row read on the SQLite write connection.
+    /// A row read by rusqlite (the SQLite writer thread and point reads).
     pub(crate) fn from_sqlite(r: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
         use crate::sqlite_values::RowExt;
         Ok(Self {

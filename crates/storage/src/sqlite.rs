@@ -10,20 +10,18 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::Utc;
+use rusqlite::OptionalExtension;
 use serde_json::Value;
 use spindle_graph::checkpoint::Checkpointer;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 use sqlx::types::Json;
-use rusqlite::OptionalExtension;
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 use uuid::fmt::Hyphenated;
 use uuid::Uuid;
 
 use crate::checkpoints::SqliteCheckpointer;
-use crate::sqlite_values::{id, json, ts};
-use crate::sqlite_writer::{WritePermit, Writer};
 use crate::error::conflict_if_taken;
 use crate::json_filter::push_sqlite_contains;
 use crate::model::*;
@@ -31,6 +29,9 @@ use crate::rows::{
     AssistantRow, AssistantVersionRow, ThreadRow, ASSISTANT_COLUMNS, THREAD_COLUMNS,
     VERSION_COLUMNS,
 };
+use crate::sqlite_reader::Readers;
+use crate::sqlite_values::{id, json, ts};
+use crate::sqlite_writer::{WritePermit, Writer};
 use crate::{
     thread_state, AssistantStore, Backend, Storage, StorageError, StorageResult, ThreadStore,
 };
@@ -39,6 +40,8 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite")
 
 pub struct SqliteStorage {
     pub(crate) read: SqlitePool,
+    /// Point reads on the caller's thread (`sqlite_reader`).
+    pub(crate) readers: Arc<Readers>,
     /// Runs writes, as closures, on the one write connection (`sqlite_writer`).
     pub(crate) writer: Arc<Writer>,
     /// For writes not yet moved to the writer thread; used only under a [`Writer::permit`].
@@ -76,12 +79,14 @@ impl SqliteStorage {
             .await?;
         MIGRATOR.run(&write).await?;
         let writer = Arc::new(Writer::open(options.get_filename())?);
+        let readers = Arc::new(Readers::new(options.get_filename()));
         let read = SqlitePoolOptions::new()
             .max_connections(8)
             .connect_with(options.read_only(true))
             .await?;
         Ok(Self {
             read,
+            readers,
             writer,
             write,
         })
@@ -320,11 +325,18 @@ impl AssistantStore for SqliteStorage {
         })
     }
 
-    async fn get_assistant(&self, scope: &Scope, id: Uuid) -> StorageResult<Assistant> {
-        let mut conn = self.read.acquire().await?;
-        fetch_assistant(&mut conn, scope, id)
-            .await?
-            .ok_or(StorageError::NotFound("assistant"))
+    async fn get_assistant(&self, scope: &Scope, assistant: Uuid) -> StorageResult<Assistant> {
+        let sql = format!(
+            "SELECT {ASSISTANT_COLUMNS} FROM assistants WHERE assistant_id = ?1 \
+             AND (user_id = ?2 OR user_id IS NULL)"
+        );
+        self.readers.read(|conn| {
+            let row = conn
+                .prepare_cached(&sql)?
+                .query_row((id(assistant), &scope.user_id), AssistantRow::from_sqlite)
+                .optional()?;
+            Ok(row.ok_or(StorageError::NotFound("assistant"))?.into())
+        })
     }
 
     async fn update_assistant(
@@ -471,7 +483,7 @@ async fn fetch_thread(
     row.map(Thread::try_from).transpose()
 }
 
-/// A thread the caller can see, read on the write connection.
+/// A thread the caller can see (on the write connection or a point-read one).
 fn thread_now(conn: &rusqlite::Connection, scope: &Scope, thread: Uuid) -> StorageResult<Thread> {
     let sql = format!(
         "SELECT {THREAD_COLUMNS} FROM threads WHERE thread_id = ?1 \
@@ -490,8 +502,8 @@ fn create_thread(
     new: NewThread,
 ) -> StorageResult<Thread> {
     let now = Utc::now();
-    let created = conn
-        .prepare_cached(
+    let created =
+        conn.prepare_cached(
             "INSERT INTO threads (thread_id, user_id, metadata, created_at, updated_at, \
              state_updated_at) VALUES (?1, ?2, ?3, ?4, ?4, ?4) ON CONFLICT (thread_id) DO NOTHING",
         )?
@@ -500,8 +512,7 @@ fn create_thread(
             &scope.user_id,
             json(&new.metadata)?,
             ts(now),
-        ))?
-        == 1;
+        ))? == 1;
     if created {
         if let Some(ttl) = &new.ttl {
             thread_state::sqlite::set_ttl(conn, new.thread_id, Some(ttl), now)?;
@@ -510,7 +521,11 @@ fn create_thread(
             thread_state::sqlite::save_state(conn, new.thread_id, state, now)?;
         }
     }
-    match (created, new.if_exists, thread_now(conn, scope, new.thread_id)) {
+    match (
+        created,
+        new.if_exists,
+        thread_now(conn, scope, new.thread_id),
+    ) {
         (true, _, Ok(thread)) | (_, IfExists::DoNothing, Ok(thread)) => Ok(thread),
         (_, _, Err(StorageError::NotFound(_))) | (false, IfExists::Raise, Ok(_)) => Err(
             StorageError::Conflict(format!("thread {} already exists", new.thread_id)),
@@ -528,11 +543,8 @@ impl ThreadStore for SqliteStorage {
             .await
     }
 
-    async fn get_thread(&self, scope: &Scope, id: Uuid) -> StorageResult<Thread> {
-        let mut conn = self.read.acquire().await?;
-        fetch_thread(&mut conn, scope, id)
-            .await?
-            .ok_or(StorageError::NotFound("thread"))
+    async fn get_thread(&self, scope: &Scope, thread: Uuid) -> StorageResult<Thread> {
+        self.readers.read(|conn| thread_now(conn, scope, thread))
     }
 
     async fn patch_thread(
@@ -702,6 +714,7 @@ impl Storage for SqliteStorage {
     fn checkpointer(&self) -> Arc<dyn Checkpointer> {
         Arc::new(SqliteCheckpointer::new(
             self.read.clone(),
+            self.readers.clone(),
             self.writer.clone(),
         ))
     }

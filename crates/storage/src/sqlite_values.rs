@@ -132,7 +132,10 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(row.get::<DateTime<Utc>, _>("at"), at);
-        assert_eq!(row.get::<sqlx::types::Json<serde_json::Value>, _>("doc").0, doc);
+        assert_eq!(
+            row.get::<sqlx::types::Json<serde_json::Value>, _>("doc").0,
+            doc
+        );
         assert_eq!(row.get::<uuid::fmt::Hyphenated, _>("id").into_uuid(), uuid);
         sqlx::query("UPDATE t SET at = $1")
             .bind(at)

@@ -34,11 +34,17 @@ const MAX_GROUP: usize = 64;
 /// Prepared statements the write connection keeps (every write path's statements fit).
 const STATEMENT_CACHE: usize = 256;
 
+/// Commits after which the writer asks for a WAL checkpoint.
+const CHECKPOINT_EVERY: u32 = 200;
+/// How often the WAL is checkpointed when few commits come.
+const CHECKPOINT_IDLE: Duration = Duration::from_secs(1);
+
 /// A queued write: runs on the writer thread, answers its caller once the outcome is known.
 trait Job: Send {
-    /// Runs the write inside the open transaction; a failed write is rolled back to its
-    /// savepoint before this returns.
-    fn run(&mut self, conn: &Connection);
+    /// Runs the write inside the open transaction. With `savepoint`, a failed write is rolled
+    /// back to its savepoint before this returns; without, the caller rolls back the whole
+    /// transaction when this answers false.
+    fn run(&mut self, conn: &Connection, savepoint: bool) -> bool;
     /// Sends the caller its result, or the commit's failure if the write itself succeeded.
     fn answer(self: Box<Self>, commit: Result<(), &str>);
 }
@@ -55,11 +61,18 @@ where
     E: From<StorageError> + Send + 'static,
     F: FnOnce(&Connection) -> Result<T, E> + Send + 'static,
 {
-    fn run(&mut self, conn: &Connection) {
+    fn run(&mut self, conn: &Connection, savepoint: bool) -> bool {
         let Some(write) = self.write.take() else {
-            return;
+            return false;
         };
-        self.result = Some(in_savepoint(conn, write));
+        let result = if savepoint {
+            in_savepoint(conn, write)
+        } else {
+            guarded(conn, write)
+        };
+        let ok = result.is_ok();
+        self.result = Some(result);
+        ok
     }
 
     fn answer(self: Box<Self>, commit: Result<(), &str>) {
@@ -81,15 +94,7 @@ fn in_savepoint<T, E: From<StorageError>>(
 ) -> Result<T, E> {
     let sql = |sql: &str| conn.execute_batch(sql).map_err(|e| E::from(e.into()));
     sql("SAVEPOINT write")?;
-    let result = catch_unwind(AssertUnwindSafe(|| write(conn))).unwrap_or_else(|panic| {
-        let what = panic
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_default();
-        tracing::error!(panic = %what, "a database write panicked; it was rolled back");
-        Err(StorageError::Commit(format!("the write panicked: {what}")).into())
-    });
+    let result = guarded(conn, write);
     let end = if result.is_ok() {
         "RELEASE write"
     } else {
@@ -97,6 +102,22 @@ fn in_savepoint<T, E: From<StorageError>>(
     };
     sql(end)?;
     result
+}
+
+/// Runs `write`, turning a panic into an error: one bad write must not stop the writer.
+fn guarded<T, E: From<StorageError>>(
+    conn: &Connection,
+    write: impl FnOnce(&Connection) -> Result<T, E>,
+) -> Result<T, E> {
+    catch_unwind(AssertUnwindSafe(|| write(conn))).unwrap_or_else(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        tracing::error!(panic = %what, "a database write panicked; it was rolled back");
+        Err(StorageError::Commit(format!("the write panicked: {what}")).into())
+    })
 }
 
 /// What the writer thread is asked to do.
@@ -125,10 +146,11 @@ impl Writer {
     /// schema) and starts the writer thread.
     pub(crate) fn open(path: &Path) -> StorageResult<Self> {
         let conn = open_write_connection(path)?;
+        let checkpoints = start_checkpointer(path)?;
         let (jobs, queue) = mpsc::channel::<Request>();
         std::thread::Builder::new()
             .name("sqlite-writer".into())
-            .spawn(move || serve(conn, queue))
+            .spawn(move || serve(conn, queue, checkpoints))
             .map_err(|e| StorageError::Commit(format!("cannot start the writer thread: {e}")))?;
         Ok(Self { jobs })
     }
@@ -181,13 +203,44 @@ fn open_write_connection(path: &Path) -> StorageResult<Connection> {
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "foreign_keys", true)?;
     conn.busy_timeout(Duration::from_secs(10))?;
+    // Checkpoints (copying the WAL into the database file, with an fsync) run on their own
+    // thread, not inside a commit that every queued write waits for.
+    conn.pragma_update(None, "wal_autocheckpoint", 0)?;
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     Ok(conn)
 }
 
+/// Starts the thread that checkpoints the WAL: when the writer says enough was committed,
+/// and every [`CHECKPOINT_IDLE`]. It stops when the writer thread does.
+fn start_checkpointer(path: &Path) -> StorageResult<mpsc::SyncSender<()>> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.busy_timeout(Duration::from_secs(10))?;
+    let (due, wake) = mpsc::sync_channel::<()>(1);
+    std::thread::Builder::new()
+        .name("sqlite-checkpoint".into())
+        .spawn(move || loop {
+            match wake.recv_timeout(CHECKPOINT_IDLE) {
+                Ok(()) | Err(mpsc::RecvTimeoutError::Timeout) => {
+                    // PASSIVE: copies what no reader still needs, without blocking writers.
+                    if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+                    {
+                        tracing::warn!(error = %e, "cannot checkpoint the SQLite WAL");
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            }
+        })
+        .map_err(|e| StorageError::Commit(format!("cannot start the checkpoint thread: {e}")))?;
+    Ok(due)
+}
+
 /// The writer thread: waits for a write, takes the ones queued behind it, runs them all in
 /// one transaction and answers each caller after the commit.
-fn serve(conn: Connection, queue: mpsc::Receiver<Request>) {
+fn serve(conn: Connection, queue: mpsc::Receiver<Request>, checkpoints: mpsc::SyncSender<()>) {
+    let mut commits = 0_u32;
     let mut next = queue.recv().ok();
     while let Some(request) = next.take() {
         let first = match request {
@@ -219,6 +272,12 @@ fn serve(conn: Connection, queue: mpsc::Receiver<Request>) {
         for job in group {
             job.answer(commit);
         }
+        commits += 1;
+        if commits >= CHECKPOINT_EVERY {
+            commits = 0;
+            // Full means a checkpoint is already asked for.
+            let _ = checkpoints.try_send(());
+        }
         if next.is_none() {
             next = queue.recv().ok();
         }
@@ -229,8 +288,17 @@ fn serve(conn: Connection, queue: mpsc::Receiver<Request>) {
 fn run_group(conn: &Connection, group: &mut [Box<dyn Job>]) -> Result<(), String> {
     conn.execute_batch("BEGIN IMMEDIATE")
         .map_err(|e| format!("cannot begin a write: {e}"))?;
-    for job in group.iter_mut() {
-        job.run(conn);
+    if let [alone] = group {
+        // No neighbour to protect: a savepoint would only cost page copies. A failed write
+        // rolls the transaction back and its caller gets its own error.
+        if !alone.run(conn, false) {
+            let _ = conn.execute_batch("ROLLBACK");
+            return Ok(());
+        }
+    } else {
+        for job in group.iter_mut() {
+            job.run(conn, true);
+        }
     }
     if let Err(e) = conn.execute_batch("COMMIT") {
         let _ = conn.execute_batch("ROLLBACK");

@@ -61,12 +61,36 @@ struct CheckpointRow {
     metadata: Json<Value>,
 }
 
+impl CheckpointRow {
+    fn from_sqlite(r: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
+        use crate::sqlite_values::RowExt;
+        Ok(Self {
+            checkpoint_ns: r.get("checkpoint_ns")?,
+            checkpoint_id: r.get("checkpoint_id")?,
+            parent_checkpoint_id: r.get("parent_checkpoint_id")?,
+            checkpoint: Json(r.json("checkpoint")?),
+            metadata: Json(r.json("metadata")?),
+        })
+    }
+}
+
 #[derive(sqlx::FromRow)]
 struct BlobRow {
     checkpoint_ns: String,
     channel: String,
     version: i64,
     value: Vec<u8>,
+}
+
+impl BlobRow {
+    fn from_sqlite(r: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            checkpoint_ns: r.get("checkpoint_ns")?,
+            channel: r.get("channel")?,
+            version: r.get("version")?,
+            value: r.get("value")?,
+        })
+    }
 }
 
 #[derive(sqlx::FromRow)]
@@ -76,6 +100,18 @@ struct WriteRow {
     task_id: String,
     channel: String,
     value: Vec<u8>,
+}
+
+impl WriteRow {
+    fn from_sqlite(r: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            checkpoint_ns: r.get("checkpoint_ns")?,
+            checkpoint_id: r.get("checkpoint_id")?,
+            task_id: r.get("task_id")?,
+            channel: r.get("channel")?,
+            value: r.get("value")?,
+        })
+    }
 }
 
 /// A blob ready to insert.

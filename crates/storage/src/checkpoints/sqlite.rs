@@ -5,12 +5,12 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use chrono::Utc;
+use rusqlite::{Connection, OptionalExtension};
 use serde_json::Value;
 use spindle_graph::checkpoint::{
     ChannelBlob, Checkpoint, CheckpointError, CheckpointTuple, Checkpointer, ListFilter,
     PendingWrite,
 };
-use rusqlite::{Connection, OptionalExtension};
 use sqlx::sqlite::SqlitePool;
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 
@@ -19,20 +19,26 @@ use super::{
     stored_checkpoint, wanted_blobs, BlobRow, Blobs, CheckpointRow, Put, WritePlan, WriteRow,
     CHECKPOINT_COLUMNS,
 };
+use crate::json_filter::push_sqlite_contains;
+use crate::sqlite_reader::Readers;
 use crate::sqlite_values::ts;
 use crate::sqlite_writer::Writer;
-use crate::json_filter::push_sqlite_contains;
 
 /// The engine's [`Checkpointer`] over the SQLite backend: reads through its pool, writes
 /// through its writer thread.
 pub struct SqliteCheckpointer {
     read: SqlitePool,
+    readers: Arc<Readers>,
     writer: Arc<Writer>,
 }
 
 impl SqliteCheckpointer {
-    pub(crate) fn new(read: SqlitePool, writer: Arc<Writer>) -> Self {
-        Self { read, writer }
+    pub(crate) fn new(read: SqlitePool, readers: Arc<Readers>, writer: Arc<Writer>) -> Self {
+        Self {
+            read,
+            readers,
+            writer,
+        }
     }
 }
 
@@ -57,6 +63,78 @@ const BLOBS_SQL: &str = "WITH RECURSIVE chain(checkpoint_ns, channel, version) A
     JOIN checkpoint_blobs b ON b.thread_id = $1 AND b.checkpoint_ns = c.checkpoint_ns \
      AND b.channel = c.channel AND b.version = c.version";
 
+/// The pending writes of the checkpoints `$2` (a JSON array of `[namespace, id]`) of thread
+/// `$1`, ordered by checkpoint and `idx`.
+const WRITES_SQL: &str = "WITH page(checkpoint_ns, checkpoint_id) AS ( \
+         SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each($2) \
+     ) \
+     SELECT w.checkpoint_ns, w.checkpoint_id, w.task_id, w.channel, w.value \
+     FROM page p JOIN checkpoint_writes w ON w.thread_id = $1 \
+      AND w.checkpoint_ns = p.checkpoint_ns AND w.checkpoint_id = p.checkpoint_id \
+     ORDER BY w.checkpoint_ns, w.checkpoint_id, w.idx";
+
+/// `$1` and `$2` of [`BLOBS_SQL`] and [`WRITES_SQL`], bound by name: SQLite numbers `$N`
+/// parameters in order of first use, and `$2` comes first.
+macro_rules! by_name {
+    ($thread_id:expr, $keys:expr) => {
+        rusqlite::named_params! {"$1": $thread_id, "$2": $keys}
+    };
+}
+
+/// The JSON array of blob keys [`BLOBS_SQL`] takes; `None` when no blob is wanted.
+fn blob_keys(rows: &[CheckpointRow]) -> Result<Option<String>, CheckpointError> {
+    let wanted = wanted_blobs(rows)?;
+    if wanted.is_empty() {
+        return Ok(None);
+    }
+    serde_json::to_string(&wanted)
+        .map(Some)
+        .map_err(|e| CheckpointError::Backend(format!("cannot encode blob keys: {e}")))
+}
+
+/// The JSON array of checkpoint keys [`WRITES_SQL`] takes.
+fn write_keys(rows: &[CheckpointRow]) -> Result<String, CheckpointError> {
+    let keys: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|r| (r.checkpoint_ns.as_str(), r.checkpoint_id.as_str()))
+        .collect();
+    serde_json::to_string(&keys)
+        .map_err(|e| CheckpointError::Backend(format!("cannot encode checkpoint keys: {e}")))
+}
+
+/// A checkpoint with its blobs and writes, read on the caller's thread (`sqlite_reader`).
+fn load_one(
+    conn: &Connection,
+    thread_id: &str,
+    row: CheckpointRow,
+) -> Result<CheckpointTuple, CheckpointError> {
+    let rows = vec![row];
+    let blobs = match blob_keys(&rows)? {
+        Some(keys) => {
+            let mut statement = conn.prepare_cached(BLOBS_SQL).map_err(backend)?;
+            let found = statement
+                .query_map(by_name!(thread_id, keys), BlobRow::from_sqlite)
+                .map_err(backend)?
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .map_err(backend)?;
+            Blobs::decode(found)?
+        }
+        None => Blobs::default(),
+    };
+    let keys = write_keys(&rows)?;
+    let writes = conn
+        .prepare_cached(WRITES_SQL)
+        .map_err(backend)?
+        .query_map(by_name!(thread_id, keys), WriteRow::from_sqlite)
+        .map_err(backend)?
+        .collect::<rusqlite::Result<Vec<_>>>()
+        .map_err(backend)?;
+    let mut tuples = assemble(thread_id, rows, blobs, writes, false)?;
+    tuples
+        .pop()
+        .ok_or_else(|| CheckpointError::Backend("a loaded checkpoint vanished".to_owned()))
+}
+
 /// The blobs that rebuild `rows`' channels, delta chains included, in one query
 /// ([`BLOBS_SQL`]).
 async fn fetch_blobs(
@@ -64,12 +142,9 @@ async fn fetch_blobs(
     thread_id: &str,
     rows: &[CheckpointRow],
 ) -> Result<Blobs, CheckpointError> {
-    let wanted = wanted_blobs(rows)?;
-    if wanted.is_empty() {
+    let Some(wanted) = blob_keys(rows)? else {
         return Ok(Blobs::default());
-    }
-    let wanted = serde_json::to_string(&wanted)
-        .map_err(|e| CheckpointError::Backend(format!("cannot encode blob keys: {e}")))?;
+    };
     let rows: Vec<BlobRow> = sqlx::query_as(BLOBS_SQL)
         .bind(thread_id)
         .bind(wanted)
@@ -85,26 +160,13 @@ async fn fetch_writes(
     thread_id: &str,
     rows: &[CheckpointRow],
 ) -> Result<Vec<WriteRow>, CheckpointError> {
-    let keys: Vec<(&str, &str)> = rows
-        .iter()
-        .map(|r| (r.checkpoint_ns.as_str(), r.checkpoint_id.as_str()))
-        .collect();
-    let keys = serde_json::to_string(&keys)
-        .map_err(|e| CheckpointError::Backend(format!("cannot encode checkpoint keys: {e}")))?;
-    sqlx::query_as(
-        "WITH page(checkpoint_ns, checkpoint_id) AS ( \
-             SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each($2) \
-         ) \
-         SELECT w.checkpoint_ns, w.checkpoint_id, w.task_id, w.channel, w.value \
-         FROM page p JOIN checkpoint_writes w ON w.thread_id = $1 \
-          AND w.checkpoint_ns = p.checkpoint_ns AND w.checkpoint_id = p.checkpoint_id \
-         ORDER BY w.checkpoint_ns, w.checkpoint_id, w.idx",
-    )
-    .bind(thread_id)
-    .bind(keys)
-    .fetch_all(conn)
-    .await
-    .map_err(backend)
+    let keys = write_keys(rows)?;
+    sqlx::query_as(WRITES_SQL)
+        .bind(thread_id)
+        .bind(keys)
+        .fetch_all(conn)
+        .await
+        .map_err(backend)
 }
 
 async fn load(
@@ -338,25 +400,23 @@ impl Checkpointer for SqliteCheckpointer {
         checkpoint_ns: &str,
         checkpoint_id: Option<&str>,
     ) -> Result<Option<CheckpointTuple>, CheckpointError> {
-        let mut tx = self.read.begin().await.map_err(backend)?;
-        let mut qb: QueryBuilder<'_, Sqlite> = QueryBuilder::new(format!(
-            "SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE thread_id = "
-        ));
-        qb.push_bind(thread_id)
-            .push(" AND checkpoint_ns = ")
-            .push_bind(checkpoint_ns);
-        if let Some(id) = checkpoint_id {
-            qb.push(" AND checkpoint_id = ").push_bind(id);
-        }
-        qb.push(" ORDER BY checkpoint_id DESC LIMIT 1");
-        let rows: Vec<CheckpointRow> = qb
-            .build_query_as()
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(backend)?;
-        let tuple = load(&mut tx, thread_id, rows, false).await?.pop();
-        tx.commit().await.map_err(backend)?;
-        Ok(tuple)
+        let sql = format!(
+            "SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE thread_id = ?1 \
+             AND checkpoint_ns = ?2 AND (?3 IS NULL OR checkpoint_id = ?3) \
+             ORDER BY checkpoint_id DESC LIMIT 1"
+        );
+        self.readers.read(|conn| {
+            let row = conn
+                .prepare_cached(&sql)
+                .map_err(backend)?
+                .query_row(
+                    (thread_id, checkpoint_ns, checkpoint_id),
+                    CheckpointRow::from_sqlite,
+                )
+                .optional()
+                .map_err(backend)?;
+            row.map(|row| load_one(conn, thread_id, row)).transpose()
+        })
     }
 
     async fn list(
@@ -408,9 +468,7 @@ impl Checkpointer for SqliteCheckpointer {
         }
         let (from, to) = (from.to_owned(), to.to_owned());
         self.writer
-            .write(move |conn| {
-                copy_checkpoints(conn, &from, &to).map_err(backend)
-            })
+            .write(move |conn| copy_checkpoints(conn, &from, &to).map_err(backend))
             .await
     }
 }

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use serde_json::Value;
 use rusqlite::{Connection, OptionalExtension};
+use serde_json::Value;
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 use uuid::fmt::Hyphenated;
 use uuid::Uuid;
@@ -209,15 +209,7 @@ fn log_run_end(
 const INSERT_EVENT: &str = "INSERT INTO run_events (thread_id, seq, run_id, event, data, \
      created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
 
-async fn last_seq(conn: &mut SqliteConnection, thread_id: Uuid) -> StorageResult<i64> {
-    let seq: Option<i64> = sqlx::query_scalar("SELECT event_seq FROM threads WHERE thread_id = $1")
-        .bind(thread_id.hyphenated())
-        .fetch_optional(conn)
-        .await?;
-    Ok(seq.unwrap_or(0))
-}
-
-fn last_seq_now(conn: &Connection, thread_id: Uuid) -> StorageResult<i64> {
+fn last_seq(conn: &Connection, thread_id: Uuid) -> StorageResult<i64> {
     let seq: Option<i64> = conn
         .prepare_cached("SELECT event_seq FROM threads WHERE thread_id = ?1")?
         .query_row([id(thread_id)], |r| r.get(0))
@@ -295,7 +287,7 @@ fn end_abandoned(conn: &Connection, run: &Run, now: DateTime<Utc>) -> StorageRes
 }
 
 fn claimed(conn: &Connection, run: Run) -> StorageResult<ClaimedRun> {
-    let last_seq = last_seq_now(conn, run.thread_id)?;
+    let last_seq = last_seq(conn, run.thread_id)?;
     Ok(ClaimedRun { run, last_seq })
 }
 
@@ -447,7 +439,11 @@ fn finish_run(
              ended_at = ?4 WHERE run_id = ?1 RETURNING {RUN_COLUMNS}"
         );
         let error = end.error.as_ref().map(json).transpose()?;
-        let run = run_row(conn, &sql, (id(run_id), end.status.as_str(), error, ts(now)))?;
+        let run = run_row(
+            conn,
+            &sql,
+            (id(run_id), end.status.as_str(), error, ts(now)),
+        )?;
         insert_events(conn, &end.events)?;
         log_run_end(conn, thread_id, run_id, end.status, now)?;
         run
@@ -479,18 +475,15 @@ impl SqliteStorage {
         thread_id: Option<Uuid>,
     ) -> StorageResult<Run> {
         let sql = format!(
-            "SELECT {RUN_COLUMNS} FROM runs WHERE run_id = $1 \
-             AND ($2 IS NULL OR thread_id = $2) AND EXISTS \
+            "SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?1 \
+             AND (?2 IS NULL OR thread_id = ?2) AND EXISTS \
              (SELECT 1 FROM threads t WHERE t.thread_id = runs.thread_id \
-              AND (t.user_id = $3 OR t.user_id IS NULL))"
+              AND (t.user_id = ?3 OR t.user_id IS NULL))"
         );
-        let row: Option<RunRow<Hyphenated>> = sqlx::query_as(&sql)
-            .bind(run_id.hyphenated())
-            .bind(thread_id.map(|t| t.hyphenated()))
-            .bind(&scope.user_id)
-            .fetch_optional(&self.read)
-            .await?;
-        row.ok_or(StorageError::NotFound("run"))?.try_into()
+        let params = (id(run_id), thread_id.map(id), &scope.user_id);
+        self.readers
+            .read(|conn| run_row(conn, &sql, params))?
+            .ok_or(StorageError::NotFound("run"))
     }
 }
 
@@ -672,8 +665,7 @@ impl RunStore for SqliteStorage {
     }
 
     async fn last_event_seq(&self, thread_id: Uuid) -> StorageResult<i64> {
-        let mut conn = self.read.acquire().await?;
-        last_seq(&mut conn, thread_id).await
+        self.readers.read(|conn| last_seq(conn, thread_id))
     }
 
     async fn find_run(&self, scope: &Scope, run_id: Uuid) -> StorageResult<Run> {
@@ -724,5 +716,7 @@ fn event_insert_error(error: rusqlite::Error) -> StorageError {
     if sqlite_constraint(&error, rusqlite::ffi::SQLITE_CONSTRAINT_FOREIGNKEY) {
         return StorageError::NotFound("run");
     }
-    sqlite_conflict_if_taken(error, || "an event of that seq is already logged".to_owned())
+    sqlite_conflict_if_taken(error, || {
+        "an event of that seq is already logged".to_owned()
+    })
 }

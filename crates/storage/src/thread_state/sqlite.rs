@@ -101,7 +101,13 @@ pub(crate) fn log_event(
         conn,
         "INSERT INTO run_events (thread_id, seq, run_id, event, data, created_at) \
          VALUES (?1, ?2, NULL, ?3, ?4, ?5)",
-        (id(thread), seq, &event.event, event.data.to_string(), ts(now)),
+        (
+            id(thread),
+            seq,
+            &event.event,
+            event.data.to_string(),
+            ts(now),
+        ),
     )?;
     Ok(LoggedEvent {
         thread_id: thread,
@@ -137,7 +143,11 @@ pub(crate) fn set_ttl(
 /// Removes a thread with its checkpoints (its runs and events go by cascade).
 pub(crate) fn delete_rows(conn: &Connection, thread: Uuid) -> StorageResult<bool> {
     crate::checkpoints::delete_checkpoints_sqlite(conn, &engine_id(thread))?;
-    Ok(exec(conn, "DELETE FROM threads WHERE thread_id = ?1", [id(thread)])? > 0)
+    Ok(exec(
+        conn,
+        "DELETE FROM threads WHERE thread_id = ?1",
+        [id(thread)],
+    )? > 0)
 }
 
 /// Keeps only the latest checkpoint of each namespace, its pending writes and the blobs it
