@@ -105,14 +105,19 @@ def loader_argv(args, client: str) -> list:
 
 
 def compiling_now() -> bool:
-    """Whether a compiler is running: our build is over, so it is someone else's."""
+    """Whether a compiler is running: our build is over, so it is someone else's. A stopped
+    one (SIGSTOP, state T) takes no CPU and does not count."""
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                if Path(f"/proc/{entry}/comm").read_text().strip() in COMPILERS:
-                    return True
+                stat = Path(f"/proc/{entry}/stat").read_text()
             except OSError:
                 continue
+            # "pid (comm) state ...": comm may hold spaces and parentheses.
+            comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+            state = stat[stat.rindex(")") + 2 :][:1]
+            if comm in COMPILERS and state not in ("T", "t"):
+                return True
     return False
 
 

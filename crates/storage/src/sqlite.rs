@@ -1,8 +1,10 @@
 //! The embedded backend: one SQLite file in WAL mode.
 //!
 //! SQLite allows one writer at a time. Rather than letting several connections race for the
-//! write lock (and sleep in the busy handler), every write goes through a pool of exactly one
-//! connection, so writers queue in memory; reads use their own pool and run concurrently.
+//! write lock (and sleep in the busy handler), writes queue in memory for the writer thread
+//! (`sqlite_writer`), which runs each as a closure and commits them in groups. Point reads run
+//! on the caller's thread (`sqlite_reader`); searches and history pages use a read-only sqlx
+//! pool.
 
 use std::str::FromStr;
 use std::sync::Arc;
