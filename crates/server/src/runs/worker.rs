@@ -18,6 +18,7 @@ use spindle_graph::stream::StreamEvent;
 use spindle_graph::{Graph, RunEnv, RunError, RunOutcome};
 use spindle_storage::{
     Assistant, ClaimedRun, LoggedEvent, Run, RunEnd, RunStatus, Scope, Storage, ThreadStatus,
+    UNLOGGED_EVENTS_MAX,
 };
 use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
@@ -66,7 +67,10 @@ impl Default for WorkerConfig {
 pub const CLEANUP_BY_WORKER: &str = "worker";
 
 /// Most events one log write carries; a model streaming tokens fills batches, not transactions.
+/// At most this many events (plus a final `error`) are streamed but not logged at any time,
+/// which the storage's [`UNLOGGED_EVENTS_MAX`] must cover.
 const MAX_BATCH: usize = 256;
+const _: () = assert!((MAX_BATCH as i64) < UNLOGGED_EVENTS_MAX);
 /// How long a run's event may wait before it is written to the log. Live streams get it at
 /// once through the hub; the log serves resumes, late joiners and other processes, which poll
 /// it. Waiting a little lets a short run's events go in with its end, in one transaction.

@@ -205,6 +205,12 @@ pub struct RunEnd {
 /// streams do not send it; thread streams turn it into `metadata {status: run_done}`.
 pub const RUN_END_EVENT: &str = "end";
 
+/// Most events a worker may have sent to live streams without logging them yet (it logs in
+/// batches). When a run's worker is lost, its thread's counter skips this many: the events
+/// it streamed but never logged keep seqs nobody reuses, so a client resuming from one of them
+/// misses nothing of the next attempt.
+pub const UNLOGGED_EVENTS_MAX: i64 = 512;
+
 /// One event of a run, as kept in the thread's log.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoggedEvent {

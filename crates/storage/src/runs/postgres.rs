@@ -317,6 +317,17 @@ async fn end_abandoned(
     }
 }
 
+/// Moves the thread's event counter past whatever the lost worker streamed without logging
+/// ([`UNLOGGED_EVENTS_MAX`]).
+async fn skip_unlogged(conn: &mut PgConnection, thread_id: Uuid) -> StorageResult<()> {
+    sqlx::query("UPDATE threads SET event_seq = event_seq + $2 WHERE thread_id = $1")
+        .bind(thread_id)
+        .bind(UNLOGGED_EVENTS_MAX)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
 async fn claimed(conn: &mut PgConnection, row: RunRow<Uuid>) -> StorageResult<ClaimedRun> {
     let run = Run::try_from(row)?;
     let last_seq = last_seq(conn, run.thread_id).await?;
@@ -546,6 +557,7 @@ impl RunStore for PostgresStorage {
                     .await?;
                 let Some(row) = row else { break };
                 let run = Run::try_from(row)?;
+                skip_unlogged(&mut tx, run.thread_id).await?;
                 if run.cancel.is_none() && run.attempt < max_attempts {
                     let row: RunRow<Uuid> = sqlx::query_as(&reclaim_sql)
                         .bind(run.run_id)

@@ -286,6 +286,17 @@ fn end_abandoned(conn: &Connection, run: &Run, now: DateTime<Utc>) -> StorageRes
     }
 }
 
+/// Moves the thread's event counter past whatever the lost worker streamed without logging
+/// ([`UNLOGGED_EVENTS_MAX`]).
+fn skip_unlogged(conn: &Connection, thread_id: Uuid) -> StorageResult<()> {
+    exec(
+        conn,
+        "UPDATE threads SET event_seq = event_seq + ?2 WHERE thread_id = ?1",
+        (id(thread_id), UNLOGGED_EVENTS_MAX),
+    )?;
+    Ok(())
+}
+
 fn claimed(conn: &Connection, run: Run) -> StorageResult<ClaimedRun> {
     let last_seq = last_seq(conn, run.thread_id)?;
     Ok(ClaimedRun { run, last_seq })
@@ -383,6 +394,7 @@ fn claim_run(
         let Some(run) = run_row(conn, &expired_sql, [ts(now)])? else {
             break;
         };
+        skip_unlogged(conn, run.thread_id)?;
         if run.cancel.is_none() && run.attempt < max_attempts {
             let run = run_row(
                 conn,

@@ -623,7 +623,12 @@ async fn an_expired_lease_is_reclaimed_until_attempts_run_out() {
         assert_eq!(second.run.run_id, run.run_id);
         assert_eq!(second.run.attempt, 2);
         assert_eq!(second.run.status, RunStatus::Running);
-        assert_eq!(second.last_seq, 2, "the new worker numbers after the log");
+        assert_eq!(
+            second.last_seq,
+            2 + UNLOGGED_EVENTS_MAX,
+            "the new worker numbers past the log and past what the lost one may have streamed \
+             without logging, so no seq a client saw is given to another event"
+        );
         assert_eq!(s.renew_lease(run.run_id, "w1", LEASE).await.unwrap(), None);
         assert_not_found(
             s.finish_run(
@@ -644,6 +649,12 @@ async fn an_expired_lease_is_reclaimed_until_attempts_run_out() {
         let t = s.get_thread(&alice, thread).await.unwrap();
         assert_eq!(t.status, ThreadStatus::Error, "the thread is not left busy");
         assert_eq!(t.error.as_ref().unwrap()["error"], json!("WorkerLost"));
+        let logged = s.read_events(thread, 2, None, 10).await.unwrap();
+        assert_eq!(
+            seqs(&logged),
+            vec![2 + 2 * UNLOGGED_EVENTS_MAX + 1],
+            "the end of a run given up on also comes after what its last worker streamed"
+        );
     })
     .await;
 }
