@@ -376,16 +376,14 @@ impl AssistantStore for SqliteStorage {
         let user_id = scope.user_id.clone();
         self.writer
             .write(move |conn| {
-                let deleted = conn
-                    .prepare_cached(
-                        "DELETE FROM assistants WHERE assistant_id = ?1 \
-                         AND (user_id = ?2 OR user_id IS NULL)",
-                    )?
-                    .execute((id(assistant), user_id))?;
-                if deleted == 0 {
-                    return Err(StorageError::NotFound("assistant"));
-                }
-                Ok(())
+                delete_visible(
+                    conn,
+                    "DELETE FROM assistants WHERE assistant_id = ?1 \
+                     AND (user_id = ?2 OR user_id IS NULL)",
+                    assistant,
+                    user_id,
+                    "assistant",
+                )
             })
             .await
     }
@@ -483,6 +481,20 @@ async fn fetch_thread(
         .fetch_optional(conn)
         .await?;
     row.map(Thread::try_from).transpose()
+}
+
+/// Runs `delete` (`?1` the id, `?2` the caller) and answers not found when it removed nothing.
+fn delete_visible(
+    conn: &rusqlite::Connection,
+    delete: &str,
+    key: Uuid,
+    user_id: String,
+    what: &'static str,
+) -> StorageResult<()> {
+    if conn.prepare_cached(delete)?.execute((id(key), user_id))? == 0 {
+        return Err(StorageError::NotFound(what));
+    }
+    Ok(())
 }
 
 /// A thread the caller can see (on the write connection or a point-read one).
@@ -631,15 +643,13 @@ impl ThreadStore for SqliteStorage {
         let user_id = scope.user_id.clone();
         self.writer
             .write(move |conn| {
-                let deleted = conn
-                    .prepare_cached(
-                        "DELETE FROM threads WHERE thread_id = ?1 AND (user_id = ?2 OR user_id IS NULL)",
-                    )?
-                    .execute((id(thread), user_id))?;
-                if deleted == 0 {
-                    return Err(StorageError::NotFound("thread"));
-                }
-                Ok(())
+                delete_visible(
+                    conn,
+                    "DELETE FROM threads WHERE thread_id = ?1 AND (user_id = ?2 OR user_id IS NULL)",
+                    thread,
+                    user_id,
+                    "thread",
+                )
             })
             .await
     }
