@@ -15,6 +15,7 @@ pub mod postgres;
 mod rows;
 pub mod runs;
 pub mod sqlite;
+pub mod store;
 #[cfg(feature = "test-util")]
 pub mod test_util;
 pub mod thread_state;
@@ -26,6 +27,10 @@ use uuid::Uuid;
 
 pub use error::{StorageError, StorageResult};
 pub use model::*;
+pub use store::{
+    FilterCondition, FilterOp, ItemSearch, ItemStore, ItemVector, NamespaceSearch, PutItem,
+    StoreItem,
+};
 pub use runs::{
     CancelAction, ClaimedRun, CreatedRun, IfThreadMissing, LoggedEvent, MultitaskStrategy, NewRun,
     Run, RunEnd, RunFilter, RunStatus, RunStore, RUN_END_EVENT,
@@ -144,7 +149,7 @@ pub trait ThreadStore: Send + Sync {
 
 /// Everything the server needs from a database.
 #[async_trait]
-pub trait Storage: AssistantStore + ThreadStore + RunStore {
+pub trait Storage: AssistantStore + ThreadStore + RunStore + ItemStore {
     /// Which backend this is, for logs and `/info`.
     fn backend(&self) -> Backend;
     /// Answers whether the database can serve a query right now (for `/ready`).

@@ -8,5 +8,6 @@ mod checkpoints;
 mod common;
 mod migrations;
 mod runs;
+mod store;
 mod thread_state;
 mod threads;
