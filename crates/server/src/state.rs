@@ -11,6 +11,7 @@ use crate::error::ApiError;
 use crate::graphs::GraphRegistry;
 use crate::runs::{EventHub, RunWorkers, WorkerConfig};
 use crate::sse::DEFAULT_KEEPALIVE_SECS;
+use crate::store::StoreConfig;
 use crate::ttl::ThreadTtlConfig;
 use crate::webhook::{WebhookConfig, Webhooks};
 
@@ -26,6 +27,8 @@ pub struct AppState {
     pub webhooks: Arc<Webhooks>,
     /// The default thread TTL and how often expired threads are swept.
     pub thread_ttl: ThreadTtlConfig,
+    /// The long-term store's TTL defaults and semantic index.
+    pub store: StoreConfig,
 }
 
 impl AppState {
@@ -64,6 +67,7 @@ impl AppState {
             keepalive: Duration::from_secs(DEFAULT_KEEPALIVE_SECS),
             webhooks,
             thread_ttl: ThreadTtlConfig::default(),
+            store: StoreConfig::default(),
         }
     }
 }

@@ -3,6 +3,7 @@
 mod cli;
 mod config;
 mod graphs;
+mod store;
 mod telemetry;
 
 use std::path::PathBuf;
@@ -160,6 +161,7 @@ async fn serve(args: ServerArgs, mode: Mode) -> Result<()> {
         webhook_config(&args, &config),
     );
     state.thread_ttl = thread_ttl_config(&args, &config)?;
+    state.store = store::store_config(&config)?;
     if let Some(secs) = args
         .keepalive_interval_secs
         .or(config.file.server.keepalive_interval_secs)
@@ -175,7 +177,6 @@ async fn serve(args: ServerArgs, mode: Mode) -> Result<()> {
 fn warn_unused_sections(config: &LoadedConfig) {
     let file = &config.file;
     for (name, section) in [
-        ("store", &file.store),
         ("auth", &file.auth),
         ("http", &file.http),
     ] {

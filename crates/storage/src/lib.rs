@@ -8,6 +8,7 @@
 //! ([`checkpoints`]).
 
 pub mod checkpoints;
+pub mod crons;
 mod error;
 mod json_filter;
 pub mod model;
@@ -27,6 +28,10 @@ use uuid::Uuid;
 
 pub use error::{StorageError, StorageResult};
 pub use model::*;
+pub use crons::{
+    Cron, CronFields, CronFilter, CronFiring, CronSearch, CronSortBy, CronStore, NewCron,
+    OnRunCompleted,
+};
 pub use store::{
     FilterCondition, FilterOp, ItemSearch, ItemStore, ItemVector, NamespaceSearch, PutItem,
     StoreItem,
@@ -149,7 +154,7 @@ pub trait ThreadStore: Send + Sync {
 
 /// Everything the server needs from a database.
 #[async_trait]
-pub trait Storage: AssistantStore + ThreadStore + RunStore + ItemStore {
+pub trait Storage: AssistantStore + ThreadStore + RunStore + ItemStore + CronStore {
     /// Which backend this is, for logs and `/info`.
     fn backend(&self) -> Backend;
     /// Answers whether the database can serve a query right now (for `/ready`).

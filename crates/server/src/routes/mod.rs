@@ -3,6 +3,7 @@
 pub mod assistants;
 pub mod runs;
 pub mod state;
+pub mod store;
 pub mod streams;
 pub mod system;
 pub mod threads;

@@ -84,7 +84,7 @@ async fn info(State(state): State<AppState>) -> Json<Value> {
         "flags": {
             "assistants": true,
             "crons": false,
-            "store": false,
+            "store": true,
             "langsmith": false,
         },
     }))

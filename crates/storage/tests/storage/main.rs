@@ -6,6 +6,7 @@
 mod assistants;
 mod checkpoints;
 mod common;
+mod crons;
 mod migrations;
 mod runs;
 mod store;
