@@ -3,6 +3,7 @@
 //! The wire format (field names, error bodies, SSE framing) lives in this crate only; the
 //! storage and graph crates hand it typed values.
 
+pub mod crons;
 pub mod error;
 pub mod extract;
 pub mod graphs;
@@ -58,6 +59,7 @@ pub async fn serve(
         state.thread_ttl,
         stop_workers.clone(),
     ));
+    tokio::spawn(crons::run_scheduler(state.clone(), stop_workers.clone()));
     tokio::spawn(store::sweep_items(
         state.storage.clone(),
         state.store.sweep_every,

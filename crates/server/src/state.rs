@@ -7,6 +7,7 @@ use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use spindle_storage::{Scope, Storage};
 
+use crate::crons::Scheduler;
 use crate::error::ApiError;
 use crate::graphs::GraphRegistry;
 use crate::runs::{EventHub, RunWorkers, WorkerConfig};
@@ -29,6 +30,8 @@ pub struct AppState {
     pub thread_ttl: ThreadTtlConfig,
     /// The long-term store's TTL defaults and semantic index.
     pub store: StoreConfig,
+    /// Wakes the cron scheduler of this process.
+    pub crons: Arc<Scheduler>,
 }
 
 impl AppState {
@@ -68,6 +71,7 @@ impl AppState {
             webhooks,
             thread_ttl: ThreadTtlConfig::default(),
             store: StoreConfig::default(),
+            crons: Arc::new(Scheduler::default()),
         }
     }
 }

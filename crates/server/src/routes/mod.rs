@@ -1,6 +1,7 @@
 //! HTTP routes, one module per resource.
 
 pub mod assistants;
+pub mod crons;
 pub mod runs;
 pub mod state;
 pub mod store;

@@ -83,7 +83,7 @@ async fn info(State(state): State<AppState>) -> Json<Value> {
         "graphs": state.graphs.ids().collect::<Vec<_>>(),
         "flags": {
             "assistants": true,
-            "crons": false,
+            "crons": true,
             "store": true,
             "langsmith": false,
         },
