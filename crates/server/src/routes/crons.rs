@@ -236,7 +236,9 @@ async fn create(
     };
     let cron = state.storage.create_cron(scope, new).await?;
     state.crons.wake();
-    let Some(thread_id) = thread_id.filter(|_| enabled) else {
+    // A cron created past its end time has no run to make, not even the first.
+    let live = enabled && cron.fields.end_time.is_none_or(|end| end > Utc::now());
+    let Some(thread_id) = thread_id.filter(|_| live) else {
         return Ok(Json(CronOut::from(cron)).into_response());
     };
     let mut first = run;
