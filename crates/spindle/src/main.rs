@@ -176,10 +176,7 @@ async fn serve(args: ServerArgs, mode: Mode) -> Result<()> {
 /// Sections that later versions read; say so rather than silently ignore them.
 fn warn_unused_sections(config: &LoadedConfig) {
     let file = &config.file;
-    for (name, section) in [
-        ("auth", &file.auth),
-        ("http", &file.http),
-    ] {
+    for (name, section) in [("auth", &file.auth), ("http", &file.http)] {
         if section.is_some() {
             tracing::warn!(
                 section = name,

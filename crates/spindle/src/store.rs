@@ -65,12 +65,18 @@ fn store_index(config: &LoadedConfig, index: &StoreIndexSection) -> Result<Store
             path,
         } => match provider.as_str() {
             "openai" => Arc::new(openai(
-                model.as_deref().context("embed.model is required for openai")?,
+                model
+                    .as_deref()
+                    .context("embed.model is required for openai")?,
                 base_url.as_deref(),
                 api_key_env.as_deref(),
                 index.dims,
             )?),
-            "local" => local(config, path.as_deref().context("embed.path is required for local")?)?,
+            "local" => local(
+                config,
+                path.as_deref()
+                    .context("embed.path is required for local")?,
+            )?,
             "hash" => Arc::new(HashEmbedder { dims: index.dims }),
             other => bail!("embed.provider {other:?}: expected openai, local or hash"),
         },
@@ -106,7 +112,8 @@ fn openai(
 #[cfg(feature = "local-embeddings")]
 fn local(config: &LoadedConfig, path: &std::path::Path) -> Result<Arc<dyn Embedder>> {
     let folder = config.resolve(&path.to_string_lossy());
-    let model = spindle_server::store::embed::local::MiniLmEmbedder::load(&folder)
+    let model = spindle_server::store::minilm::MiniLmEmbedder::load(&folder)
+        .map_err(anyhow::Error::msg)
         .with_context(|| format!("cannot load the embedding model in {}", folder.display()))?;
     Ok(Arc::new(model))
 }
@@ -142,7 +149,10 @@ mod tests {
         assert!(!store.refresh_on_read);
         assert_eq!(store.sweep_every, Duration::from_secs(30));
         let index = store.index.unwrap();
-        assert_eq!((index.dims, index.fields.clone()), (16, vec!["text".to_owned()]));
+        assert_eq!(
+            (index.dims, index.fields.clone()),
+            (16, vec!["text".to_owned()])
+        );
         let plain = store_config(&LoadedConfig::default()).unwrap();
         assert!(plain.refresh_on_read && plain.index.is_none() && plain.default_ttl.is_none());
     }

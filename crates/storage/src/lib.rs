@@ -26,22 +26,22 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use uuid::Uuid;
 
-pub use error::{StorageError, StorageResult};
-pub use model::*;
 pub use crons::{
     Cron, CronFields, CronFilter, CronFiring, CronSearch, CronSortBy, CronStore, NewCron,
     OnRunCompleted,
 };
-pub use store::{
-    FilterCondition, FilterOp, ItemSearch, ItemStore, ItemVector, NamespaceSearch, PutItem,
-    StoreItem,
-};
+pub use error::{StorageError, StorageResult};
+pub use model::*;
 pub use runs::{
     CancelAction, ClaimedRun, CreatedRun, IfThreadMissing, LoggedEvent, MultitaskStrategy, NewRun,
     Run, RunEnd, RunFilter, RunStatus, RunStore, RUN_END_EVENT,
 };
 /// Re-exported so the server can classify database failures without depending on sqlx.
 pub use sqlx::Error as SqlxError;
+pub use store::{
+    FilterCondition, FilterOp, ItemSearch, ItemStore, ItemVector, NamespaceSearch, PutItem,
+    StoreItem,
+};
 
 /// Assistants and their versions.
 #[async_trait]

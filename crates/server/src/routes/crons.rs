@@ -151,8 +151,18 @@ fn validate_schedule(v: &mut Violations, schedule: Option<&str>, timezone: Optio
     v.max_len("schedule", schedule, 256);
     v.max_len("timezone", timezone, 64);
     if let Err(err) = Schedule::parse(schedule.unwrap_or("* * * * *"), timezone) {
-        let input = if err.field == "timezone" { timezone } else { schedule };
-        v.push(&[err.field], "value_error", err.message, json!(input), Value::Null);
+        let input = if err.field == "timezone" {
+            timezone
+        } else {
+            schedule
+        };
+        v.push(
+            &[err.field],
+            "value_error",
+            err.message,
+            json!(input),
+            Value::Null,
+        );
     }
 }
 
@@ -178,13 +188,9 @@ fn payload_of(body: &CronCreate, assistant_id: Uuid, cron_id: Uuid) -> JsonObjec
     payload.retain(|_, value| !value.is_null());
     payload.insert("assistant_id".into(), json!(assistant_id.to_string()));
     payload.insert("schedule".into(), json!(body.schedule));
-    let config = payload
-        .entry("config")
-        .or_insert_with(|| json!({}));
+    let config = payload.entry("config").or_insert_with(|| json!({}));
     if let Value::Object(config) = config {
-        let configurable = config
-            .entry("configurable")
-            .or_insert_with(|| json!({}));
+        let configurable = config.entry("configurable").or_insert_with(|| json!({}));
         if let Value::Object(configurable) = configurable {
             configurable.insert("cron_id".into(), json!(cron_id.to_string()));
         }
@@ -211,8 +217,13 @@ async fn create(
     let cron_id = Uuid::now_v7();
     let payload = payload_of(&body, assistant_id, cron_id);
     let run = run_of(&payload)?;
-    let schedule = Schedule::parse(&body.schedule, body.timezone.as_deref())
-        .map_err(|e| ApiError::field(vec![json!("body"), json!(e.field)], "value_error", e.message))?;
+    let schedule = Schedule::parse(&body.schedule, body.timezone.as_deref()).map_err(|e| {
+        ApiError::field(
+            vec![json!("body"), json!(e.field)],
+            "value_error",
+            e.message,
+        )
+    })?;
     let enabled = body.enabled.unwrap_or(true);
     let on_run_completed = match (thread_id, body.on_run_completed) {
         (Some(_), _) => None,
@@ -342,7 +353,11 @@ pub struct CronPatch {
 impl Validate for CronPatch {
     fn validate(&self, v: &mut Violations) {
         if self.schedule.is_some() || !self.timezone.is_absent() {
-            validate_schedule(v, self.schedule.as_deref(), self.timezone.as_value().map(String::as_str));
+            validate_schedule(
+                v,
+                self.schedule.as_deref(),
+                self.timezone.as_value().map(String::as_str),
+            );
         }
         validate_run_lengths(v, &self.run);
         if let Some(value) = self.run.get("assistant_id") {
@@ -408,8 +423,14 @@ async fn patch_cron(
         || fields.timezone != current.fields.timezone
         || (fields.enabled && !current.fields.enabled);
     if rescheduled {
-        let schedule = Schedule::parse(&fields.schedule, fields.timezone.as_deref())
-            .map_err(|e| ApiError::field(vec![json!("body"), json!(e.field)], "value_error", e.message))?;
+        let schedule =
+            Schedule::parse(&fields.schedule, fields.timezone.as_deref()).map_err(|e| {
+                ApiError::field(
+                    vec![json!("body"), json!(e.field)],
+                    "value_error",
+                    e.message,
+                )
+            })?;
         fields.next_run_date = schedule.next_after(Utc::now());
     }
     let cron = state.storage.update_cron(&scope, cron_id, fields).await?;
@@ -560,7 +581,9 @@ mod tests {
     #[test]
     fn times_with_and_without_offsets() {
         assert_eq!(
-            parse_time("2030-01-01T00:00:00+02:00").unwrap().to_rfc3339(),
+            parse_time("2030-01-01T00:00:00+02:00")
+                .unwrap()
+                .to_rfc3339(),
             "2029-12-31T22:00:00+00:00"
         );
         assert_eq!(
@@ -581,7 +604,10 @@ mod tests {
         let payload = payload_of(&body, Uuid::nil(), cron_id);
         assert_eq!(payload["input"], json!({"x": 1}));
         assert_eq!(payload["config"]["configurable"]["k"], json!(1));
-        assert_eq!(payload["config"]["configurable"]["cron_id"], json!(cron_id.to_string()));
+        assert_eq!(
+            payload["config"]["configurable"]["cron_id"],
+            json!(cron_id.to_string())
+        );
         assert!(!payload.contains_key("webhook"));
         assert!(run_of(&payload).is_ok());
     }

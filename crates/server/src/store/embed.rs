@@ -3,8 +3,9 @@
 //! - [`OpenAiEmbedder`]: any OpenAI-compatible `POST {base_url}/embeddings` endpoint.
 //! - [`HashEmbedder`]: a deterministic bag-of-words hashing embedder, with no model and no
 //!   network: texts sharing words are close. For tests and demos, not for meaning.
-//! - `local::MiniLmEmbedder` (cargo feature `local-embeddings`): a sentence-transformers
-//!   MiniLM model read from a local folder and run on the CPU with candle; works offline.
+//! - `super::minilm::MiniLmEmbedder` (cargo feature `local-embeddings`): a
+//!   sentence-transformers MiniLM model read from a local folder and run on the CPU with
+//!   candle; works offline.
 
 use std::time::Duration;
 
@@ -139,7 +140,8 @@ fn parse_openai(answer: &Value, count: usize) -> Result<Vec<Vec<f32>>, String> {
             .map(|x| x.as_f64().map(|x| x as f32))
             .collect::<Option<Vec<f32>>>()
             .ok_or("an embedding holds something that is not a number")?;
-        *out.get_mut(index).ok_or("an embedding index is out of range")? = embedding;
+        *out.get_mut(index)
+            .ok_or("an embedding index is out of range")? = embedding;
     }
     if out.iter().any(Vec::is_empty) {
         return Err("the embeddings answer misses some inputs".into());
@@ -167,7 +169,16 @@ mod tests {
             .await
             .unwrap();
         assert!(cosine(&v[0], &v[1]) > cosine(&v[0], &v[2]));
-        assert_eq!(v, e.embed(&["the cat sat on the mat".into(), "a cat on a mat".into(), "stock prices fell sharply".into()]).await.unwrap());
+        assert_eq!(
+            v,
+            e.embed(&[
+                "the cat sat on the mat".into(),
+                "a cat on a mat".into(),
+                "stock prices fell sharply".into()
+            ])
+            .await
+            .unwrap()
+        );
     }
 
     #[test]

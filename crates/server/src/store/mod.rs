@@ -3,6 +3,8 @@
 //! fields of an item are embedded, and by what).
 
 pub mod embed;
+#[cfg(feature = "local-embeddings")]
+pub mod minilm;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -126,10 +128,7 @@ pub fn texts_at(value: &Value, path: &str) -> Vec<String> {
             if !name.is_empty() {
                 nodes = nodes.into_iter().filter_map(|n| n.get(name)).collect();
             }
-            for index in indexes
-                .split(']')
-                .filter_map(|i| i.strip_prefix('['))
-            {
+            for index in indexes.split(']').filter_map(|i| i.strip_prefix('[')) {
                 nodes = nodes
                     .into_iter()
                     .flat_map(|n| match (index, n) {
@@ -203,7 +202,10 @@ mod tests {
         assert_eq!(texts_at(&v, "a"), vec!["hello"]);
         assert_eq!(texts_at(&v, "b.c"), vec!["3"]);
         assert_eq!(texts_at(&v, "list[0]"), vec!["x"]);
-        assert_eq!(texts_at(&v, "list[*]"), vec!["x".to_owned(), r#"{"t":"y"}"#.to_owned()]);
+        assert_eq!(
+            texts_at(&v, "list[*]"),
+            vec!["x".to_owned(), r#"{"t":"y"}"#.to_owned()]
+        );
         assert_eq!(texts_at(&v, "list[1].t"), vec!["y"]);
         assert!(texts_at(&v, "missing").is_empty());
         assert!(texts_at(&v, "n").is_empty());

@@ -32,7 +32,9 @@ impl OnRunCompleted {
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        [Self::Delete, Self::Keep].into_iter().find(|o| o.as_str() == s)
+        [Self::Delete, Self::Keep]
+            .into_iter()
+            .find(|o| o.as_str() == s)
     }
 }
 
@@ -177,12 +179,13 @@ impl<Id: crate::rows::IntoUuid> TryFrom<CronRow<Id>> for Cron {
     type Error = StorageError;
 
     fn try_from(row: CronRow<Id>) -> StorageResult<Self> {
-        let on_run_completed = match row.on_run_completed.as_deref() {
-            None => None,
-            Some(s) => Some(OnRunCompleted::parse(s).ok_or_else(|| {
-                StorageError::Corrupt(format!("unknown on_run_completed {s:?}"))
-            })?),
-        };
+        let on_run_completed =
+            match row.on_run_completed.as_deref() {
+                None => None,
+                Some(s) => Some(OnRunCompleted::parse(s).ok_or_else(|| {
+                    StorageError::Corrupt(format!("unknown on_run_completed {s:?}"))
+                })?),
+            };
         Ok(Cron {
             cron_id: row.cron_id.into_uuid(),
             assistant_id: row.assistant_id.into_uuid(),

@@ -30,11 +30,7 @@ fn push_filter(qb: &mut QueryBuilder<'_, Postgres>, scope: &Scope, filter: &Cron
     }
 }
 
-async fn fetch(
-    conn: &mut PgConnection,
-    scope: &Scope,
-    id: Uuid,
-) -> StorageResult<Option<Cron>> {
+async fn fetch(conn: &mut PgConnection, scope: &Scope, id: Uuid) -> StorageResult<Option<Cron>> {
     let sql = format!(
         "SELECT {CRON_COLUMNS} FROM crons WHERE cron_id = $1 AND (user_id = $2 OR user_id IS NULL)"
     );
@@ -98,12 +94,7 @@ impl CronStore for PostgresStorage {
             .ok_or(StorageError::NotFound("cron"))
     }
 
-    async fn update_cron(
-        &self,
-        scope: &Scope,
-        id: Uuid,
-        f: CronFields,
-    ) -> StorageResult<Cron> {
+    async fn update_cron(&self, scope: &Scope, id: Uuid, f: CronFields) -> StorageResult<Cron> {
         let mut tx = self.pool.begin().await?;
         let done = sqlx::query(
             "UPDATE crons SET schedule = $3, timezone = $4, payload = $5, metadata = $6, \
@@ -169,12 +160,12 @@ impl CronStore for PostgresStorage {
     }
 
     async fn next_cron_due(&self) -> StorageResult<Option<DateTime<Utc>>> {
-        Ok(
-            sqlx::query_scalar("SELECT MIN(next_run_date) FROM crons WHERE enabled \
-                 AND (end_time IS NULL OR next_run_date <= end_time)")
-                .fetch_one(&self.pool)
-                .await?,
+        Ok(sqlx::query_scalar(
+            "SELECT MIN(next_run_date) FROM crons WHERE enabled \
+                 AND (end_time IS NULL OR next_run_date <= end_time)",
         )
+        .fetch_one(&self.pool)
+        .await?)
     }
 
     async fn claim_due_crons(

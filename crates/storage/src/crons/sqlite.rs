@@ -100,12 +100,7 @@ impl CronStore for SqliteStorage {
             .ok_or(StorageError::NotFound("cron"))
     }
 
-    async fn update_cron(
-        &self,
-        scope: &Scope,
-        id: Uuid,
-        f: CronFields,
-    ) -> StorageResult<Cron> {
+    async fn update_cron(&self, scope: &Scope, id: Uuid, f: CronFields) -> StorageResult<Cron> {
         let mut tx = self.write.begin().await?;
         let done = sqlx::query(
             "UPDATE crons SET schedule = $3, timezone = $4, payload = $5, metadata = $6, \
@@ -171,12 +166,12 @@ impl CronStore for SqliteStorage {
     }
 
     async fn next_cron_due(&self) -> StorageResult<Option<DateTime<Utc>>> {
-        Ok(
-            sqlx::query_scalar("SELECT MIN(next_run_date) FROM crons WHERE enabled \
-                 AND (end_time IS NULL OR next_run_date <= end_time)")
-                .fetch_one(&self.read)
-                .await?,
+        Ok(sqlx::query_scalar(
+            "SELECT MIN(next_run_date) FROM crons WHERE enabled \
+                 AND (end_time IS NULL OR next_run_date <= end_time)",
         )
+        .fetch_one(&self.read)
+        .await?)
     }
 
     async fn claim_due_crons(

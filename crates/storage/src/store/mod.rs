@@ -354,12 +354,19 @@ pub trait ItemStore: Send + Sync {
         refresh_ttl: bool,
     ) -> StorageResult<StoreItem>;
     /// Removes the caller's item; removing an item that does not exist is not an error.
-    async fn delete_item(&self, scope: &Scope, namespace: &[String], key: &str)
-        -> StorageResult<()>;
+    async fn delete_item(
+        &self,
+        scope: &Scope,
+        namespace: &[String],
+        key: &str,
+    ) -> StorageResult<()>;
     /// The caller's unexpired items under a prefix that meet the filter: most similar first
     /// when the search has a query, else most recently updated first.
-    async fn search_items(&self, scope: &Scope, search: ItemSearch)
-        -> StorageResult<Vec<StoreItem>>;
+    async fn search_items(
+        &self,
+        scope: &Scope,
+        search: ItemSearch,
+    ) -> StorageResult<Vec<StoreItem>>;
     /// The distinct namespaces of the caller's unexpired items, sorted.
     async fn list_namespaces(
         &self,
@@ -381,9 +388,10 @@ mod tests {
 
     #[test]
     fn filters_flatten_to_paths_and_operators() {
-        let conditions =
-            parse_filter(&obj(json!({"a": 1, "b": {"c": "x", "d": {"$gt": 2, "$ne": 5}}})))
-                .unwrap();
+        let conditions = parse_filter(&obj(
+            json!({"a": 1, "b": {"c": "x", "d": {"$gt": 2, "$ne": 5}}}),
+        ))
+        .unwrap();
         let summary: Vec<(Vec<String>, FilterOp, Value)> = conditions
             .into_iter()
             .map(|c| (c.path, c.op, c.value))
@@ -424,18 +432,27 @@ mod tests {
             found.into_iter().map(|l| l.join(".")).collect()
         };
         assert_eq!(
-            names(list_namespaces(stored.clone(), &search(&["a"], &["c"], None))),
+            names(list_namespaces(
+                stored.clone(),
+                &search(&["a"], &["c"], None)
+            )),
             ["a.b.c", "a.x.c"]
         );
         assert_eq!(
-            names(list_namespaces(stored.clone(), &search(&["a", "*", "c"], &[], None))),
+            names(list_namespaces(
+                stored.clone(),
+                &search(&["a", "*", "c"], &[], None)
+            )),
             ["a.b.c", "a.x.c"]
         );
         assert_eq!(
             names(list_namespaces(stored.clone(), &search(&[], &[], Some(2)))),
             ["a.b", "a.x", "b"]
         );
-        assert_eq!(literal_prefix(&["a".into(), "*".into(), "c".into()]).len(), 1);
+        assert_eq!(
+            literal_prefix(&["a".into(), "*".into(), "c".into()]).len(),
+            1
+        );
     }
 
     #[test]
@@ -445,7 +462,10 @@ mod tests {
             assert!(inside >= low.as_str() && inside < high.as_str(), "{inside}");
         }
         for outside in ["a.b", "a.bc", "a.b-x", "a.c"] {
-            assert!(!(outside >= low.as_str() && outside < high.as_str()), "{outside}");
+            assert!(
+                !(outside >= low.as_str() && outside < high.as_str()),
+                "{outside}"
+            );
         }
     }
 

@@ -113,7 +113,8 @@ impl PostgresStorage {
             .await
     }
 
-    /// Items ranked by similarity to `query`: in the database with pgvector, else here.
+    /// Items ranked by similarity to `query`: in the database with pgvector (falling back to
+    /// this process if that query fails), else in this process. Both are exact.
     async fn search_by_meaning(
         &self,
         scope: &Scope,
@@ -121,42 +122,34 @@ impl PostgresStorage {
         query: &[f32],
         now: DateTime<Utc>,
     ) -> StorageResult<Vec<(ItemRow, f64)>> {
-        let mut qb = QueryBuilder::new("");
-        let pgvector = self.has_pgvector().await;
-        if pgvector {
-            // Best field per item, then the page; `<=>` is the cosine distance.
-            qb.push(format!(
+        use sqlx::{FromRow, Row};
+        if self.has_pgvector().await {
+            // The best field of each item, then the page; `<=>` is the cosine distance.
+            let mut qb = QueryBuilder::new(format!(
                 "SELECT {ITEM_COLUMNS}, score FROM (SELECT DISTINCT ON (namespace, key) \
                  {ITEM_COLUMNS}, 1 - (v.embedding::vector <=> "
-            ))
-            .push_bind(query.to_vec())
-            .push("::real[]::vector) AS score FROM store_items JOIN store_vectors v \
-                   USING (user_id, namespace, key) WHERE user_id = ");
-        } else {
-            qb.push(format!(
-                "SELECT {ITEM_COLUMNS}, v.embedding FROM store_items JOIN store_vectors v \
-                 USING (user_id, namespace, key) WHERE user_id = "
             ));
-        }
-        qb.push_bind(scope.user_id.clone());
-        push_under(&mut qb, &search.prefix);
-        push_unexpired(&mut qb, now);
-        for condition in &search.filter {
-            push_condition(&mut qb, condition);
-        }
-        use sqlx::{FromRow, Row};
-        if pgvector {
+            qb.push_bind(query.to_vec())
+                .push("::real[]::vector) AS score");
+            push_matching(&mut qb, scope, search, now);
             qb.push(" ORDER BY namespace, key, score DESC) best ORDER BY score DESC LIMIT ")
                 .push_bind(search.page.limit)
                 .push(" OFFSET ")
                 .push_bind(search.page.offset);
-            let rows = qb.build().fetch_all(&self.pool).await?;
-            return rows
-                .iter()
-                .map(|row| Ok((ItemRow::from_row(row)?, row.try_get::<f64, _>("score")?)))
-                .collect::<Result<_, sqlx::Error>>()
-                .map_err(Into::into);
+            let ranked = qb.build().fetch_all(&self.pool).await.and_then(|rows| {
+                rows.iter()
+                    .map(|row| Ok((ItemRow::from_row(row)?, row.try_get::<f64, _>("score")?)))
+                    .collect::<Result<Vec<_>, sqlx::Error>>()
+            });
+            match ranked {
+                Ok(ranked) => return Ok(ranked),
+                Err(err) => {
+                    tracing::warn!(error = %err, "ranking with pgvector failed; ranking in the process")
+                }
+            }
         }
+        let mut qb = QueryBuilder::new(format!("SELECT {ITEM_COLUMNS}, v.embedding"));
+        push_matching(&mut qb, scope, search, now);
         qb.push(" ORDER BY namespace, key");
         let rows = qb.build().fetch_all(&self.pool).await?;
         let rows: Vec<(ItemRow, Vec<f32>)> = rows
@@ -164,6 +157,34 @@ impl PostgresStorage {
             .map(|row| Ok((ItemRow::from_row(row)?, row.try_get("embedding")?)))
             .collect::<Result<_, sqlx::Error>>()?;
         Ok(rank(rows, query, &search.page))
+    }
+}
+
+/// `FROM` the caller's unexpired items with embeddings (one row per field) `WHERE` the
+/// search's prefix and filter hold.
+fn push_matching(
+    qb: &mut QueryBuilder<'_, Postgres>,
+    scope: &Scope,
+    search: &ItemSearch,
+    now: DateTime<Utc>,
+) {
+    qb.push(" FROM store_items JOIN store_vectors v USING (user_id, namespace, key)");
+    push_where(qb, scope, search, now);
+}
+
+/// `WHERE` the caller's unexpired items under the search's prefix meet its filter.
+fn push_where(
+    qb: &mut QueryBuilder<'_, Postgres>,
+    scope: &Scope,
+    search: &ItemSearch,
+    now: DateTime<Utc>,
+) {
+    qb.push(" WHERE user_id = ")
+        .push_bind(scope.user_id.clone());
+    push_under(qb, &search.prefix);
+    push_unexpired(qb, now);
+    for condition in &search.filter {
+        push_condition(qb, condition);
     }
 }
 
@@ -267,15 +288,8 @@ impl ItemStore for PostgresStorage {
         let now = Utc::now();
         let ranked: Vec<(ItemRow, Option<f64>)> = match &search.query {
             None => {
-                let mut qb = QueryBuilder::new(format!(
-                    "SELECT {ITEM_COLUMNS} FROM store_items WHERE user_id = "
-                ));
-                qb.push_bind(scope.user_id.clone());
-                push_under(&mut qb, &search.prefix);
-                push_unexpired(&mut qb, now);
-                for condition in &search.filter {
-                    push_condition(&mut qb, condition);
-                }
+                let mut qb = QueryBuilder::new(format!("SELECT {ITEM_COLUMNS} FROM store_items"));
+                push_where(&mut qb, scope, &search, now);
                 qb.push(" ORDER BY updated_at DESC, namespace, key LIMIT ")
                     .push_bind(search.page.limit)
                     .push(" OFFSET ")
@@ -310,7 +324,8 @@ impl ItemStore for PostgresStorage {
         scope: &Scope,
         search: NamespaceSearch,
     ) -> StorageResult<Vec<Vec<String>>> {
-        let mut qb = QueryBuilder::new("SELECT DISTINCT namespace FROM store_items WHERE user_id = ");
+        let mut qb =
+            QueryBuilder::new("SELECT DISTINCT namespace FROM store_items WHERE user_id = ");
         qb.push_bind(scope.user_id.clone());
         push_under(&mut qb, literal_prefix(&search.prefix));
         push_unexpired(&mut qb, Utc::now());

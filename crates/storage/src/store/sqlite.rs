@@ -117,6 +117,22 @@ fn push_condition(qb: &mut QueryBuilder<'_, Sqlite>, condition: &FilterCondition
     }
 }
 
+/// `WHERE` the caller's unexpired items under the search's prefix meet its filter.
+fn push_where(
+    qb: &mut QueryBuilder<'_, Sqlite>,
+    scope: &Scope,
+    search: &ItemSearch,
+    now: DateTime<Utc>,
+) {
+    qb.push(" WHERE user_id = ")
+        .push_bind(scope.user_id.clone());
+    push_under(qb, "namespace", &search.prefix);
+    push_unexpired(qb, now);
+    for condition in &search.filter {
+        push_condition(qb, condition);
+    }
+}
+
 /// Restarts the TTL of items that have one.
 async fn refresh(
     conn: &mut SqliteConnection,
@@ -242,15 +258,8 @@ impl ItemStore for SqliteStorage {
         let now = Utc::now();
         let ranked: Vec<(ItemRow, Option<f64>)> = match &search.query {
             None => {
-                let mut qb = QueryBuilder::new(format!(
-                    "SELECT {ITEM_COLUMNS} FROM store_items WHERE user_id = "
-                ));
-                qb.push_bind(scope.user_id.clone());
-                push_under(&mut qb, "namespace", &search.prefix);
-                push_unexpired(&mut qb, now);
-                for condition in &search.filter {
-                    push_condition(&mut qb, condition);
-                }
+                let mut qb = QueryBuilder::new(format!("SELECT {ITEM_COLUMNS} FROM store_items"));
+                push_where(&mut qb, scope, &search, now);
                 qb.push(" ORDER BY updated_at DESC, namespace, key LIMIT ")
                     .push_bind(search.page.limit)
                     .push(" OFFSET ")
@@ -261,14 +270,9 @@ impl ItemStore for SqliteStorage {
             Some(query) => {
                 let mut qb = QueryBuilder::new(format!(
                     "SELECT {ITEM_COLUMNS}, v.embedding FROM store_items \
-                     JOIN store_vectors v USING (user_id, namespace, key) WHERE user_id = "
+                     JOIN store_vectors v USING (user_id, namespace, key)"
                 ));
-                qb.push_bind(scope.user_id.clone());
-                push_under(&mut qb, "namespace", &search.prefix);
-                push_unexpired(&mut qb, now);
-                for condition in &search.filter {
-                    push_condition(&mut qb, condition);
-                }
+                push_where(&mut qb, scope, &search, now);
                 qb.push(" ORDER BY namespace, key");
                 let rows: Vec<(ItemRow, Vec<u8>)> = qb
                     .build()
@@ -311,7 +315,8 @@ impl ItemStore for SqliteStorage {
         scope: &Scope,
         search: NamespaceSearch,
     ) -> StorageResult<Vec<Vec<String>>> {
-        let mut qb = QueryBuilder::new("SELECT DISTINCT namespace FROM store_items WHERE user_id = ");
+        let mut qb =
+            QueryBuilder::new("SELECT DISTINCT namespace FROM store_items WHERE user_id = ");
         qb.push_bind(scope.user_id.clone());
         push_under(&mut qb, "namespace", literal_prefix(&search.prefix));
         push_unexpired(&mut qb, Utc::now());

@@ -25,7 +25,10 @@ fn fields(next: Option<DateTime<Utc>>) -> CronFields {
 
 async fn assistant(s: &dyn Storage) -> Uuid {
     let new = new_assistant(crate::common::fields("echo", "a", json!({})));
-    s.create_assistant(Owner::System, new).await.unwrap().assistant_id
+    s.create_assistant(Owner::System, new)
+        .await
+        .unwrap()
+        .assistant_id
 }
 
 fn every_second(_: &Cron, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
@@ -83,13 +86,25 @@ async fn crons_are_created_read_updated_searched_and_deleted() {
             )
             .await;
         assert!(matches!(refused, Err(StorageError::NotFound(_))));
-        assert!(matches!(s.get_cron(&other, free.cron_id).await, Err(StorageError::NotFound(_))));
+        assert!(matches!(
+            s.get_cron(&other, free.cron_id).await,
+            Err(StorageError::NotFound(_))
+        ));
 
         let mut changed = free.fields.clone();
         changed.enabled = false;
         changed.end_time = Some(Utc::now());
-        let updated = s.update_cron(&me, free.cron_id, changed.clone()).await.unwrap();
-        assert_eq!(updated.fields, CronFields { end_time: updated.fields.end_time, ..changed });
+        let updated = s
+            .update_cron(&me, free.cron_id, changed.clone())
+            .await
+            .unwrap();
+        assert_eq!(
+            updated.fields,
+            CronFields {
+                end_time: updated.fields.end_time,
+                ..changed
+            }
+        );
         assert!(updated.updated_at >= free.updated_at);
 
         let search = |filter: CronFilter| CronSearch {
@@ -99,17 +114,47 @@ async fn crons_are_created_read_updated_searched_and_deleted() {
             page: all(),
         };
         let ids = |crons: Vec<Cron>| crons.into_iter().map(|c| c.cron_id).collect::<Vec<_>>();
-        assert_eq!(ids(s.search_crons(&me, search(CronFilter::default())).await.unwrap()), [bound.cron_id, free.cron_id]);
-        let by_thread = CronFilter { thread_id: Some(thread.thread_id), ..Default::default() };
-        assert_eq!(ids(s.search_crons(&me, search(by_thread.clone())).await.unwrap()), [bound.cron_id]);
-        let disabled = CronFilter { enabled: Some(false), ..Default::default() };
-        assert_eq!(ids(s.search_crons(&me, search(disabled)).await.unwrap()), [free.cron_id]);
-        let team_b = CronFilter { metadata: Some(obj(json!({"team": "b"}))), ..Default::default() };
+        assert_eq!(
+            ids(s
+                .search_crons(&me, search(CronFilter::default()))
+                .await
+                .unwrap()),
+            [bound.cron_id, free.cron_id]
+        );
+        let by_thread = CronFilter {
+            thread_id: Some(thread.thread_id),
+            ..Default::default()
+        };
+        assert_eq!(
+            ids(s
+                .search_crons(&me, search(by_thread.clone()))
+                .await
+                .unwrap()),
+            [bound.cron_id]
+        );
+        let disabled = CronFilter {
+            enabled: Some(false),
+            ..Default::default()
+        };
+        assert_eq!(
+            ids(s.search_crons(&me, search(disabled)).await.unwrap()),
+            [free.cron_id]
+        );
+        let team_b = CronFilter {
+            metadata: Some(obj(json!({"team": "b"}))),
+            ..Default::default()
+        };
         assert_eq!(s.count_crons(&me, team_b).await.unwrap(), 1);
-        assert_eq!(s.count_crons(&other, CronFilter::default()).await.unwrap(), 0);
+        assert_eq!(
+            s.count_crons(&other, CronFilter::default()).await.unwrap(),
+            0
+        );
 
         s.delete_cron(&me, free.cron_id).await.unwrap();
-        assert!(matches!(s.delete_cron(&me, free.cron_id).await, Err(StorageError::NotFound(_))));
+        assert!(matches!(
+            s.delete_cron(&me, free.cron_id).await,
+            Err(StorageError::NotFound(_))
+        ));
         // A thread's crons go with it.
         s.delete_thread(&me, thread.thread_id).await.unwrap();
         assert_eq!(s.count_crons(&me, CronFilter::default()).await.unwrap(), 0);
@@ -127,24 +172,59 @@ async fn due_times_are_claimed_once_and_missed_ones_fire_once() {
             let mut f = fields(next);
             f.enabled = enabled;
             f.end_time = end;
-            NewCron { cron_id: Uuid::new_v4(), assistant_id, thread_id: None, fields: f }
+            NewCron {
+                cron_id: Uuid::new_v4(),
+                assistant_id,
+                thread_id: None,
+                fields: f,
+            }
         };
         // Due an hour ago (missed sixty times): fires once, next due after now.
-        let missed = s.create_cron(&me, make(Some(now - Duration::hours(1)), true, None)).await.unwrap();
-        let later = s.create_cron(&me, make(Some(now + Duration::hours(1)), true, None)).await.unwrap();
-        let disabled = s.create_cron(&me, make(Some(now - Duration::seconds(5)), false, None)).await.unwrap();
+        let missed = s
+            .create_cron(&me, make(Some(now - Duration::hours(1)), true, None))
+            .await
+            .unwrap();
+        let later = s
+            .create_cron(&me, make(Some(now + Duration::hours(1)), true, None))
+            .await
+            .unwrap();
+        let disabled = s
+            .create_cron(&me, make(Some(now - Duration::seconds(5)), false, None))
+            .await
+            .unwrap();
         let ended = s
-            .create_cron(&me, make(Some(now - Duration::seconds(5)), true, Some(now - Duration::seconds(10))))
+            .create_cron(
+                &me,
+                make(
+                    Some(now - Duration::seconds(5)),
+                    true,
+                    Some(now - Duration::seconds(10)),
+                ),
+            )
             .await
             .unwrap();
         let fired = s.claim_due_crons(now, 100, &every_second).await.unwrap();
-        assert_eq!(fired.iter().map(|f| f.cron.cron_id).collect::<Vec<_>>(), [missed.cron_id]);
+        assert_eq!(
+            fired.iter().map(|f| f.cron.cron_id).collect::<Vec<_>>(),
+            [missed.cron_id]
+        );
         assert_eq!(fired[0].due, missed.fields.next_run_date.unwrap());
         let moved = s.get_cron(&me, missed.cron_id).await.unwrap();
         assert!(moved.fields.next_run_date.unwrap() > now);
-        assert!(s.claim_due_crons(now, 100, &every_second).await.unwrap().is_empty());
+        assert!(s
+            .claim_due_crons(now, 100, &every_second)
+            .await
+            .unwrap()
+            .is_empty());
         for untouched in [later, disabled, ended] {
-            assert_eq!(s.get_cron(&me, untouched.cron_id).await.unwrap().fields.next_run_date, untouched.fields.next_run_date);
+            assert_eq!(
+                s.get_cron(&me, untouched.cron_id)
+                    .await
+                    .unwrap()
+                    .fields
+                    .next_run_date,
+                untouched.fields.next_run_date
+            );
         }
         assert_eq!(s.next_cron_due().await.unwrap(), moved.fields.next_run_date);
     })
@@ -169,7 +249,12 @@ async fn concurrent_schedulers_never_take_the_same_due_time() {
             let cron = s
                 .create_cron(
                     &me,
-                    NewCron { cron_id: Uuid::new_v4(), assistant_id, thread_id: None, fields: fields(Some(start)) },
+                    NewCron {
+                        cron_id: Uuid::new_v4(),
+                        assistant_id,
+                        thread_id: None,
+                        fields: fields(Some(start)),
+                    },
                 )
                 .await
                 .unwrap();
@@ -199,7 +284,11 @@ async fn concurrent_schedulers_never_take_the_same_due_time() {
         let mut unique = fired.clone();
         unique.sort();
         unique.dedup();
-        assert_eq!(unique.len(), fired.len(), "no due time was handed out twice");
+        assert_eq!(
+            unique.len(),
+            fired.len(),
+            "no due time was handed out twice"
+        );
     })
     .await;
 }
