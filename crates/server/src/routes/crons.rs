@@ -174,6 +174,17 @@ impl Validate for CronCreate {
     }
 }
 
+/// The body's `assistant_id` (a UUID or a graph id), or a 422 naming it.
+fn body_assistant_id(state: &AppState, raw: &str) -> ApiResult<Uuid> {
+    resolve_assistant_id(state, raw).map_err(|_| {
+        ApiError::field(
+            vec![json!("body"), json!("assistant_id")],
+            "uuid_parsing",
+            "Input should be a valid UUID or the id of a graph",
+        )
+    })
+}
+
 /// The run request each firing makes, checked as `POST /threads/{id}/runs` checks it (422s
 /// name the body's fields).
 fn run_of(payload: &JsonObject) -> ApiResult<RunCreate> {
@@ -206,13 +217,7 @@ async fn create(
     thread_id: Option<Uuid>,
     body: CronCreate,
 ) -> ApiResult<Response> {
-    let assistant_id = resolve_assistant_id(state, &body.assistant_id).map_err(|_| {
-        ApiError::field(
-            vec![json!("body"), json!("assistant_id")],
-            "uuid_parsing",
-            "Input should be a valid UUID or the id of a graph",
-        )
-    })?;
+    let assistant_id = body_assistant_id(state, &body.assistant_id)?;
     state.storage.get_assistant(scope, assistant_id).await?;
     let cron_id = Uuid::now_v7();
     let payload = payload_of(&body, assistant_id, cron_id);
@@ -523,13 +528,7 @@ impl Validate for CronSearchRequest {
 fn filter_of(state: &AppState, body: &CronSearchRequest) -> ApiResult<CronFilter> {
     let assistant_id = match body.assistant_id.as_deref() {
         None => None,
-        Some(raw) => Some(resolve_assistant_id(state, raw).map_err(|_| {
-            ApiError::field(
-                vec![json!("body"), json!("assistant_id")],
-                "uuid_parsing",
-                "Input should be a valid UUID or the id of a graph",
-            )
-        })?),
+        Some(raw) => Some(body_assistant_id(state, raw)?),
     };
     Ok(CronFilter {
         assistant_id,

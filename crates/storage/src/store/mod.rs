@@ -248,12 +248,7 @@ pub(crate) fn list_namespaces(stored: Vec<String>, search: &NamespaceSearch) -> 
 
 /// When an item put or refreshed at `from` with `ttl_minutes` expires.
 pub(crate) fn expiry(from: DateTime<Utc>, ttl_minutes: Option<f64>) -> Option<DateTime<Utc>> {
-    let minutes = ttl_minutes?;
-    let micros = (minutes * 60_000_000.0).clamp(0.0, 1e17) as i64;
-    Some(
-        from.checked_add_signed(chrono::Duration::microseconds(micros))
-            .unwrap_or(DateTime::<Utc>::MAX_UTC),
-    )
+    ttl_minutes.map(|minutes| crate::model::minutes_after(from, minutes))
 }
 
 /// Cosine similarity of two embeddings (0 when either is all zeros or their lengths differ).
