@@ -3,6 +3,7 @@
 //! The wire format (field names, error bodies, SSE framing) lives in this crate only; the
 //! storage and graph crates hand it typed values.
 
+pub mod crons;
 pub mod error;
 pub mod extract;
 pub mod graphs;
@@ -11,6 +12,7 @@ pub mod routes;
 pub mod runs;
 pub mod sse;
 pub mod state;
+pub mod store;
 pub mod ttl;
 pub mod webhook;
 pub mod wire;
@@ -24,6 +26,7 @@ use tower_http::trace::TraceLayer;
 pub use graphs::{default_assistant_id, GraphRegistry};
 pub use runs::WorkerConfig;
 pub use state::AppState;
+pub use store::StoreConfig;
 pub use ttl::ThreadTtlConfig;
 pub use webhook::WebhookConfig;
 
@@ -54,6 +57,12 @@ pub async fn serve(
     tokio::spawn(ttl::sweep_threads(
         state.storage.clone(),
         state.thread_ttl,
+        stop_workers.clone(),
+    ));
+    tokio::spawn(crons::run_scheduler(state.clone(), stop_workers.clone()));
+    tokio::spawn(store::sweep_items(
+        state.storage.clone(),
+        state.store.sweep_every,
         stop_workers.clone(),
     ));
     // Without TCP_NODELAY a response written as headers then body waits for the client's

@@ -21,6 +21,8 @@ use crate::state::AppState;
         (name = "assistants", description = "Versioned configurations of a graph"),
         (name = "threads", description = "State accumulated by runs"),
         (name = "runs", description = "Executions of an assistant on a thread"),
+        (name = "crons", description = "Runs on a schedule"),
+        (name = "store", description = "The long-term store: documents under namespaces"),
         (name = "system", description = "Health and service information"),
     )
 )]
@@ -34,6 +36,8 @@ pub fn router() -> OpenApiRouter<AppState> {
         .merge(routes::state::router())
         .merge(routes::runs::router())
         .merge(routes::streams::router())
+        .merge(routes::crons::router())
+        .merge(routes::store::router())
 }
 
 /// `/openapi.json` and `/docs` (Swagger UI, its assets compiled into the binary: no CDN).

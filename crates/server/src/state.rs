@@ -7,10 +7,12 @@ use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use spindle_storage::{Scope, Storage};
 
+use crate::crons::Scheduler;
 use crate::error::ApiError;
 use crate::graphs::GraphRegistry;
 use crate::runs::{EventHub, RunWorkers, WorkerConfig};
 use crate::sse::DEFAULT_KEEPALIVE_SECS;
+use crate::store::StoreConfig;
 use crate::ttl::ThreadTtlConfig;
 use crate::webhook::{WebhookConfig, Webhooks};
 
@@ -26,6 +28,10 @@ pub struct AppState {
     pub webhooks: Arc<Webhooks>,
     /// The default thread TTL and how often expired threads are swept.
     pub thread_ttl: ThreadTtlConfig,
+    /// The long-term store's TTL defaults and semantic index.
+    pub store: StoreConfig,
+    /// Wakes the cron scheduler of this process.
+    pub crons: Arc<Scheduler>,
 }
 
 impl AppState {
@@ -64,6 +70,8 @@ impl AppState {
             keepalive: Duration::from_secs(DEFAULT_KEEPALIVE_SECS),
             webhooks,
             thread_ttl: ThreadTtlConfig::default(),
+            store: StoreConfig::default(),
+            crons: Arc::new(Scheduler::default()),
         }
     }
 }

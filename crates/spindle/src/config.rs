@@ -27,9 +27,9 @@ pub struct ConfigFile {
     pub graphs: BTreeMap<String, String>,
     #[serde(default)]
     pub server: ServerSection,
-    /// Long-term store settings (read by the store).
+    /// Long-term store settings: `ttl` and `index` (semantic search).
     #[serde(default)]
-    pub store: Option<Value>,
+    pub store: Option<StoreSection>,
     /// Authentication settings (read by the auth layer).
     #[serde(default)]
     pub auth: Option<Value>,
@@ -55,6 +55,61 @@ pub struct ServerSection {
     pub thread_ttl_strategy: Option<String>,
     pub thread_sweep_interval_secs: Option<u64>,
     pub webhook_allow_private: Option<bool>,
+}
+
+/// `store`, as LangGraph's `langgraph.json` spells it.
+#[derive(Debug, Default, Deserialize)]
+pub struct StoreSection {
+    #[serde(default)]
+    pub ttl: Option<StoreTtlSection>,
+    #[serde(default)]
+    pub index: Option<StoreIndexSection>,
+}
+
+/// `store.ttl`: minutes, fractions allowed.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreTtlSection {
+    /// The TTL of items put without one.
+    pub default_ttl: Option<f64>,
+    /// Whether reads restart an item's TTL unless they say otherwise (default true).
+    pub refresh_on_read: Option<bool>,
+    /// How often expired items are removed (default 60).
+    pub sweep_interval_minutes: Option<f64>,
+}
+
+/// `store.index`: what makes items searchable by meaning.
+#[derive(Debug, Deserialize)]
+pub struct StoreIndexSection {
+    /// Length of the embeddings.
+    pub dims: usize,
+    /// The embedder: `openai:<model>` (any OpenAI-compatible endpoint: `OPENAI_BASE_URL`,
+    /// `OPENAI_API_KEY`), `local:<folder>` (a MiniLM model on disk; needs the
+    /// `local-embeddings` build), `spindle:hash` (deterministic, for tests); or an object
+    /// `{provider, model, base_url, api_key_env, path}`.
+    pub embed: EmbedSpec,
+    /// Paths embedded by default (default `["$"]`, the whole value).
+    #[serde(default)]
+    pub fields: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum EmbedSpec {
+    Name(String),
+    Detailed {
+        provider: String,
+        #[serde(default)]
+        model: Option<String>,
+        #[serde(default)]
+        base_url: Option<String>,
+        /// The environment variable holding the API key (default `OPENAI_API_KEY`).
+        #[serde(default)]
+        api_key_env: Option<String>,
+        /// The model folder of the `local` provider.
+        #[serde(default)]
+        path: Option<PathBuf>,
+    },
 }
 
 /// A config file and the folder its relative paths start from.

@@ -3,6 +3,7 @@
 mod cli;
 mod config;
 mod graphs;
+mod store;
 mod telemetry;
 
 use std::path::PathBuf;
@@ -160,6 +161,7 @@ async fn serve(args: ServerArgs, mode: Mode) -> Result<()> {
         webhook_config(&args, &config),
     );
     state.thread_ttl = thread_ttl_config(&args, &config)?;
+    state.store = store::store_config(&config)?;
     if let Some(secs) = args
         .keepalive_interval_secs
         .or(config.file.server.keepalive_interval_secs)
@@ -174,11 +176,7 @@ async fn serve(args: ServerArgs, mode: Mode) -> Result<()> {
 /// Sections that later versions read; say so rather than silently ignore them.
 fn warn_unused_sections(config: &LoadedConfig) {
     let file = &config.file;
-    for (name, section) in [
-        ("store", &file.store),
-        ("auth", &file.auth),
-        ("http", &file.http),
-    ] {
+    for (name, section) in [("auth", &file.auth), ("http", &file.http)] {
         if section.is_some() {
             tracing::warn!(
                 section = name,

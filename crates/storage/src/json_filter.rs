@@ -53,7 +53,7 @@ impl PathExpr {
 /// `."key"`: a path step to an object key. A quoted label may hold dots and brackets, but it
 /// ends at the first `"` even after a backslash; SQLite does unescape JSON escapes in it, so
 /// quotes are written as `\u0022` and backslashes doubled.
-fn quoted_label(key: &str) -> String {
+pub(crate) fn quoted_label(key: &str) -> String {
     let mut label = String::with_capacity(key.len() + 3);
     label.push_str(".\"");
     for c in key.chars() {

@@ -8,6 +8,7 @@
 //! ([`checkpoints`]).
 
 pub mod checkpoints;
+pub mod crons;
 mod error;
 mod json_filter;
 pub mod model;
@@ -18,6 +19,7 @@ pub mod sqlite;
 mod sqlite_reader;
 mod sqlite_values;
 mod sqlite_writer;
+pub mod store;
 #[cfg(feature = "test-util")]
 pub mod test_util;
 pub mod thread_state;
@@ -27,6 +29,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use uuid::Uuid;
 
+pub use crons::{
+    Cron, CronFields, CronFilter, CronFiring, CronSearch, CronSortBy, CronStore, NewCron,
+    OnRunCompleted,
+};
 pub use error::{StorageError, StorageResult};
 pub use model::*;
 pub use runs::{
@@ -35,6 +41,10 @@ pub use runs::{
 };
 /// Re-exported so the server can classify database failures without depending on sqlx.
 pub use sqlx::Error as SqlxError;
+pub use store::{
+    FilterCondition, FilterOp, ItemSearch, ItemStore, ItemVector, NamespaceSearch, PutItem,
+    StoreItem,
+};
 
 /// Assistants and their versions.
 #[async_trait]
@@ -147,7 +157,7 @@ pub trait ThreadStore: Send + Sync {
 
 /// Everything the server needs from a database.
 #[async_trait]
-pub trait Storage: AssistantStore + ThreadStore + RunStore {
+pub trait Storage: AssistantStore + ThreadStore + RunStore + ItemStore + CronStore {
     /// Which backend this is, for logs and `/info`.
     fn backend(&self) -> Backend;
     /// Answers whether the database can serve a query right now (for `/ready`).

@@ -331,10 +331,16 @@ pub struct ThreadTtl {
 impl ThreadTtl {
     /// When a TTL set at `from` runs out.
     pub fn expiry(&self, from: DateTime<Utc>) -> DateTime<Utc> {
-        let micros = (self.minutes * 60_000_000.0).clamp(0.0, 1e17) as i64;
-        from.checked_add_signed(chrono::Duration::microseconds(micros))
-            .unwrap_or(DateTime::<Utc>::MAX_UTC)
+        minutes_after(from, self.minutes)
     }
+}
+
+/// `minutes` (fractions allowed, negatives as 0) after `from`, saturating at the latest time
+/// there is.
+pub fn minutes_after(from: DateTime<Utc>, minutes: f64) -> DateTime<Utc> {
+    let micros = (minutes * 60_000_000.0).clamp(0.0, 1e17) as i64;
+    from.checked_add_signed(chrono::Duration::microseconds(micros))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
 }
 
 /// One checkpoint to save as part of a thread change (a state update, supersteps).

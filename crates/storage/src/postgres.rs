@@ -31,6 +31,8 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres
 
 pub struct PostgresStorage {
     pub(crate) pool: PgPool,
+    /// Whether the pgvector extension is installed (asked on first use).
+    pub(crate) pgvector: tokio::sync::OnceCell<bool>,
 }
 
 async fn pool(url: &str) -> StorageResult<PgPool> {
@@ -47,13 +49,20 @@ impl PostgresStorage {
     pub async fn connect(url: &str) -> StorageResult<Self> {
         let pool = pool(url).await?;
         MIGRATOR.run(&pool).await?;
-        Ok(Self { pool })
+        Ok(Self::new(pool))
+    }
+
+    fn new(pool: PgPool) -> Self {
+        Self {
+            pool,
+            pgvector: tokio::sync::OnceCell::new(),
+        }
     }
 
     /// Wraps an existing pool (tests share one per database).
     pub async fn from_pool(pool: PgPool) -> StorageResult<Self> {
         MIGRATOR.run(&pool).await?;
-        Ok(Self { pool })
+        Ok(Self::new(pool))
     }
 
     pub async fn migrate_only(url: &str) -> StorageResult<usize> {

@@ -96,7 +96,7 @@ impl SqliteStorage {
 
     /// A transaction on the sqlx write connection, with the writer thread parked until the
     /// permit is dropped (after the transaction ends).
-    async fn begin_write(
+    pub(crate) async fn begin_write(
         &self,
     ) -> StorageResult<(WritePermit, sqlx::Transaction<'static, Sqlite>)> {
         let permit = self.writer.permit().await?;

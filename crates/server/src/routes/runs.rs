@@ -410,7 +410,7 @@ impl RunCreate {
 
 /// Who removes the thread of a stateless run, and when.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stateless {
+pub(crate) enum Stateless {
     /// A run on a thread the client named.
     No,
     /// `on_completion=keep`: the thread stays.
@@ -440,8 +440,9 @@ impl Stateless {
     }
 }
 
-/// Creates a run on `thread_id` (pending) and wakes a worker.
-async fn start_run(
+/// Creates a run on `thread_id` (pending) and wakes a worker. Every run is created here: by
+/// the run routes, and by crons when they fire.
+pub(crate) async fn start_run(
     state: &AppState,
     scope: &Scope,
     thread_id: Uuid,
@@ -509,7 +510,7 @@ async fn check_webhook(state: &AppState, body: &RunCreate, loc: Vec<Value>) -> A
 
 /// `Location` (where to join the run) and `Content-Location` (the run itself), as the
 /// reference sends them on every response that creates or follows a run.
-fn locations(run: &Run) -> HeaderMap {
+pub(crate) fn locations(run: &Run) -> HeaderMap {
     let base = format!("/threads/{}/runs/{}", run.thread_id, run.run_id);
     let mut headers = HeaderMap::new();
     // Both are built from UUIDs, so they are always valid header values.

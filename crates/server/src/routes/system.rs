@@ -81,10 +81,12 @@ async fn info(State(state): State<AppState>) -> Json<Value> {
         "server": "spindle",
         "database": state.storage.backend().as_str(),
         "graphs": state.graphs.ids().collect::<Vec<_>>(),
+        // Optional parts compiled into this build (cargo features).
+        "features": if cfg!(feature = "local-embeddings") { vec!["local-embeddings"] } else { Vec::<&str>::new() },
         "flags": {
             "assistants": true,
-            "crons": false,
-            "store": false,
+            "crons": true,
+            "store": true,
             "langsmith": false,
         },
     }))

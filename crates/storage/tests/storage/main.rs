@@ -6,7 +6,9 @@
 mod assistants;
 mod checkpoints;
 mod common;
+mod crons;
 mod migrations;
 mod runs;
+mod store;
 mod thread_state;
 mod threads;

@@ -1,0 +1,294 @@
+//! Crons: their records, and due times handed out once, also to concurrent schedulers.
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Duration, Utc};
+use serde_json::json;
+use spindle_storage::test_util::for_each_backend;
+use spindle_storage::*;
+use uuid::Uuid;
+
+use crate::common::*;
+
+fn fields(next: Option<DateTime<Utc>>) -> CronFields {
+    CronFields {
+        schedule: "* * * * *".into(),
+        timezone: None,
+        payload: obj(json!({"input": {"n": 1}})),
+        metadata: obj(json!({"team": "a"})),
+        on_run_completed: None,
+        end_time: None,
+        enabled: true,
+        next_run_date: next,
+    }
+}
+
+async fn assistant(s: &dyn Storage) -> Uuid {
+    let new = new_assistant(crate::common::fields("echo", "a", json!({})));
+    s.create_assistant(Owner::System, new)
+        .await
+        .unwrap()
+        .assistant_id
+}
+
+fn every_second(_: &Cron, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    Some(after + Duration::seconds(1))
+}
+
+#[tokio::test]
+async fn crons_are_created_read_updated_searched_and_deleted() {
+    for_each_backend(|db| async move {
+        let (s, me) = (db.storage(), Scope::local());
+        let assistant_id = assistant(s).await;
+        let thread = s.create_thread(&me, new_thread(json!({}))).await.unwrap();
+        let bound = s
+            .create_cron(
+                &me,
+                NewCron {
+                    cron_id: Uuid::new_v4(),
+                    assistant_id,
+                    thread_id: Some(thread.thread_id),
+                    fields: fields(None),
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(bound.thread_id, Some(thread.thread_id));
+        assert_eq!(bound.user_id.as_deref(), Some(Scope::LOCAL_USER));
+        let mut free_fields = fields(None);
+        free_fields.on_run_completed = Some(OnRunCompleted::Keep);
+        free_fields.metadata = obj(json!({"team": "b"}));
+        let free = s
+            .create_cron(
+                &me,
+                NewCron {
+                    cron_id: Uuid::new_v4(),
+                    assistant_id,
+                    thread_id: None,
+                    fields: free_fields,
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(s.get_cron(&me, free.cron_id).await.unwrap(), free);
+
+        // A thread of another user is not found.
+        let other = Scope::new("other");
+        let refused = s
+            .create_cron(
+                &other,
+                NewCron {
+                    cron_id: Uuid::new_v4(),
+                    assistant_id,
+                    thread_id: Some(thread.thread_id),
+                    fields: fields(None),
+                },
+            )
+            .await;
+        assert!(matches!(refused, Err(StorageError::NotFound(_))));
+        assert!(matches!(
+            s.get_cron(&other, free.cron_id).await,
+            Err(StorageError::NotFound(_))
+        ));
+
+        let mut changed = free.fields.clone();
+        changed.enabled = false;
+        changed.end_time = Some(Utc::now());
+        let updated = s
+            .update_cron(&me, free.cron_id, changed.clone())
+            .await
+            .unwrap();
+        assert_eq!(
+            updated.fields,
+            CronFields {
+                end_time: updated.fields.end_time,
+                ..changed
+            }
+        );
+        assert!(updated.updated_at >= free.updated_at);
+
+        let search = |filter: CronFilter| CronSearch {
+            filter,
+            sort_by: CronSortBy::CreatedAt,
+            sort_order: SortOrder::Asc,
+            page: all(),
+        };
+        let ids = |crons: Vec<Cron>| crons.into_iter().map(|c| c.cron_id).collect::<Vec<_>>();
+        assert_eq!(
+            ids(s
+                .search_crons(&me, search(CronFilter::default()))
+                .await
+                .unwrap()),
+            [bound.cron_id, free.cron_id]
+        );
+        let by_thread = CronFilter {
+            thread_id: Some(thread.thread_id),
+            ..Default::default()
+        };
+        assert_eq!(
+            ids(s
+                .search_crons(&me, search(by_thread.clone()))
+                .await
+                .unwrap()),
+            [bound.cron_id]
+        );
+        let disabled = CronFilter {
+            enabled: Some(false),
+            ..Default::default()
+        };
+        assert_eq!(
+            ids(s.search_crons(&me, search(disabled)).await.unwrap()),
+            [free.cron_id]
+        );
+        let team_b = CronFilter {
+            metadata: Some(obj(json!({"team": "b"}))),
+            ..Default::default()
+        };
+        assert_eq!(s.count_crons(&me, team_b).await.unwrap(), 1);
+        assert_eq!(
+            s.count_crons(&other, CronFilter::default()).await.unwrap(),
+            0
+        );
+
+        s.delete_cron(&me, free.cron_id).await.unwrap();
+        assert!(matches!(
+            s.delete_cron(&me, free.cron_id).await,
+            Err(StorageError::NotFound(_))
+        ));
+        // A thread's crons go with it.
+        s.delete_thread(&me, thread.thread_id).await.unwrap();
+        assert_eq!(s.count_crons(&me, CronFilter::default()).await.unwrap(), 0);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn due_times_are_claimed_once_and_missed_ones_fire_once() {
+    for_each_backend(|db| async move {
+        let (s, me) = (db.storage(), Scope::local());
+        let assistant_id = assistant(s).await;
+        let now = Utc::now();
+        let make = |next: Option<DateTime<Utc>>, enabled: bool, end: Option<DateTime<Utc>>| {
+            let mut f = fields(next);
+            f.enabled = enabled;
+            f.end_time = end;
+            NewCron {
+                cron_id: Uuid::new_v4(),
+                assistant_id,
+                thread_id: None,
+                fields: f,
+            }
+        };
+        // Due an hour ago (missed sixty times): fires once, next due after now.
+        let missed = s
+            .create_cron(&me, make(Some(now - Duration::hours(1)), true, None))
+            .await
+            .unwrap();
+        let later = s
+            .create_cron(&me, make(Some(now + Duration::hours(1)), true, None))
+            .await
+            .unwrap();
+        let disabled = s
+            .create_cron(&me, make(Some(now - Duration::seconds(5)), false, None))
+            .await
+            .unwrap();
+        let ended = s
+            .create_cron(
+                &me,
+                make(
+                    Some(now - Duration::seconds(5)),
+                    true,
+                    Some(now - Duration::seconds(10)),
+                ),
+            )
+            .await
+            .unwrap();
+        let fired = s.claim_due_crons(now, 100, &every_second).await.unwrap();
+        assert_eq!(
+            fired.iter().map(|f| f.cron.cron_id).collect::<Vec<_>>(),
+            [missed.cron_id]
+        );
+        assert_eq!(fired[0].due, missed.fields.next_run_date.unwrap());
+        let moved = s.get_cron(&me, missed.cron_id).await.unwrap();
+        assert!(moved.fields.next_run_date.unwrap() > now);
+        assert!(s
+            .claim_due_crons(now, 100, &every_second)
+            .await
+            .unwrap()
+            .is_empty());
+        for untouched in [later, disabled, ended] {
+            assert_eq!(
+                s.get_cron(&me, untouched.cron_id)
+                    .await
+                    .unwrap()
+                    .fields
+                    .next_run_date,
+                untouched.fields.next_run_date
+            );
+        }
+        assert_eq!(s.next_cron_due().await.unwrap(), moved.fields.next_run_date);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn concurrent_schedulers_never_take_the_same_due_time() {
+    for_each_backend(|db| async move {
+        // One process serves a SQLite file; several processes share PostgreSQL.
+        if db.backend() == Backend::Sqlite {
+            return;
+        }
+        // A second storage on the same database, as a second server process has.
+        let other: Arc<dyn Storage> = connect(db.url()).await.unwrap();
+        let s = db.storage_arc();
+        let me = Scope::local();
+        let assistant_id = assistant(s.as_ref()).await;
+        let start = Utc::now() - Duration::seconds(30);
+        let mut ids = Vec::new();
+        for _ in 0..20 {
+            let cron = s
+                .create_cron(
+                    &me,
+                    NewCron {
+                        cron_id: Uuid::new_v4(),
+                        assistant_id,
+                        thread_id: None,
+                        fields: fields(Some(start)),
+                    },
+                )
+                .await
+                .unwrap();
+            ids.push(cron.cron_id);
+        }
+        // Ten rounds: each store claims at the same "now"; every cron is due once per round.
+        let mut fired: Vec<(Uuid, DateTime<Utc>)> = Vec::new();
+        for round in 0..10 {
+            let now = start + Duration::seconds(round * 2 + 1);
+            let (a, b) = tokio::join!(
+                s.claim_due_crons(now, 7, &every_second),
+                other.claim_due_crons(now, 7, &every_second)
+            );
+            let mut taken: Vec<CronFiring> = a.unwrap();
+            taken.extend(b.unwrap());
+            // Whatever is left due is taken by a later claim of the same round.
+            loop {
+                let rest = s.claim_due_crons(now, 100, &every_second).await.unwrap();
+                if rest.is_empty() {
+                    break;
+                }
+                taken.extend(rest);
+            }
+            assert_eq!(taken.len(), 20, "round {round}: every cron fires once");
+            fired.extend(taken.into_iter().map(|f| (f.cron.cron_id, f.due)));
+        }
+        let mut unique = fired.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(
+            unique.len(),
+            fired.len(),
+            "no due time was handed out twice"
+        );
+    })
+    .await;
+}
