@@ -24,7 +24,7 @@ use uuid::fmt::Hyphenated;
 use uuid::Uuid;
 
 use crate::checkpoints::SqliteCheckpointer;
-use crate::error::conflict_if_taken;
+use crate::error::sqlite_conflict_if_taken;
 use crate::json_filter::push_sqlite_contains;
 use crate::model::*;
 use crate::rows::{
@@ -469,20 +469,6 @@ impl AssistantStore for SqliteStorage {
     }
 }
 
-async fn fetch_thread(
-    conn: &mut SqliteConnection,
-    scope: &Scope,
-    id: Uuid,
-) -> StorageResult<Option<Thread>> {
-    let sql = format!("SELECT {THREAD_COLUMNS} FROM threads WHERE thread_id = $1 AND (user_id = $2 OR user_id IS NULL)");
-    let row: Option<ThreadRow<Hyphenated>> = sqlx::query_as(&sql)
-        .bind(hyph(id))
-        .bind(&scope.user_id)
-        .fetch_optional(conn)
-        .await?;
-    row.map(Thread::try_from).transpose()
-}
-
 /// Runs `delete` (`?1` the id, `?2` the caller) and answers not found when it removed nothing.
 fn delete_visible(
     conn: &rusqlite::Connection,
@@ -686,29 +672,28 @@ impl ThreadStore for SqliteStorage {
         count_with(qb, &self.read).await
     }
 
-    async fn copy_thread(&self, scope: &Scope, id: Uuid, new_id: Uuid) -> StorageResult<Thread> {
-        let (_permit, mut tx) = self.begin_write().await?;
-        let copied = sqlx::query(
-            "INSERT INTO threads (thread_id, user_id, status, metadata, config, state_values, interrupts, error, \
-             created_at, updated_at, state_updated_at) \
-             SELECT $3, user_id, 'idle', metadata, config, state_values, '{}', NULL, $4, $4, $4 \
-             FROM threads WHERE thread_id = $1 AND (user_id = $2 OR user_id IS NULL)",
-        )
-        .bind(hyph(id))
-        .bind(&scope.user_id)
-        .bind(hyph(new_id))
-        .bind(Utc::now())
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| conflict_if_taken(e, || format!("thread {new_id} already exists")))?;
-        if copied.rows_affected() == 0 {
-            return Err(StorageError::NotFound("thread"));
-        }
-        let thread = fetch_thread(&mut tx, scope, new_id)
-            .await?
-            .ok_or(StorageError::NotFound("thread"))?;
-        tx.commit().await?;
-        Ok(thread)
+    async fn copy_thread(&self, scope: &Scope, from: Uuid, to: Uuid) -> StorageResult<Thread> {
+        let scope = scope.clone();
+        self.writer
+            .write(move |conn| {
+                let copied = conn
+                    .prepare_cached(
+                        "INSERT INTO threads (thread_id, user_id, status, metadata, config, \
+                         state_values, interrupts, error, created_at, updated_at, state_updated_at) \
+                         SELECT ?3, user_id, 'idle', metadata, config, state_values, '{}', NULL, \
+                         ?4, ?4, ?4 FROM threads WHERE thread_id = ?1 \
+                         AND (user_id = ?2 OR user_id IS NULL)",
+                    )?
+                    .execute((id(from), &scope.user_id, id(to), ts(Utc::now())))
+                    .map_err(|e| {
+                        sqlite_conflict_if_taken(e, || format!("thread {to} already exists"))
+                    })?;
+                if copied == 0 {
+                    return Err(StorageError::NotFound("thread"));
+                }
+                thread_now(conn, &scope, to)
+            })
+            .await
     }
 }
 

@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use rusqlite::{Connection, OptionalExtension};
 use serde_json::Value;
-use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
+use sqlx::{QueryBuilder, Sqlite};
 use uuid::fmt::Hyphenated;
 use uuid::Uuid;
 
@@ -45,22 +45,7 @@ fn run_row(
     row.map(Run::try_from).transpose()
 }
 
-async fn thread_visible(
-    conn: &mut SqliteConnection,
-    scope: &Scope,
-    thread_id: Uuid,
-) -> StorageResult<bool> {
-    let found: Option<i64> = sqlx::query_scalar(
-        "SELECT 1 FROM threads WHERE thread_id = $1 AND (user_id = $2 OR user_id IS NULL)",
-    )
-    .bind(thread_id.hyphenated())
-    .bind(&scope.user_id)
-    .fetch_optional(conn)
-    .await?;
-    Ok(found.is_some())
-}
-
-fn thread_visible_now(conn: &Connection, scope: &Scope, thread_id: Uuid) -> StorageResult<bool> {
+fn thread_visible(conn: &Connection, scope: &Scope, thread_id: Uuid) -> StorageResult<bool> {
     Ok(conn
         .prepare_cached(
             "SELECT 1 FROM threads WHERE thread_id = ?1 AND (user_id = ?2 OR user_id IS NULL)",
@@ -304,7 +289,7 @@ fn claimed(conn: &Connection, run: Run) -> StorageResult<ClaimedRun> {
 
 fn create_run(conn: &Connection, scope: &Scope, new: NewRun) -> StorageResult<CreatedRun> {
     let now = Utc::now();
-    if !thread_visible_now(conn, scope, new.thread_id)? {
+    if !thread_visible(conn, scope, new.thread_id)? {
         let IfThreadMissing::Create { metadata } = &new.if_thread_missing else {
             return Err(StorageError::NotFound("thread"));
         };
@@ -519,8 +504,10 @@ impl RunStore for SqliteStorage {
         filter: RunFilter,
         page: Page,
     ) -> StorageResult<Vec<Run>> {
-        let mut conn = self.read.acquire().await?;
-        if !thread_visible(&mut conn, scope, thread_id).await? {
+        if !self
+            .readers
+            .read(|conn| thread_visible(conn, scope, thread_id))?
+        {
             return Err(StorageError::NotFound("thread"));
         }
         let mut qb: QueryBuilder<Sqlite> =
@@ -533,7 +520,7 @@ impl RunStore for SqliteStorage {
             .push_bind(page.limit)
             .push(" OFFSET ")
             .push_bind(page.offset);
-        let rows: Vec<RunRow<Hyphenated>> = qb.build_query_as().fetch_all(&mut *conn).await?;
+        let rows: Vec<RunRow<Hyphenated>> = qb.build_query_as().fetch_all(&self.read).await?;
         rows.into_iter().map(Run::try_from).collect()
     }
 
@@ -571,7 +558,7 @@ impl RunStore for SqliteStorage {
         let run_ids = run_ids.to_vec();
         self.writer
             .write(move |conn| {
-                if !thread_visible_now(conn, &scope, thread_id)? {
+                if !thread_visible(conn, &scope, thread_id)? {
                     return Err(StorageError::NotFound("thread"));
                 }
                 let active = active_runs(conn, thread_id, Some(&run_ids))?;
