@@ -177,8 +177,8 @@ async fn fire(state: &AppState, firing: CronFiring) -> Result<Uuid, String> {
     let (thread_id, stateless) = match cron.thread_id {
         Some(thread_id) => (thread_id, Stateless::No),
         None => match cron.fields.on_run_completed {
-            Some(OnRunCompleted::Keep) => (Uuid::new_v4(), Stateless::Keep),
-            _ => (Uuid::new_v4(), Stateless::DeleteByWorker),
+            Some(OnRunCompleted::Keep) => (spindle_storage::new_thread_id(), Stateless::Keep),
+            _ => (spindle_storage::new_thread_id(), Stateless::DeleteByWorker),
         },
     };
     start_run(state, &scope, thread_id, &body, stateless)

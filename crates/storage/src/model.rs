@@ -242,6 +242,13 @@ impl ThreadStatus {
     }
 }
 
+/// A new thread id. Time-ordered (UUID v7) like run ids: every table keyed by thread (threads,
+/// checkpoints, their blobs and writes, the event log) then grows at its end, so the threads
+/// created together share B-tree pages and a commit writes a few pages, not one per thread.
+pub fn new_thread_id() -> Uuid {
+    Uuid::now_v7()
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Thread {
     pub thread_id: Uuid,

@@ -163,16 +163,34 @@ impl Writer {
         E: From<StorageError> + Send + 'static,
         F: FnOnce(&Connection) -> Result<T, E> + Send + 'static,
     {
+        self.submit(write).await
+    }
+
+    /// Queues `write` before returning (writes submitted one after another run in that
+    /// order) and gives the future of its result, as [`Writer::write`]'s, which need not be
+    /// awaited for the write to happen.
+    pub(crate) fn submit<T, E, F>(
+        &self,
+        write: F,
+    ) -> impl std::future::Future<Output = Result<T, E>> + Send + Sync + 'static
+    where
+        T: Send + 'static,
+        E: From<StorageError> + Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, E> + Send + 'static,
+    {
         let (reply, answer) = oneshot::channel();
         let job = Box::new(Call {
             write: Some(write),
             result: None,
             reply,
         });
-        self.jobs
-            .send(Request::Write(job))
-            .map_err(|_| E::from(stopped()))?;
-        answer.await.map_err(|_| E::from(stopped()))?
+        let queued = self.jobs.send(Request::Write(job)).is_ok();
+        async move {
+            if !queued {
+                return Err(E::from(stopped()));
+            }
+            answer.await.map_err(|_| E::from(stopped()))?
+        }
     }
 
     /// Waits until the writer thread has committed what it was doing and parks it; writes on
@@ -206,6 +224,9 @@ fn open_write_connection(path: &Path) -> StorageResult<Connection> {
     // Checkpoints (copying the WAL into the database file, with an fsync) run on their own
     // thread, not inside a commit that every queued write waits for.
     conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+    // A group commit gives each write a savepoint, whose journal of original pages would spill
+    // to a temporary file past 64 KiB: a file created, written and deleted per group.
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     Ok(conn)
 }

@@ -22,6 +22,8 @@ pub mod conformance;
 pub mod memory;
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -118,6 +120,70 @@ pub enum CheckpointError {
     Backend(String),
 }
 
+/// A save the engine does not wait for (`Durability::Async`): owned, so it can wait in a
+/// queue while the run goes on.
+#[derive(Debug, Clone, PartialEq)]
+pub enum QueuedWrite {
+    /// [`Checkpointer::put`]'s arguments.
+    Checkpoint {
+        thread_id: String,
+        checkpoint_ns: String,
+        checkpoint: Checkpoint,
+        metadata: Value,
+        parent_id: Option<String>,
+        blobs: Vec<ChannelBlob>,
+    },
+    /// [`Checkpointer::put_writes`]'s arguments.
+    Writes {
+        thread_id: String,
+        checkpoint_ns: String,
+        checkpoint_id: String,
+        writes: Vec<PendingWrite>,
+    },
+}
+
+impl QueuedWrite {
+    /// Saves it through the checkpointer's awaited methods.
+    pub async fn apply(&self, saver: &dyn Checkpointer) -> Result<(), CheckpointError> {
+        match self {
+            QueuedWrite::Checkpoint {
+                thread_id,
+                checkpoint_ns,
+                checkpoint,
+                metadata,
+                parent_id,
+                blobs,
+            } => {
+                saver
+                    .put(
+                        thread_id,
+                        checkpoint_ns,
+                        checkpoint,
+                        metadata,
+                        parent_id.as_deref(),
+                        blobs,
+                    )
+                    .await
+            }
+            QueuedWrite::Writes {
+                thread_id,
+                checkpoint_ns,
+                checkpoint_id,
+                writes,
+            } => {
+                saver
+                    .put_writes(thread_id, checkpoint_ns, checkpoint_id, writes)
+                    .await
+            }
+        }
+    }
+}
+
+/// Resolves when a queued save is done (or failed). `Sync` because the engine's loop, which
+/// holds it, is shared by reference with the tasks of a step.
+pub type WriteReceipt =
+    Pin<Box<dyn Future<Output = Result<(), CheckpointError>> + Send + Sync + 'static>>;
+
 /// Saves and loads checkpoints. All methods are scoped by thread id and namespace.
 #[async_trait]
 pub trait Checkpointer: Send + Sync {
@@ -163,6 +229,15 @@ pub trait Checkpointer: Send + Sync {
 
     /// Copy every checkpoint, blob and write of a thread to another thread id.
     async fn copy_thread(&self, from: &str, to: &str) -> Result<(), CheckpointError>;
+
+    /// Queues a save without waiting for it, when the backend applies its writes in the order
+    /// they are queued (one writer draining one queue): the save is queued before this
+    /// returns, and the receipt resolves once it is done. A run's saves then wait together
+    /// and share commits instead of each costing one. `Err` hands the write back: this
+    /// backend has no such queue (the default), and the engine orders the saves itself.
+    fn queue(&self, write: QueuedWrite) -> Result<WriteReceipt, QueuedWrite> {
+        Err(write)
+    }
 }
 
 /// Trigger channels (`branch:to:<node>`) have versions but no value and no blobs.

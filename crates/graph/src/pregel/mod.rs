@@ -18,7 +18,9 @@ use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 
-use crate::checkpoint::{ChannelBlob, CheckpointError, CheckpointRef, Checkpointer, PendingWrite};
+use crate::checkpoint::{
+    ChannelBlob, CheckpointError, CheckpointRef, Checkpointer, PendingWrite, WriteReceipt,
+};
 use crate::context::{RunShared, TaskContext};
 use crate::events::{run_input_json, EventScope, Traced};
 use crate::graph::{Graph, NodeSet};
@@ -95,7 +97,7 @@ pub async fn run(
             .unwrap_or_else(|| graph.interrupt_after.clone()),
         recursion_limit: cfg.recursion_limit,
         durability: cfg.durability,
-        inflight: None,
+        behind: None,
         exit: Default::default(),
         events: trace.as_ref().map(|t| t.scope.clone()),
     };
@@ -169,7 +171,7 @@ pub(crate) async fn run_subgraph(
         interrupt_after: graph.interrupt_after.clone(),
         recursion_limit: 10_000,
         durability: Durability::Sync,
-        inflight: None,
+        behind: None,
         exit: Default::default(),
         events: trace.as_ref().map(|t| t.scope.clone()),
     };
@@ -264,7 +266,8 @@ pub(crate) struct Loop {
     pub interrupt_after: NodeSet,
     pub recursion_limit: usize,
     pub durability: Durability,
-    pub inflight: Option<tokio::task::JoinHandle<Result<(), CheckpointError>>>,
+    /// Under `Durability::Async`, resolves when every save queued so far is done.
+    pub behind: Option<WriteReceipt>,
     /// What `Durability::Exit` holds back until the run ends.
     pub exit: persist::ExitBuffer,
     /// This graph's run in `events`, when the run streams them.

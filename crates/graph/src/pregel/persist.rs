@@ -1,10 +1,16 @@
 //! Saving what the loop produces: checkpoints, pending writes, and the durability modes.
 
+use std::sync::Arc;
+
 use serde_json::{json, Map, Value};
 
 use super::state::{START_INPUT, TASKS};
 use super::{Durability, Loop, LoopError, RunError};
-use crate::checkpoint::{new_checkpoint_id, BlobValue, ChannelBlob, CheckpointError, PendingWrite};
+use crate::checkpoint::Checkpointer;
+use crate::checkpoint::{
+    new_checkpoint_id, BlobValue, ChannelBlob, CheckpointError, PendingWrite, QueuedWrite,
+    WriteReceipt,
+};
 
 impl Loop {
     pub(super) async fn save_writes(&mut self, writes: Vec<PendingWrite>) -> Result<(), LoopError> {
@@ -20,18 +26,53 @@ impl Loop {
         let (Some(saver), Some(cid)) = (self.saver.clone(), self.checkpoint_id.clone()) else {
             return Ok(());
         };
-        self.flush().await?;
-        saver
-            .put_writes(self.thread(), &self.ns_str, &cid, &writes)
-            .await?;
+        let write = QueuedWrite::Writes {
+            thread_id: self.thread().to_owned(),
+            checkpoint_ns: self.ns_str.clone(),
+            checkpoint_id: cid,
+            writes,
+        };
+        self.save(saver, write).await
+    }
+
+    /// Saves now (`Durability::Sync`), or queues the save behind the earlier ones
+    /// (`Durability::Async`), so the run goes on while its saves are written in order.
+    async fn save(
+        &mut self,
+        saver: Arc<dyn Checkpointer>,
+        write: QueuedWrite,
+    ) -> Result<(), LoopError> {
+        if self.durability == Durability::Sync {
+            self.flush().await?;
+            write.apply(saver.as_ref()).await?;
+            return Ok(());
+        }
+        let earlier = self.behind.take();
+        let receipt = match saver.queue(write) {
+            // The backend keeps the order; a failure of an earlier save still surfaces.
+            Ok(receipt) => after(earlier, receipt),
+            // Ordered here: each save starts when the one before it is done.
+            Err(write) => {
+                let task = tokio::spawn(async move {
+                    if let Some(earlier) = earlier {
+                        earlier.await?;
+                    }
+                    write.apply(saver.as_ref()).await
+                });
+                Box::pin(async move {
+                    task.await
+                        .map_err(|e| CheckpointError::Backend(e.to_string()))?
+                })
+            }
+        };
+        self.behind = Some(receipt);
         Ok(())
     }
 
-    /// Wait for an asynchronous checkpoint write still in flight.
+    /// Waits until every queued save is done.
     pub(super) async fn flush(&mut self) -> Result<(), LoopError> {
-        if let Some(h) = self.inflight.take() {
-            h.await
-                .map_err(|e| RunError::Checkpoint(CheckpointError::Backend(e.to_string())))??;
+        if let Some(receipt) = self.behind.take() {
+            receipt.await.map_err(RunError::Checkpoint)?;
         }
         Ok(())
     }
@@ -78,23 +119,15 @@ impl Loop {
                     self.exit.writes.clear();
                 }
                 Durability::Sync | Durability::Async => {
-                    self.flush().await?;
-                    let thread = self.thread().to_string();
-                    let ns = self.ns_str.clone();
-                    let cp = checkpoint.clone();
-                    let md = metadata.clone();
-                    if self.durability == Durability::Sync {
-                        saver
-                            .put(&thread, &ns, &cp, &md, parent.as_deref(), &blobs)
-                            .await?;
-                    } else {
-                        let blobs = std::mem::take(&mut blobs);
-                        self.inflight = Some(tokio::spawn(async move {
-                            saver
-                                .put(&thread, &ns, &cp, &md, parent.as_deref(), &blobs)
-                                .await
-                        }));
-                    }
+                    let write = QueuedWrite::Checkpoint {
+                        thread_id: self.thread().to_owned(),
+                        checkpoint_ns: self.ns_str.clone(),
+                        checkpoint,
+                        metadata: metadata.clone(),
+                        parent_id: parent,
+                        blobs: std::mem::take(&mut blobs),
+                    };
+                    self.save(saver, write).await?;
                 }
             }
         }
@@ -158,6 +191,18 @@ impl Loop {
                 .await?;
         }
         Ok(())
+    }
+}
+
+/// A receipt that also carries the failure of the saves queued before it.
+fn after(earlier: Option<WriteReceipt>, receipt: WriteReceipt) -> WriteReceipt {
+    match earlier {
+        None => receipt,
+        Some(earlier) => Box::pin(async move {
+            let first = earlier.await;
+            let second = receipt.await;
+            first.and(second)
+        }),
     }
 }
 

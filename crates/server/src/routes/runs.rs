@@ -12,7 +12,8 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use spindle_storage::{
-    CancelAction, IfThreadMissing, MultitaskStrategy, NewRun, Run, RunFilter, RunStatus, Scope,
+    CancelAction, ClaimedRun, IfThreadMissing, MultitaskStrategy, NewRun, Run, RunFilter,
+    RunStatus, Scope,
 };
 use tracing::Instrument;
 use utoipa::{IntoParams, ToSchema};
@@ -24,7 +25,7 @@ use crate::error::{ApiError, ApiResult, ErrorBody, ValidationErrorBody, Validati
 use crate::extract::{ApiJson, ApiQuery, Validate, Violations};
 use crate::routes::assistants::resolve_assistant_id;
 use crate::runs::execute::keys;
-use crate::runs::hub::HubMessage;
+use crate::runs::hub::{HubMessage, Subscription};
 use crate::runs::stream::{follow_stream, Follow, Target};
 use crate::runs::worker::CLEANUP_BY_WORKER;
 use crate::sse;
@@ -473,6 +474,8 @@ pub(crate) async fn start_run(
         (false, IfNotExists::Reject) => IfThreadMissing::Reject,
     };
     let delay = body.after_seconds.unwrap_or(0.0);
+    // With a free slot here, a run that can start now is created claimed and starts at once.
+    let slot = state.workers.reserve();
     let new = NewRun {
         run_id: Uuid::now_v7(),
         thread_id,
@@ -482,6 +485,7 @@ pub(crate) async fn start_run(
         multitask_strategy: body.multitask_strategy.map(Into::into).unwrap_or_default(),
         run_after: Utc::now() + chrono::Duration::milliseconds((delay * 1000.0) as i64),
         if_thread_missing,
+        claim: slot.as_ref().map(|slot| slot.claim.clone()),
     };
     let span = tracing::info_span!("run.create", run_id = %new.run_id, thread_id = %thread_id);
     crate::runs::trace::tag_with_metadata(&span, &new.metadata);
@@ -491,7 +495,16 @@ pub(crate) async fn start_run(
         .instrument(span)
         .await?;
     state.workers.cancel_local(&created.cancelled);
-    state.workers.wake();
+    match (created.claimed_after_seq, slot) {
+        (Some(last_seq), Some(slot)) => {
+            let claimed = ClaimedRun {
+                run: created.run.clone(),
+                last_seq,
+            };
+            state.workers.execute_now(slot, claimed);
+        }
+        _ => state.workers.wake(),
+    }
     Ok(created.run)
 }
 
@@ -582,67 +595,120 @@ fn stream_response(
     (headers, Body::from_stream(body)).into_response()
 }
 
-/// The final values of an ended run: the thread's values, with `__interrupt__` when it stopped
-/// at an interrupt and `__error__` when it failed.
-async fn final_values(state: &AppState, scope: &Scope, run: &Run) -> ApiResult<Value> {
-    let thread = state.storage.get_thread(scope, run.thread_id).await;
-    let mut values = match thread.as_ref().ok().and_then(|t| t.values.clone()) {
-        Some(Value::Object(map)) => map,
-        _ => Map::new(),
-    };
-    if let Ok(thread) = &thread {
-        let interrupts: Vec<Value> = thread
-            .interrupts
-            .values()
-            .filter_map(Value::as_array)
-            .flatten()
-            .cloned()
-            .collect();
-        if !interrupts.is_empty() {
-            values.insert("__interrupt__".into(), Value::Array(interrupts));
-        }
-    }
-    if let Some(error) = run.error.clone() {
-        values.insert("__error__".into(), error);
-    }
-    Ok(Value::Object(values))
+/// The final values of an ended run, read from its thread (see [`crate::runs::final_values`]).
+async fn final_values(state: &AppState, scope: &Scope, run: &Run) -> Value {
+    let thread = state.storage.get_thread(scope, run.thread_id).await.ok();
+    let no_interrupts = JsonObject::new();
+    crate::runs::final_values(
+        thread.as_ref().and_then(|t| t.values.as_ref()),
+        thread.as_ref().map_or(&no_interrupts, |t| &t.interrupts),
+        run.error.as_ref(),
+    )
 }
 
 /// Waits until the run ends, then returns it as it ended.
 async fn wait_for_end(state: &AppState, scope: &Scope, run: &Run) -> ApiResult<Run> {
     let mut live = state.hub.subscribe(run.thread_id);
+    let ended = wait_on(state, scope, run, &mut live, Followed::SinceSeen).await?;
+    Ok(ended.run)
+}
+
+/// Since when a waiter's subscription follows the run's thread.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Followed {
+    /// Since before the run was created: its end cannot have been missed.
+    SinceCreation,
+    /// Since after the run was last seen: it may have ended in between.
+    SinceSeen,
+}
+
+/// How a waiter learnt that a run ended.
+struct Ended {
+    run: Run,
+    /// The final values, when the worker announced them with the end.
+    values: Option<Value>,
+}
+
+/// Waits on `live` until the run ends. The database is asked at the start unless the
+/// subscription predates the run, and every 500 ms: the run may execute in another process,
+/// and a lagging subscription may have dropped the end.
+async fn wait_on(
+    state: &AppState,
+    scope: &Scope,
+    run: &Run,
+    live: &mut Subscription,
+    followed: Followed,
+) -> ApiResult<Ended> {
+    let mut ask = followed == Followed::SinceSeen;
     loop {
-        let current = state
-            .storage
-            .get_run(scope, run.thread_id, run.run_id)
-            .await?;
-        if !current.status.is_active() {
-            return Ok(current);
+        if ask {
+            let current = state
+                .storage
+                .get_run(scope, run.thread_id, run.run_id)
+                .await?;
+            if !current.status.is_active() {
+                return Ok(Ended {
+                    run: current,
+                    values: None,
+                });
+            }
         }
-        let wait = async {
+        ask = true;
+        let announced = async {
             loop {
                 match live.recv().await {
-                    Ok(HubMessage::RunEnded { run_id, .. }) if run_id == run.run_id => return,
+                    Ok(HubMessage::RunEnded { run_id, ended, .. }) if run_id == run.run_id => {
+                        return ended
+                    }
                     Ok(_) => {}
-                    Err(_) => return,
+                    Err(_) => return None,
                 }
             }
         };
-        // Also poll: the run may execute in another process.
-        let _ = tokio::time::timeout(Duration::from_millis(500), wait).await;
+        if let Ok(Some(ended)) = tokio::time::timeout(Duration::from_millis(500), announced).await {
+            let values = crate::runs::final_values(
+                ended.thread_values.as_ref(),
+                &ended.thread_interrupts,
+                ended.run.error.as_ref(),
+            );
+            return Ok(Ended {
+                run: ended.run.clone(),
+                values: Some(values),
+            });
+        }
     }
 }
 
 /// Waits for the run and answers its final values, with a newline every 5 s while waiting so
 /// proxies keep the connection open.
 fn wait_response(state: AppState, scope: Scope, run: Run, temporary_delete: bool) -> Response {
+    let live = state.hub.subscribe(run.thread_id);
+    wait_response_on(
+        state,
+        scope,
+        run,
+        live,
+        Followed::SinceSeen,
+        temporary_delete,
+    )
+}
+
+/// [`wait_response`] on a subscription to the run's thread.
+fn wait_response_on(
+    state: AppState,
+    scope: Scope,
+    run: Run,
+    mut live: Subscription,
+    followed: Followed,
+    temporary_delete: bool,
+) -> Response {
     let mut headers = locations(&run);
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, std::convert::Infallible>>(4);
     tokio::spawn(async move {
         let mut ticker = tokio::time::interval(Duration::from_secs(5));
         ticker.tick().await;
         let ended = {
-            let finished = wait_for_end(&state, &scope, &run);
+            let finished = wait_on(&state, &scope, &run, &mut live, followed);
             tokio::pin!(finished);
             loop {
                 tokio::select! {
@@ -655,10 +721,13 @@ fn wait_response(state: AppState, scope: Scope, run: Run, temporary_delete: bool
                 }
             }
         };
+        drop(live);
         let body = match ended {
-            Ok(ended) => final_values(&state, &scope, &ended).await.unwrap_or_else(
-                |e| json!({"__error__": {"error": "Error", "message": e.message()}}),
-            ),
+            Ok(Ended {
+                values: Some(values),
+                ..
+            }) => values,
+            Ok(Ended { run, values: None }) => final_values(&state, &scope, &run).await,
             Err(e) => json!({"__error__": {"error": "Error", "message": e.message()}}),
         };
         let _ = tx.send(Ok(bytes::Bytes::from(body.to_string()))).await;
@@ -723,8 +792,16 @@ async fn wait_run(
     ApiJson(body): ApiJson<RunCreate>,
 ) -> ApiResult<Response> {
     let thread_id = path_uuid("thread_id", &thread_id)?;
+    let live = state.hub.subscribe(thread_id);
     let run = start_run(&state, &scope, thread_id, &body, Stateless::No).await?;
-    Ok(wait_response(state, scope, run, false))
+    Ok(wait_response_on(
+        state,
+        scope,
+        run,
+        live,
+        Followed::SinceCreation,
+        false,
+    ))
 }
 
 #[derive(Debug, Default, Deserialize, IntoParams)]
@@ -962,11 +1039,12 @@ async fn cancel_run(
 async fn start_stateless(
     state: &AppState,
     scope: &Scope,
+    thread_id: Uuid,
     body: &RunCreate,
     background: bool,
 ) -> ApiResult<(Run, Stateless)> {
     let stateless = Stateless::of(body, background);
-    let run = start_run(state, scope, Uuid::new_v4(), body, stateless).await?;
+    let run = start_run(state, scope, thread_id, body, stateless).await?;
     Ok((run, stateless))
 }
 
@@ -978,7 +1056,14 @@ async fn create_stateless_run(
     Caller(scope): Caller,
     ApiJson(body): ApiJson<RunCreate>,
 ) -> ApiResult<Response> {
-    let (run, _) = start_stateless(&state, &scope, &body, true).await?;
+    let (run, _) = start_stateless(
+        &state,
+        &scope,
+        spindle_storage::new_thread_id(),
+        &body,
+        true,
+    )
+    .await?;
     Ok((locations(&run), Json(RunOut::from(run))).into_response())
 }
 
@@ -990,7 +1075,14 @@ async fn stream_stateless_run(
     Caller(scope): Caller,
     ApiJson(body): ApiJson<RunCreate>,
 ) -> ApiResult<Response> {
-    let (run, stateless) = start_stateless(&state, &scope, &body, false).await?;
+    let (run, stateless) = start_stateless(
+        &state,
+        &scope,
+        spindle_storage::new_thread_id(),
+        &body,
+        false,
+    )
+    .await?;
     let cancel = body.on_disconnect.unwrap_or_default() == OnDisconnect::Cancel;
     let delete = stateless == Stateless::DeleteAfterResponse;
     Ok(stream_response(&state, scope, &run, None, cancel, delete))
@@ -1004,9 +1096,18 @@ async fn wait_stateless_run(
     Caller(scope): Caller,
     ApiJson(body): ApiJson<RunCreate>,
 ) -> ApiResult<Response> {
-    let (run, stateless) = start_stateless(&state, &scope, &body, false).await?;
+    let thread_id = spindle_storage::new_thread_id();
+    let live = state.hub.subscribe(thread_id);
+    let (run, stateless) = start_stateless(&state, &scope, thread_id, &body, false).await?;
     let delete = stateless == Stateless::DeleteAfterResponse;
-    Ok(wait_response(state, scope, run, delete))
+    Ok(wait_response_on(
+        state,
+        scope,
+        run,
+        live,
+        Followed::SinceCreation,
+        delete,
+    ))
 }
 
 #[utoipa::path(post, path = "/runs/batch", tag = "runs", request_body = Vec<RunCreate>,
@@ -1037,7 +1138,8 @@ async fn create_run_batch(
     }
     let mut runs = Vec::with_capacity(bodies.len());
     for body in &bodies {
-        let (run, _) = start_stateless(&state, &scope, body, true).await?;
+        let (run, _) =
+            start_stateless(&state, &scope, spindle_storage::new_thread_id(), body, true).await?;
         runs.push(RunOut::from(run));
     }
     Ok(Json(runs))

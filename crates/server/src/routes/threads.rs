@@ -382,7 +382,9 @@ async fn create_thread(
     Caller(scope): Caller,
     ApiJson(body): ApiJson<ThreadCreate>,
 ) -> ApiResult<Json<ThreadOut>> {
-    let thread_id = body.thread_id.unwrap_or_else(Uuid::new_v4);
+    let thread_id = body
+        .thread_id
+        .unwrap_or_else(spindle_storage::new_thread_id);
     let metadata = body.metadata.unwrap_or_default();
     let steps = body.supersteps.unwrap_or_default();
     let initial = if steps.is_empty() {
@@ -610,7 +612,7 @@ async fn copy_thread(
     let id = path_uuid("thread_id", &thread_id)?;
     let copy = state
         .storage
-        .copy_thread(&scope, id, Uuid::new_v4())
+        .copy_thread(&scope, id, spindle_storage::new_thread_id())
         .await?;
     let checkpoints = state.storage.checkpointer();
     if let Err(err) = checkpoints

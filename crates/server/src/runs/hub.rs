@@ -9,7 +9,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use spindle_storage::{LoggedEvent, RunStatus};
+use serde_json::Value;
+use spindle_storage::{JsonObject, LoggedEvent, Run, RunStatus};
 use tokio::sync::broadcast;
 use uuid::Uuid;
 
@@ -20,8 +21,22 @@ const CAPACITY: usize = 1024;
 pub enum HubMessage {
     /// An event of a run of the thread, already numbered.
     Event(Arc<LoggedEvent>),
-    /// A run of the thread ended (its end is committed).
-    RunEnded { run_id: Uuid, status: RunStatus },
+    /// A run of the thread ended (its end is committed). `ended` carries what was written,
+    /// when someone followed the thread as it ended, so waiters answer without reading it
+    /// back.
+    RunEnded {
+        run_id: Uuid,
+        status: RunStatus,
+        ended: Option<Arc<EndedRun>>,
+    },
+}
+
+/// A run as its end left it, with the thread's state written in the same transaction.
+#[derive(Debug)]
+pub struct EndedRun {
+    pub run: Run,
+    pub thread_values: Option<Value>,
+    pub thread_interrupts: JsonObject,
 }
 
 #[derive(Default)]
@@ -44,6 +59,12 @@ impl EventHub {
             thread_id,
             receiver,
         }
+    }
+
+    /// Whether someone in this process follows the thread now.
+    pub fn is_followed(&self, thread_id: Uuid) -> bool {
+        let threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
+        threads.contains_key(&thread_id)
     }
 
     pub fn publish(&self, thread_id: Uuid, message: HubMessage) {

@@ -10,10 +10,12 @@ pub mod worker;
 
 use serde_json::{Map, Value};
 use spindle_graph::pregel::StateSnapshot;
-use spindle_storage::{Scope, Storage, StorageResult, ThreadStateColumns, ThreadStatus};
+use spindle_storage::{
+    JsonObject, Scope, Storage, StorageResult, ThreadStateColumns, ThreadStatus,
+};
 use uuid::Uuid;
 
-pub use hub::{EventHub, HubMessage};
+pub use hub::{EndedRun, EventHub, HubMessage};
 pub use worker::{RunWorkers, WorkerConfig};
 
 /// Deletes a thread with its checkpoints. Checkpoints are keyed by thread id alone, so a
@@ -32,6 +34,32 @@ pub async fn delete_thread(
         tracing::warn!(%thread_id, error = %err, "cannot delete the thread's checkpoints");
     }
     Ok(())
+}
+
+/// What `wait` and `join` answer for an ended run: the thread's values, with `__interrupt__`
+/// when it stopped at an interrupt and `__error__` when it failed.
+pub(crate) fn final_values(
+    thread_values: Option<&Value>,
+    thread_interrupts: &JsonObject,
+    error: Option<&Value>,
+) -> Value {
+    let mut values = match thread_values {
+        Some(Value::Object(map)) => map.clone(),
+        _ => Map::new(),
+    };
+    let interrupts: Vec<Value> = thread_interrupts
+        .values()
+        .filter_map(Value::as_array)
+        .flatten()
+        .cloned()
+        .collect();
+    if !interrupts.is_empty() {
+        values.insert("__interrupt__".into(), Value::Array(interrupts));
+    }
+    if let Some(error) = error {
+        values.insert("__error__".into(), error.clone());
+    }
+    Value::Object(values)
 }
 
 /// The thread's columns that follow its latest checkpoint, as a run's end and a state

@@ -17,16 +17,16 @@ use spindle_graph::pregel::{self, StateSnapshot};
 use spindle_graph::stream::StreamEvent;
 use spindle_graph::{Graph, RunEnv, RunError, RunOutcome};
 use spindle_storage::{
-    Assistant, ClaimedRun, LoggedEvent, Run, RunEnd, RunStatus, Scope, Storage, ThreadStatus,
-    UNLOGGED_EVENTS_MAX,
+    Assistant, Claim, ClaimedRun, LoggedEvent, Run, RunEnd, RunStatus, Scope, Storage,
+    ThreadStatus, UNLOGGED_EVENTS_MAX,
 };
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use uuid::Uuid;
 
 use super::execute::{keys, run_config, run_input};
-use super::hub::{EventHub, HubMessage};
+use super::hub::{EndedRun, EventHub, HubMessage};
 use crate::graphs::GraphRegistry;
 use crate::webhook::{self, Webhooks};
 
@@ -84,6 +84,9 @@ pub struct RunWorkers {
     config: WorkerConfig,
     worker_id: String,
     wake: Notify,
+    /// One permit per run this process may execute at once, taken by the claim loops and by
+    /// runs claimed at their creation alike.
+    slots: Arc<Semaphore>,
     /// Cancel tokens of the runs executing in this process, for immediate local cancels.
     executing: Mutex<HashMap<Uuid, CancellationToken>>,
 }
@@ -101,6 +104,7 @@ impl RunWorkers {
             graphs,
             hub,
             webhooks,
+            slots: Arc::new(Semaphore::new(config.concurrency.max(1))),
             config,
             worker_id: format!("{}-{}", std::process::id(), Uuid::new_v4().simple()),
             wake: Notify::new(),
@@ -130,6 +134,29 @@ impl RunWorkers {
         self.wake.notify_one();
     }
 
+    /// A free slot, if there is one, to offer a run being created: a run that can start now
+    /// is then created claimed by this process ([`NewRun::claim`](spindle_storage::NewRun))
+    /// and handed to [`RunWorkers::execute_now`], without waiting for a claim of its own.
+    pub fn reserve(&self) -> Option<Slot> {
+        let permit = self.slots.clone().try_acquire_owned().ok()?;
+        Some(Slot {
+            _permit: permit,
+            claim: Claim {
+                worker_id: self.worker_id.clone(),
+                lease: self.config.lease,
+            },
+        })
+    }
+
+    /// Executes a run created claimed with `slot`'s claim, in the background.
+    pub fn execute_now(self: &Arc<Self>, slot: Slot, claimed: ClaimedRun) {
+        let workers = self.clone();
+        tokio::spawn(async move {
+            workers.execute(claimed).await;
+            drop(slot);
+        });
+    }
+
     /// Cancels runs executing in this process now (other processes see the database flag at
     /// their next lease renewal).
     pub fn cancel_local(&self, run_ids: &[Uuid]) {
@@ -143,6 +170,12 @@ impl RunWorkers {
 
     async fn work(self: Arc<Self>, shutdown: CancellationToken) {
         while !shutdown.is_cancelled() {
+            // A free slot first: runs claimed at their creation hold slots too.
+            let slot = tokio::select! {
+                slot = self.slots.clone().acquire_owned() => slot,
+                () = shutdown.cancelled() => return,
+            };
+            let Ok(slot) = slot else { return };
             let claimed = self
                 .storage
                 .claim_run(&self.worker_id, self.config.lease, self.config.max_attempts)
@@ -151,8 +184,12 @@ impl RunWorkers {
                 // Straight back to claiming afterwards: a loop sleeps only when it found
                 // nothing, and each created run wakes one sleeper, so waking a sibling here
                 // would only cost an empty claim per run.
-                Ok(Some(claimed)) => self.execute(claimed).await,
+                Ok(Some(claimed)) => {
+                    self.execute(claimed).await;
+                    drop(slot);
+                }
                 Ok(None) => {
+                    drop(slot);
                     tokio::select! {
                         () = self.wake.notified() => {}
                         () = tokio::time::sleep(self.config.poll_interval) => {}
@@ -160,6 +197,7 @@ impl RunWorkers {
                     }
                 }
                 Err(err) => {
+                    drop(slot);
                     tracing::error!(error = %err, "cannot claim runs; retrying");
                     tokio::time::sleep(self.config.poll_interval).await;
                 }
@@ -190,7 +228,7 @@ impl RunWorkers {
             .unwrap_or_else(|e| e.into_inner())
             .remove(&run.run_id);
         match result {
-            Ok(status) => {
+            Ok((status, ended)) => {
                 tracing::info!(
                     status = status.as_str(),
                     elapsed_ms = started.elapsed().as_millis() as u64,
@@ -201,6 +239,7 @@ impl RunWorkers {
                     HubMessage::RunEnded {
                         run_id: run.run_id,
                         status,
+                        ended,
                     },
                 );
             }
@@ -217,7 +256,7 @@ impl RunWorkers {
         run: &Run,
         last_seq: i64,
         cancel: &CancellationToken,
-    ) -> Result<RunStatus, String> {
+    ) -> Result<(RunStatus, Option<Arc<EndedRun>>), String> {
         let scope = Scope::new(run.user_id.clone().unwrap_or_default());
         let checkpointer = self.storage.checkpointer();
         let (sink, events) = mpsc::channel::<StreamEvent>(1024);
@@ -283,11 +322,24 @@ impl RunWorkers {
         let status = end.status;
         let webhook = run.kwargs.get(keys::WEBHOOK).and_then(Value::as_str);
         let final_values = webhook.and(end.thread_values.clone());
+        // Kept for whoever follows the thread here (a waiter), who then needs no read.
+        let followed = self
+            .hub
+            .is_followed(run.thread_id)
+            .then(|| (end.thread_values.clone(), end.thread_interrupts.clone()));
         let ended = self
             .storage
             .finish_run(run.run_id, &self.worker_id, end)
             .await
             .map_err(|e| e.to_string())?;
+        let announced = match (followed, &ended) {
+            (Some((thread_values, thread_interrupts)), Some(run)) => Some(Arc::new(EndedRun {
+                run: run.clone(),
+                thread_values,
+                thread_interrupts,
+            })),
+            _ => None,
+        };
         if let Some(url) = webhook {
             self.send_webhook(run, ended, final_values, url);
         }
@@ -298,7 +350,7 @@ impl RunWorkers {
                 tracing::warn!(error = %err, "cannot delete the stateless run's thread");
             }
         }
-        Ok(status)
+        Ok((status, announced))
     }
 
     /// Sends the run's end to its webhook in the background, once the end is committed: a
@@ -332,6 +384,14 @@ impl RunWorkers {
             })?;
         Ok((assistant, graph))
     }
+}
+
+/// A slot of this process's run concurrency, reserved for a run being created, with the claim
+/// that run is created with when it can start at once.
+pub struct Slot {
+    /// Given back when the slot is dropped, after the run.
+    _permit: OwnedSemaphorePermit,
+    pub claim: Claim,
 }
 
 /// Why a run did not finish normally.

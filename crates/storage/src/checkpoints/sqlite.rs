@@ -9,7 +9,7 @@ use rusqlite::{Connection, OptionalExtension};
 use serde_json::Value;
 use spindle_graph::checkpoint::{
     ChannelBlob, Checkpoint, CheckpointError, CheckpointTuple, Checkpointer, ListFilter,
-    PendingWrite,
+    PendingWrite, QueuedWrite, WriteReceipt,
 };
 use sqlx::sqlite::SqlitePool;
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
@@ -327,6 +327,60 @@ pub(crate) fn delete_checkpoints(conn: &Connection, thread_id: &str) -> rusqlite
     Ok(())
 }
 
+impl SqliteCheckpointer {
+    /// Queues a save on the writer thread, which applies saves in the order they come.
+    fn submit(&self, write: QueuedWrite) -> WriteReceipt {
+        match write {
+            QueuedWrite::Checkpoint {
+                thread_id,
+                checkpoint_ns,
+                checkpoint,
+                metadata,
+                parent_id,
+                blobs,
+            } => Box::pin(self.writer.submit(move |conn| {
+                let put = Put {
+                    thread_id: &thread_id,
+                    checkpoint_ns: &checkpoint_ns,
+                    checkpoint: &checkpoint,
+                    metadata: &metadata,
+                    parent_id: parent_id.as_deref(),
+                    blobs: &blobs,
+                };
+                insert_checkpoint(conn, &put)
+            })),
+            QueuedWrite::Writes {
+                thread_id,
+                checkpoint_ns,
+                checkpoint_id,
+                writes,
+            } => {
+                // Encoded here, on the caller's thread: the writer thread is the bottleneck.
+                let values = match plan_writes(&writes)
+                    .insert
+                    .iter()
+                    .map(|w| encode_write(w))
+                    .collect::<Result<Vec<_>, _>>()
+                {
+                    Ok(values) => values,
+                    Err(e) => return Box::pin(std::future::ready(Err(e))),
+                };
+                Box::pin(self.writer.submit(move |conn| {
+                    let plan = plan_writes(&writes);
+                    insert_writes(
+                        conn,
+                        &thread_id,
+                        &checkpoint_ns,
+                        &checkpoint_id,
+                        &plan,
+                        &values,
+                    )
+                }))
+            }
+        }
+    }
+}
+
 #[async_trait]
 impl Checkpointer for SqliteCheckpointer {
     async fn put(
@@ -338,27 +392,15 @@ impl Checkpointer for SqliteCheckpointer {
         parent_id: Option<&str>,
         blobs: &[ChannelBlob],
     ) -> Result<(), CheckpointError> {
-        let (thread_id, checkpoint_ns, checkpoint, metadata, parent_id, blobs) = (
-            thread_id.to_owned(),
-            checkpoint_ns.to_owned(),
-            checkpoint.clone(),
-            metadata.clone(),
-            parent_id.map(str::to_owned),
-            blobs.to_vec(),
-        );
-        self.writer
-            .write(move |conn| {
-                let put = Put {
-                    thread_id: &thread_id,
-                    checkpoint_ns: &checkpoint_ns,
-                    checkpoint: &checkpoint,
-                    metadata: &metadata,
-                    parent_id: parent_id.as_deref(),
-                    blobs: &blobs,
-                };
-                insert_checkpoint(conn, &put)
-            })
-            .await
+        self.submit(QueuedWrite::Checkpoint {
+            thread_id: thread_id.to_owned(),
+            checkpoint_ns: checkpoint_ns.to_owned(),
+            checkpoint: checkpoint.clone(),
+            metadata: metadata.clone(),
+            parent_id: parent_id.map(str::to_owned),
+            blobs: blobs.to_vec(),
+        })
+        .await
     }
 
     async fn put_writes(
@@ -368,30 +410,13 @@ impl Checkpointer for SqliteCheckpointer {
         checkpoint_id: &str,
         writes: &[PendingWrite],
     ) -> Result<(), CheckpointError> {
-        let values = plan_writes(writes)
-            .insert
-            .iter()
-            .map(|w| encode_write(w))
-            .collect::<Result<Vec<_>, _>>()?;
-        let (thread_id, checkpoint_ns, checkpoint_id, writes) = (
-            thread_id.to_owned(),
-            checkpoint_ns.to_owned(),
-            checkpoint_id.to_owned(),
-            writes.to_vec(),
-        );
-        self.writer
-            .write(move |conn| {
-                let plan = plan_writes(&writes);
-                insert_writes(
-                    conn,
-                    &thread_id,
-                    &checkpoint_ns,
-                    &checkpoint_id,
-                    &plan,
-                    &values,
-                )
-            })
-            .await
+        self.submit(QueuedWrite::Writes {
+            thread_id: thread_id.to_owned(),
+            checkpoint_ns: checkpoint_ns.to_owned(),
+            checkpoint_id: checkpoint_id.to_owned(),
+            writes: writes.to_vec(),
+        })
+        .await
     }
 
     async fn get_tuple(
@@ -460,6 +485,10 @@ impl Checkpointer for SqliteCheckpointer {
         self.writer
             .write(move |conn| delete_checkpoints(conn, &thread_id).map_err(backend))
             .await
+    }
+
+    fn queue(&self, write: QueuedWrite) -> Result<WriteReceipt, QueuedWrite> {
+        Ok(self.submit(write))
     }
 
     async fn copy_thread(&self, from: &str, to: &str) -> Result<(), CheckpointError> {

@@ -162,6 +162,57 @@ pub struct NewRun {
     pub multitask_strategy: MultitaskStrategy,
     pub run_after: DateTime<Utc>,
     pub if_thread_missing: IfThreadMissing,
+    /// A worker with a free slot: when the run can start now (its thread has no other active
+    /// run and it is not delayed), it is created `running`, claimed by this worker, in the
+    /// same transaction, so it starts without a claim of its own.
+    pub claim: Option<Claim>,
+}
+
+/// Who claims a run at its creation, and for how long (see [`NewRun::claim`]).
+#[derive(Debug, Clone)]
+pub struct Claim {
+    pub worker_id: String,
+    pub lease: std::time::Duration,
+}
+
+impl NewRun {
+    /// The claim to create the run with: one was offered, nothing else on the thread is
+    /// pending or running, and the run is due.
+    fn claim_now(&self, active: &[(Uuid, RunStatus)], now: DateTime<Utc>) -> Option<&Claim> {
+        self.claim
+            .as_ref()
+            .filter(|_| active.is_empty() && self.run_after <= now)
+    }
+}
+
+/// The columns of a new run's row that say whether it starts claimed.
+struct Start {
+    status: RunStatus,
+    attempt: i32,
+    lease_owner: Option<String>,
+    lease_expires_at: Option<DateTime<Utc>>,
+    started_at: Option<DateTime<Utc>>,
+}
+
+impl Start {
+    fn of(claim: Option<&Claim>, now: DateTime<Utc>) -> Self {
+        match claim {
+            Some(claim) => Start {
+                status: RunStatus::Running,
+                attempt: 1,
+                lease_owner: Some(claim.worker_id.clone()),
+                lease_expires_at: Some(lease_end(now, claim.lease)),
+                started_at: Some(now),
+            },
+            None => Start {
+                status: RunStatus::Pending,
+                attempt: 0,
+                lease_owner: None,
+                lease_expires_at: None,
+                started_at: None,
+            },
+        }
+    }
 }
 
 /// The result of creating a run.
@@ -171,6 +222,9 @@ pub struct CreatedRun {
     /// Active runs of the thread that the multitask strategy asked to stop; the server signals
     /// their workers.
     pub cancelled: Vec<Uuid>,
+    /// Set when the run was created claimed ([`NewRun::claim`]): the seq of the thread's last
+    /// logged event, as [`ClaimedRun::last_seq`].
+    pub claimed_after_seq: Option<i64>,
 }
 
 /// A run a worker now holds.

@@ -404,21 +404,29 @@ impl RunStore for PostgresStorage {
                 MultitaskStrategy::Reject | MultitaskStrategy::Enqueue => Vec::new(),
             };
 
+            let start = Start::of(new.claim_now(&active, now), now);
             let sql = format!(
                 "INSERT INTO runs (run_id, thread_id, assistant_id, user_id, status, kwargs, metadata, \
-                 multitask_strategy, attempt, run_after, created_at, updated_at) \
-                 VALUES ($1, $2, $3, $4, 'pending', $5, $6, $7, 0, $8, $9, $9) RETURNING {RUN_COLUMNS}"
+                 multitask_strategy, attempt, run_after, created_at, updated_at, lease_owner, \
+                 lease_expires_at, started_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $12, $13, $14) \
+                 RETURNING {RUN_COLUMNS}"
             );
             let row: RunRow<Uuid> = sqlx::query_as(&sql)
                 .bind(new.run_id)
                 .bind(new.thread_id)
                 .bind(new.assistant_id)
                 .bind(&scope.user_id)
+                .bind(start.status.as_str())
                 .bind(Json(&new.kwargs))
                 .bind(Json(&new.metadata))
                 .bind(new.multitask_strategy.as_str())
+                .bind(start.attempt)
                 .bind(new.run_after)
                 .bind(now)
+                .bind(&start.lease_owner)
+                .bind(start.lease_expires_at)
+                .bind(start.started_at)
                 .fetch_one(&mut *tx)
                 .await
                 .map_err(|e| conflict_if_taken(e, || format!("run {} already exists", new.run_id)))?;
@@ -427,9 +435,14 @@ impl RunStore for PostgresStorage {
                 .bind(now)
                 .execute(&mut *tx)
                 .await?;
+            let claimed_after_seq = match start.status {
+                RunStatus::Running => Some(last_seq(&mut tx, new.thread_id).await?),
+                _ => None,
+            };
             Ok(CreatedRun {
                 run: row.try_into()?,
                 cancelled,
+                claimed_after_seq,
             })
         }
         .await;

@@ -322,21 +322,29 @@ fn create_run(conn: &Connection, scope: &Scope, new: NewRun) -> StorageResult<Cr
         MultitaskStrategy::Reject | MultitaskStrategy::Enqueue => Vec::new(),
     };
 
+    let start = Start::of(new.claim_now(&active, now), now);
     let sql = format!(
         "INSERT INTO runs (run_id, thread_id, assistant_id, user_id, status, kwargs, metadata, \
-         multitask_strategy, attempt, run_after, created_at, updated_at) \
-         VALUES (?1, ?2, ?3, ?4, 'pending', ?5, ?6, ?7, 0, ?8, ?9, ?9) RETURNING {RUN_COLUMNS}"
+         multitask_strategy, attempt, run_after, created_at, updated_at, lease_owner, \
+         lease_expires_at, started_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?11, ?12, ?13, ?14) \
+         RETURNING {RUN_COLUMNS}"
     );
     let params = (
         id(new.run_id),
         id(new.thread_id),
         id(new.assistant_id),
         &scope.user_id,
+        start.status.as_str(),
         json(&new.kwargs)?,
         json(&new.metadata)?,
         new.multitask_strategy.as_str(),
+        start.attempt,
         ts(new.run_after),
         ts(now),
+        &start.lease_owner,
+        start.lease_expires_at.map(ts),
+        start.started_at.map(ts),
     );
     let run = run_row(conn, &sql, params)
         .map_err(|e| taken(e, || format!("run {} already exists", new.run_id)))?
@@ -346,7 +354,15 @@ fn create_run(conn: &Connection, scope: &Scope, new: NewRun) -> StorageResult<Cr
         "UPDATE threads SET status = 'busy', updated_at = ?2 WHERE thread_id = ?1",
         (id(new.thread_id), ts(now)),
     )?;
-    Ok(CreatedRun { run, cancelled })
+    let claimed_after_seq = match start.status {
+        RunStatus::Running => Some(last_seq(conn, new.thread_id)?),
+        _ => None,
+    };
+    Ok(CreatedRun {
+        run,
+        cancelled,
+        claimed_after_seq,
+    })
 }
 
 /// A taken primary key as a conflict with `message`; any other error as it is.

@@ -21,6 +21,7 @@ fn new_run(thread_id: Uuid, strategy: MultitaskStrategy) -> NewRun {
         metadata: obj(json!({"m": 1})),
         multitask_strategy: strategy,
         run_after: Utc::now(),
+        claim: None,
         if_thread_missing: IfThreadMissing::Reject,
     }
 }
@@ -137,6 +138,90 @@ async fn create_stores_a_pending_run_and_marks_the_thread_busy() {
             s.get_run(&alice, Uuid::new_v4(), run.run_id).await,
             "a run under another thread id",
         );
+    })
+    .await;
+}
+
+/// A run offered a claim starts claimed when nothing else is active on its thread and it is
+/// due; otherwise it is queued as usual and the claim is not used.
+#[tokio::test]
+async fn a_run_created_with_a_claim_starts_claimed_only_when_it_can_start_now() {
+    for_each_backend(|db| async move {
+        let s = db.storage();
+        let alice = fresh_user();
+        let thread = thread_of(s, &alice).await;
+        let offer = || {
+            Some(Claim {
+                worker_id: "w1".into(),
+                lease: LEASE,
+            })
+        };
+
+        let first = s
+            .create_run(
+                &alice,
+                NewRun {
+                    claim: offer(),
+                    ..new_run(thread, MultitaskStrategy::Enqueue)
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(first.run.status, RunStatus::Running);
+        assert_eq!(first.run.attempt, 1);
+        assert!(first.run.started_at.is_some());
+        let after_seq = first.claimed_after_seq.expect("created claimed");
+        assert_eq!(thread_status(s, &alice, thread).await, ThreadStatus::Busy);
+        // Claimed for w1: no other worker takes it, and w1 holds its lease.
+        assert!(claim(s, "w2").await.is_none());
+        assert!(s
+            .renew_lease(first.run.run_id, "w1", LEASE)
+            .await
+            .unwrap()
+            .is_some());
+
+        // The thread is taken: the next one is queued, claim or not.
+        let second = s
+            .create_run(
+                &alice,
+                NewRun {
+                    claim: offer(),
+                    ..new_run(thread, MultitaskStrategy::Enqueue)
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(second.run.status, RunStatus::Pending);
+        assert_eq!(second.run.attempt, 0);
+        assert_eq!(second.claimed_after_seq, None);
+
+        // A delayed run on an idle thread waits for its time.
+        let idle = thread_of(s, &alice).await;
+        let delayed = s
+            .create_run(
+                &alice,
+                NewRun {
+                    claim: offer(),
+                    run_after: Utc::now() + chrono::Duration::seconds(60),
+                    ..new_run(idle, MultitaskStrategy::Enqueue)
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(delayed.run.status, RunStatus::Pending);
+        assert_eq!(delayed.claimed_after_seq, None);
+
+        // The claimed run ends like any other, and the queued one is claimed next.
+        s.finish_run(
+            first.run.run_id,
+            "w1",
+            end(RunStatus::Success, ThreadStatus::Idle),
+        )
+        .await
+        .unwrap();
+        let next = claim(s, "w2").await.expect("the queued run");
+        assert_eq!(next.run.run_id, second.run.run_id);
+        assert!(next.last_seq > after_seq, "the first run's end was logged");
     })
     .await;
 }

@@ -89,6 +89,7 @@ fn new_run(thread_id: Uuid) -> NewRun {
         metadata: JsonObject::new(),
         multitask_strategy: MultitaskStrategy::Enqueue,
         run_after: Utc::now(),
+        claim: None,
         if_thread_missing: IfThreadMissing::Reject,
     }
 }
