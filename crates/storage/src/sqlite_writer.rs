@@ -38,6 +38,9 @@ const STATEMENT_CACHE: usize = 256;
 const CHECKPOINT_EVERY: u32 = 200;
 /// How often the WAL is checkpointed when few commits come.
 const CHECKPOINT_IDLE: Duration = Duration::from_secs(1);
+/// WAL frames (pages) past which the checkpoint thread rewinds the WAL: 256 MiB of 4 KiB
+/// pages. A rewind holds writes back for some 20 ms; at full load it comes every 2 s or so.
+const REWIND_FRAMES: i64 = 65_536;
 
 /// A queued write: runs on the writer thread, answers its caller once the outcome is known.
 trait Job: Send {
@@ -92,16 +95,19 @@ fn in_savepoint<T, E: From<StorageError>>(
     conn: &Connection,
     write: impl FnOnce(&Connection) -> Result<T, E>,
 ) -> Result<T, E> {
-    let sql = |sql: &str| conn.execute_batch(sql).map_err(|e| E::from(e.into()));
+    let sql = |sql: &str| control(conn, sql).map_err(|e| E::from(e.into()));
     sql("SAVEPOINT write")?;
     let result = guarded(conn, write);
-    let end = if result.is_ok() {
-        "RELEASE write"
-    } else {
-        "ROLLBACK TO write; RELEASE write"
-    };
-    sql(end)?;
+    if result.is_err() {
+        sql("ROLLBACK TO write")?;
+    }
+    sql("RELEASE write")?;
     result
+}
+
+/// Runs a transaction control statement, prepared once: every write of a group runs two.
+fn control(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }
 
 /// Runs `write`, turning a panic into an error: one bad write must not stop the writer.
@@ -220,7 +226,7 @@ fn open_write_connection(path: &Path) -> StorageResult<Connection> {
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "foreign_keys", true)?;
-    conn.busy_timeout(Duration::from_secs(10))?;
+    conn.busy_handler(Some(retry_soon))?;
     // Checkpoints (copying the WAL into the database file, with an fsync) run on their own
     // thread, not inside a commit that every queued write waits for.
     conn.pragma_update(None, "wal_autocheckpoint", 0)?;
@@ -231,6 +237,14 @@ fn open_write_connection(path: &Path) -> StorageResult<Connection> {
     Ok(conn)
 }
 
+/// Retries a locked database every 100 µs, for up to 10 s. Not SQLite's default back-off (1,
+/// 2, 5, 10, 15, 20, 25 ms, ...): the waits here are short (a rewind of the WAL waiting for
+/// point reads; the writer waiting for a rewind), and each would otherwise cost tens of ms.
+fn retry_soon(attempt: i32) -> bool {
+    std::thread::sleep(Duration::from_micros(100));
+    attempt < 100_000
+}
+
 /// Starts the thread that checkpoints the WAL: when the writer says enough was committed,
 /// and every [`CHECKPOINT_IDLE`]. It stops when the writer thread does.
 fn start_checkpointer(path: &Path) -> StorageResult<mpsc::SyncSender<()>> {
@@ -238,16 +252,14 @@ fn start_checkpointer(path: &Path) -> StorageResult<mpsc::SyncSender<()>> {
         path,
         OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )?;
-    conn.busy_timeout(Duration::from_secs(10))?;
+    conn.busy_handler(Some(retry_soon))?;
     let (due, wake) = mpsc::sync_channel::<()>(1);
     std::thread::Builder::new()
         .name("sqlite-checkpoint".into())
         .spawn(move || loop {
             match wake.recv_timeout(CHECKPOINT_IDLE) {
                 Ok(()) | Err(mpsc::RecvTimeoutError::Timeout) => {
-                    // PASSIVE: copies what no reader still needs, without blocking writers.
-                    if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
-                    {
+                    if let Err(e) = checkpoint(&conn) {
                         tracing::warn!(error = %e, "cannot checkpoint the SQLite WAL");
                     }
                 }
@@ -256,6 +268,26 @@ fn start_checkpointer(path: &Path) -> StorageResult<mpsc::SyncSender<()>> {
         })
         .map_err(|e| StorageError::Commit(format!("cannot start the checkpoint thread: {e}")))?;
     Ok(due)
+}
+
+/// Copies the WAL into the database without blocking writers (PASSIVE), and rewinds it once it
+/// is long.
+///
+/// Why rewind: SQLite starts the WAL over only when a write begins after every frame was
+/// copied and no reader still reads from it. Under steady load that moment never comes (new
+/// commits land while the copy runs), and the WAL grows without bound, hundreds of MB a minute,
+/// each append allocating new blocks. RESTART holds writers back while it copies the rest
+/// (little, right after a passive pass) and waits for readers still in the WAL (point reads,
+/// a millisecond); the commits after it overwrite the WAL's start.
+fn checkpoint(conn: &Connection) -> rusqlite::Result<()> {
+    let passive = || conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(1));
+    if passive()? > REWIND_FRAMES {
+        // Once more first, for what was committed during the first pass (with its fsync),
+        // so that writers wait for as little as possible.
+        passive()?;
+        conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |_| Ok(()))?;
+    }
+    Ok(())
 }
 
 /// The writer thread: waits for a write, takes the ones queued behind it, runs them all in
@@ -307,13 +339,12 @@ fn serve(conn: Connection, queue: mpsc::Receiver<Request>, checkpoints: mpsc::Sy
 
 /// Runs a group of writes in one transaction; `Err` says why it did not commit.
 fn run_group(conn: &Connection, group: &mut [Box<dyn Job>]) -> Result<(), String> {
-    conn.execute_batch("BEGIN IMMEDIATE")
-        .map_err(|e| format!("cannot begin a write: {e}"))?;
+    control(conn, "BEGIN IMMEDIATE").map_err(|e| format!("cannot begin a write: {e}"))?;
     if let [alone] = group {
         // No neighbour to protect: a savepoint would only cost page copies. A failed write
         // rolls the transaction back and its caller gets its own error.
         if !alone.run(conn, false) {
-            let _ = conn.execute_batch("ROLLBACK");
+            let _ = control(conn, "ROLLBACK");
             return Ok(());
         }
     } else {
@@ -321,8 +352,8 @@ fn run_group(conn: &Connection, group: &mut [Box<dyn Job>]) -> Result<(), String
             job.run(conn, true);
         }
     }
-    if let Err(e) = conn.execute_batch("COMMIT") {
-        let _ = conn.execute_batch("ROLLBACK");
+    if let Err(e) = control(conn, "COMMIT") {
+        let _ = control(conn, "ROLLBACK");
         tracing::error!(error = %e, writes = group.len(), "a database commit failed");
         return Err(format!("the commit failed: {e}"));
     }

@@ -128,7 +128,8 @@ pub enum QueuedWrite {
     Checkpoint {
         thread_id: String,
         checkpoint_ns: String,
-        checkpoint: Checkpoint,
+        /// Boxed, so that both variants are of a size.
+        checkpoint: Box<Checkpoint>,
         metadata: Value,
         parent_id: Option<String>,
         blobs: Vec<ChannelBlob>,
@@ -235,8 +236,8 @@ pub trait Checkpointer: Send + Sync {
     /// returns, and the receipt resolves once it is done. A run's saves then wait together
     /// and share commits instead of each costing one. `Err` hands the write back: this
     /// backend has no such queue (the default), and the engine orders the saves itself.
-    fn queue(&self, write: QueuedWrite) -> Result<WriteReceipt, QueuedWrite> {
-        Err(write)
+    fn queue(&self, write: QueuedWrite) -> Result<WriteReceipt, Box<QueuedWrite>> {
+        Err(Box::new(write))
     }
 }
 

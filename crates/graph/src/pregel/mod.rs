@@ -442,6 +442,10 @@ impl Loop {
                 return self.finish(Vec::new()).await;
             }
             skip_interrupt_before = false;
+            // What the steps before saved is durable before a task runs, so a run resumed
+            // after a crash never runs a finished task again. Saves of one step (its writes and
+            // its checkpoint) still go together, and wait while the next step is prepared.
+            self.flush().await?;
             let result = self.run_step(&tasks).await?;
             if let Some((ti, err)) = result.error {
                 let t = &tasks[ti];

@@ -122,7 +122,7 @@ impl Loop {
                     let write = QueuedWrite::Checkpoint {
                         thread_id: self.thread().to_owned(),
                         checkpoint_ns: self.ns_str.clone(),
-                        checkpoint,
+                        checkpoint: Box::new(checkpoint),
                         metadata: metadata.clone(),
                         parent_id: parent,
                         blobs: std::mem::take(&mut blobs),

@@ -395,7 +395,7 @@ impl Checkpointer for SqliteCheckpointer {
         self.submit(QueuedWrite::Checkpoint {
             thread_id: thread_id.to_owned(),
             checkpoint_ns: checkpoint_ns.to_owned(),
-            checkpoint: checkpoint.clone(),
+            checkpoint: Box::new(checkpoint.clone()),
             metadata: metadata.clone(),
             parent_id: parent_id.map(str::to_owned),
             blobs: blobs.to_vec(),
@@ -487,7 +487,7 @@ impl Checkpointer for SqliteCheckpointer {
             .await
     }
 
-    fn queue(&self, write: QueuedWrite) -> Result<WriteReceipt, QueuedWrite> {
+    fn queue(&self, write: QueuedWrite) -> Result<WriteReceipt, Box<QueuedWrite>> {
         Ok(self.submit(write))
     }
 
