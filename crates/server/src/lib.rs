@@ -9,6 +9,7 @@ pub mod extract;
 pub mod graphs;
 mod openapi;
 pub mod routes;
+pub mod protocol;
 pub mod runs;
 pub mod sse;
 pub mod state;
