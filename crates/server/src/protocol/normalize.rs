@@ -29,6 +29,8 @@ pub struct Normalizer {
     answered: HashSet<String>,
     /// Interrupts already requested (an interrupt may be reported more than once).
     requested: HashSet<String>,
+    /// Subgraph namespaces announced `started` and not completed yet, in order.
+    subgraphs: Vec<Vec<String>>,
 }
 
 /// A message whose chunks are arriving.
@@ -60,6 +62,7 @@ impl Normalizer {
             tool_calls: HashMap::new(),
             answered: HashSet::new(),
             requested: HashSet::new(),
+            subgraphs: Vec::new(),
         }
     }
 
@@ -71,6 +74,10 @@ impl Normalizer {
     /// The protocol events one engine event becomes.
     pub fn push(&mut self, event: StreamEvent) -> Vec<Logged> {
         let mut out = Vec::new();
+        self.announce(&event.namespace, &mut out);
+        if event.mode == StreamMode::Updates {
+            self.complete_children(&event, &mut out);
+        }
         match event.mode {
             StreamMode::Messages => self.message(&event.namespace, &event.data, &mut out),
             StreamMode::Updates => {
@@ -87,16 +94,60 @@ impl Normalizer {
         out
     }
 
-    /// What is left when the engine stops: messages still open are finished.
+    /// What is left when the engine stops: messages still open are finished, and subgraphs
+    /// still open complete, deepest first.
     pub fn finish(&mut self) -> Vec<Logged> {
         let mut out = Vec::new();
-        let keys: Vec<String> = self.open.keys().cloned().collect();
+        let mut keys: Vec<String> = self.open.keys().cloned().collect();
+        keys.sort();
         for key in keys {
             if let Some(open) = self.open.remove(&key) {
                 self.finish_message(open, &mut out);
             }
         }
+        let mut left = std::mem::take(&mut self.subgraphs);
+        left.sort_by_key(|ns| std::cmp::Reverse(ns.len()));
+        for ns in left {
+            out.push(lifecycle(&ns, "completed", &graph_of(&ns), None));
+        }
         out
+    }
+
+    /// `lifecycle started` the first time a subgraph namespace (or any prefix of it) shows up.
+    fn announce(&mut self, ns: &[String], out: &mut Vec<Logged>) {
+        for depth in 1..=ns.len() {
+            let prefix = &ns[..depth];
+            if !self.subgraphs.iter().any(|open| open == prefix) {
+                self.subgraphs.push(prefix.to_vec());
+                out.push(lifecycle(prefix, "started", &graph_of(prefix), None));
+            }
+        }
+    }
+
+    /// A node's update in namespace P completes its subgraph `P + [node:task]` (and anything
+    /// below it): the task that ran the subgraph is done.
+    fn complete_children(&mut self, event: &StreamEvent, out: &mut Vec<Logged>) {
+        let Some(nodes) = event.data.as_object() else {
+            return;
+        };
+        let parent = &event.namespace;
+        let done: Vec<Vec<String>> = self
+            .subgraphs
+            .iter()
+            .filter(|ns| {
+                ns.len() > parent.len()
+                    && ns.starts_with(parent)
+                    && nodes.contains_key(&graph_of(&ns[..=parent.len()]))
+            })
+            .cloned()
+            .collect();
+        let mut done = done;
+        done.sort_by_key(|ns| std::cmp::Reverse(ns.len()));
+        for ns in done {
+            self.close(&ns, out);
+            self.subgraphs.retain(|open| open != &ns);
+            out.push(lifecycle(&ns, "completed", &graph_of(&ns), None));
+        }
     }
 
     fn update(&mut self, event: StreamEvent, out: &mut Vec<Logged>) {
@@ -480,6 +531,13 @@ pub fn text_of(content: Option<&Value>) -> Option<String> {
     }
 }
 
+/// The graph name of a namespace: its last segment without the task id (`child:3f` -> `child`).
+fn graph_of(ns: &[String]) -> String {
+    ns.last()
+        .map(|s| s.split(':').next().unwrap_or_default().to_owned())
+        .unwrap_or_default()
+}
+
 /// A lifecycle event of a namespace.
 pub fn lifecycle(ns: &[String], status: &str, graph_name: &str, error: Option<&str>) -> Logged {
     let mut data = json!({"event": status, "graph_name": graph_name});
@@ -491,11 +549,13 @@ pub fn lifecycle(ns: &[String], status: &str, graph_name: &str, error: Option<&s
 
 /// The root lifecycle event that ends a v2 run, logged in the transaction that ends it: a run
 /// that stopped at an interrupt is `interrupted`, one that raised is `failed`.
+/// `checkpoint` is the thread's latest checkpoint, the point to fork from.
 pub fn terminal(
     graph_name: &str,
     status: RunStatus,
     thread_status: ThreadStatus,
     error: Option<&Value>,
+    checkpoint: Option<&str>,
 ) -> Logged {
     let message = error.map(|e| {
         e.get("message")
@@ -503,7 +563,12 @@ pub fn terminal(
             .map(str::to_owned)
             .unwrap_or_else(|| e.to_string())
     });
-    lifecycle(&[], lifecycle_status(status, thread_status), graph_name, message.as_deref())
+    let status = lifecycle_status(status, thread_status);
+    let (name, mut data) = lifecycle(&[], status, graph_name, message.as_deref());
+    if let Some(id) = checkpoint {
+        data["checkpoint"] = json!({"id": id});
+    }
+    (name, data)
 }
 
 /// A run's status as a lifecycle status.
@@ -607,10 +672,31 @@ mod tests {
 
     #[test]
     fn terminal_status_follows_the_run_and_its_thread() {
-        let (_, data) = terminal("g", RunStatus::Success, ThreadStatus::Interrupted, None);
+        let (_, data) = terminal("g", RunStatus::Success, ThreadStatus::Interrupted, None, Some("c"));
         assert_eq!(data["event"], "interrupted");
+        assert_eq!(data["checkpoint"], json!({"id": "c"}));
         let err = json!({"error": "ValueError", "message": "boom"});
-        let (_, data) = terminal("g", RunStatus::Error, ThreadStatus::Error, Some(&err));
+        let (_, data) = terminal("g", RunStatus::Error, ThreadStatus::Error, Some(&err), None);
         assert_eq!(data, json!({"event": "failed", "graph_name": "g", "error": "boom"}));
+    }
+
+    #[test]
+    fn subgraphs_start_when_seen_and_complete_with_their_parents_update() {
+        let mut n = Normalizer::new("nested");
+        let ns = vec!["child:1".to_string()];
+        let inner = StreamEvent {
+            namespace: ns.clone(),
+            mode: StreamMode::Values,
+            part: None,
+            data: json!({}),
+        };
+        let out = n.push(inner.clone());
+        assert_eq!(out[0].0, "lifecycle|child:1");
+        assert_eq!(out[0].1, json!({"event": "started", "graph_name": "child"}));
+        assert_eq!(n.push(inner).len(), 1, "announced once");
+        let out = n.push(ev(StreamMode::Updates, json!({"child": {"messages": []}})));
+        assert_eq!(out[0].0, "lifecycle|child:1");
+        assert_eq!(out[0].1["event"], "completed");
+        assert!(n.finish().is_empty());
     }
 }

@@ -286,11 +286,19 @@ impl RunWorkers {
             Ok((_, graph)) => latest_state(graph, checkpointer.as_ref(), run).await,
             Err(_) => None,
         };
+        let checkpoint = snapshot
+            .as_ref()
+            .map(|s| s.checkpoint.checkpoint_id.clone());
         let mut end = run_end(&outcome, timed_out, snapshot);
         if let Some(graph) = &v2_graph {
             // The run's lifecycle end, committed with the run's end.
-            let (name, data) =
-                normalize::terminal(graph, end.status, end.thread_status, end.error.as_ref());
+            let (name, data) = normalize::terminal(
+                graph,
+                end.status,
+                end.thread_status,
+                end.error.as_ref(),
+                checkpoint.as_deref(),
+            );
             tail.seq += 1;
             let event = logged(run, tail.seq, name, data);
             self.hub
