@@ -450,3 +450,81 @@ async def test_official_client_answers_an_interrupt(client):
                 break
             await asyncio.sleep(0.1)
         assert state["values"]["messages"][-1]["content"] == "decision: ok"
+
+
+# ------------------------------------------------------------------------------------------
+# the WebSocket
+# ------------------------------------------------------------------------------------------
+
+
+async def test_websocket_carries_commands_and_events(base_url, http):
+    """On the WebSocket: subscribe, start a run, get the command answers and each event once
+    (two overlapping subscriptions), then unsubscribe; bad commands get protocol errors."""
+    from websockets.asyncio.client import connect
+
+    tid = new_thread(http)
+    url = base_url.replace("http://", "ws://") + f"/threads/{tid}/stream/events"
+    async with connect(url) as ws:
+        async def call(cid: int, method: str, params: dict) -> dict:
+            await ws.send(json.dumps({"id": cid, "method": method, "params": params}))
+            while True:
+                message = json.loads(await asyncio.wait_for(ws.recv(), 20))
+                if message.get("type") != "event":
+                    assert message["id"] == cid, message
+                    return message
+                events.append(message)
+
+        events: list[dict] = []
+        sub = await call(1, "subscription.subscribe", {"channels": ["lifecycle", "values"]})
+        assert sub["type"] == "success" and sub["result"]["subscription_id"]
+        again = await call(2, "subscription.subscribe", {"channels": ["lifecycle"]})
+        assert again["type"] == "success"
+        bad = await call(3, "subscription.subscribe", {"channels": ["bogus"]})
+        assert bad["type"] == "error" and bad["error"] == "invalid_argument"
+        started = await call(4, "run.start", {"assistant_id": "echo",
+                                              "input": {"messages": [{"role": "user", "content": "hi"}]}})
+        assert started["type"] == "success"
+        while terminals([{"data": e} for e in events]) == 0:
+            message = json.loads(await asyncio.wait_for(ws.recv(), 20))
+            assert message["type"] == "event", message
+            events.append(message)
+        seqs = [e["seq"] for e in events]
+        assert seqs == sorted(set(seqs)), seqs
+        assert {e["method"] for e in events} == {"lifecycle", "values"}
+        gone = await call(5, "subscription.unsubscribe", {"subscription_id": sub["result"]["subscription_id"]})
+        assert gone["type"] == "success"
+        assert gone["meta"]["applied_through_seq"] == seqs[-1]
+        missing = await call(6, "subscription.unsubscribe", {"subscription_id": "nope"})
+        assert missing["error"] == "no_such_subscription"
+        state = await call(7, "state.get", {"namespace": []})
+        assert state["result"]["values"]["messages"]
+        await ws.send("not json")
+        garbled = json.loads(await asyncio.wait_for(ws.recv(), 20))
+        assert garbled["type"] == "error" and garbled["id"] is None
+
+
+async def test_official_client_over_websocket(client):
+    """`transport="websocket"`: the client's events arrive over the socket."""
+    created = await client.threads.create()
+    async with client.threads.stream(created["thread_id"], assistant_id="agent",
+                                     transport="websocket") as thread:
+        seen: list[dict] = []
+
+        async def collect():
+            async for event in thread.events:
+                # The socket also carries the answer to the client's own subscribe command,
+                # which this client hands through as it comes (so does the reference).
+                if event.get("type") != "event":
+                    continue
+                seen.append(event)
+                if (event["method"] == "lifecycle" and event["params"]["namespace"] == []
+                        and event["params"]["data"]["event"] == "completed"):
+                    return
+
+        task = asyncio.create_task(collect())
+        await asyncio.sleep(0.3)
+        await thread.run.start(input=AGENT_INPUT)
+        await asyncio.wait_for(task, 30)
+    assert "tools" in {e["method"] for e in seen}
+    seqs = [e["seq"] for e in seen]
+    assert seqs == sorted(set(seqs))

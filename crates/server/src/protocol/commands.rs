@@ -286,13 +286,7 @@ async fn input_respond(
     params: &Map<String, Value>,
 ) -> Result<Value, Failure> {
     let answers = responses(params)?;
-    let thread = match state.storage.get_thread(scope, thread_id).await {
-        Ok(thread) => thread,
-        Err(StorageError::NotFound(_)) => {
-            return Err(fail("no_such_run", "No interrupted run is bound to this thread."))
-        }
-        Err(err) => return Err(err.into()),
-    };
+    let thread = settled_thread(state, scope, thread_id).await?;
     let pending: Vec<&str> = thread
         .interrupts
         .values()
@@ -334,6 +328,39 @@ async fn input_respond(
     )
     .await?;
     Ok(json!({}))
+}
+
+/// How long `input.respond` waits for the thread's run to end before it judges the
+/// interrupts. Live events reach streams before the run's end is committed, so a client that
+/// answers the moment it sees `input.requested` may be a few milliseconds early.
+const SETTLE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The thread once no run of it is in flight; refused if one still is after [`SETTLE`].
+async fn settled_thread(
+    state: &AppState,
+    scope: &Scope,
+    thread_id: Uuid,
+) -> Result<spindle_storage::Thread, Failure> {
+    let deadline = tokio::time::Instant::now() + SETTLE;
+    loop {
+        let thread = match state.storage.get_thread(scope, thread_id).await {
+            Ok(thread) => thread,
+            Err(StorageError::NotFound(_)) => {
+                return Err(fail("no_such_run", "No interrupted run is bound to this thread."))
+            }
+            Err(err) => return Err(err.into()),
+        };
+        if thread.status != ThreadStatus::Busy {
+            return Ok(thread);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(fail(
+                "no_such_interrupt",
+                "The thread has a run in flight; no interrupt is waiting for input.",
+            ));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
 /// The assistant the thread's runs use: its metadata's `assistant_id` (set when a run
