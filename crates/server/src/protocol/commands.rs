@@ -149,11 +149,12 @@ async fn create_run(
     ask: RunAsk,
 ) -> Result<Uuid, Failure> {
     let mut config = ask.config.unwrap_or_default();
-    let configurable = config
-        .entry("configurable")
-        .or_insert_with(|| json!({}));
+    let configurable = config.entry("configurable").or_insert_with(|| json!({}));
     if !configurable.is_object() {
-        return Err(fail("invalid_argument", "config.configurable must be an object"));
+        return Err(fail(
+            "invalid_argument",
+            "config.configurable must be an object",
+        ));
     }
     configurable[V2_CONFIG_KEY] = json!(true);
     let body = json!({
@@ -246,7 +247,12 @@ fn responses(params: &Map<String, Value>) -> Result<Vec<(String, Value)>, Failur
         let id = e
             .get("interrupt_id")
             .and_then(Value::as_str)
-            .ok_or_else(|| fail("invalid_argument", "input.respond requires an interrupt_id."))?;
+            .ok_or_else(|| {
+                fail(
+                    "invalid_argument",
+                    "input.respond requires an interrupt_id.",
+                )
+            })?;
         match e.get("namespace") {
             None | Some(Value::Null) => {}
             Some(Value::Array(parts)) if parts.iter().all(Value::is_string) => {}
@@ -257,7 +263,10 @@ fn responses(params: &Map<String, Value>) -> Result<Vec<(String, Value)>, Failur
                 ))
             }
         }
-        Ok((id.to_owned(), e.get("response").cloned().unwrap_or(Value::Null)))
+        Ok((
+            id.to_owned(),
+            e.get("response").cloned().unwrap_or(Value::Null),
+        ))
     };
     match params.get("responses") {
         Some(Value::Array(list)) if list.is_empty() => Err(fail(
@@ -302,9 +311,9 @@ async fn input_respond(
             ));
         }
     }
-    let assistant_id = thread_assistant(state, scope, &thread).await?.ok_or_else(|| {
-        fail("no_such_run", "No interrupted run is bound to this thread.")
-    })?;
+    let assistant_id = thread_assistant(state, scope, &thread)
+        .await?
+        .ok_or_else(|| fail("no_such_run", "No interrupted run is bound to this thread."))?;
     let resume: Map<String, Value> = answers.into_iter().collect();
     let mut command = json!({"resume": resume});
     for key in ["update", "goto"] {
@@ -346,7 +355,10 @@ async fn settled_thread(
         let thread = match state.storage.get_thread(scope, thread_id).await {
             Ok(thread) => thread,
             Err(StorageError::NotFound(_)) => {
-                return Err(fail("no_such_run", "No interrupted run is bound to this thread."))
+                return Err(fail(
+                    "no_such_run",
+                    "No interrupted run is bound to this thread.",
+                ))
             }
             Err(err) => return Err(err.into()),
         };
@@ -404,10 +416,13 @@ async fn agent_tree(
 ) -> Result<Value, Failure> {
     let run = match params.get("run_id").and_then(Value::as_str) {
         Some(id) => {
-            let id = Uuid::parse_str(id).map_err(|_| fail("invalid_argument", "run_id must be a UUID"))?;
+            let id = Uuid::parse_str(id)
+                .map_err(|_| fail("invalid_argument", "run_id must be a UUID"))?;
             match state.storage.get_run(scope, thread_id, id).await {
                 Ok(run) => run,
-                Err(StorageError::NotFound(_)) => return Err(fail("no_such_run", format!("No run {id} on this thread."))),
+                Err(StorageError::NotFound(_)) => {
+                    return Err(fail("no_such_run", format!("No run {id} on this thread.")))
+                }
                 Err(err) => return Err(err.into()),
             }
         }
@@ -507,7 +522,10 @@ fn root_namespace(params: &Map<String, Value>) -> Result<(), Failure> {
             "no_such_namespace",
             "state commands read the root graph's state (namespace [])",
         )),
-        Some(_) => Err(fail("invalid_argument", "namespace must be a list of strings")),
+        Some(_) => Err(fail(
+            "invalid_argument",
+            "namespace must be a list of strings",
+        )),
     }
 }
 
@@ -553,7 +571,10 @@ async fn state_get(
 
 fn checkpoint_ref(checkpoint: &Value) -> Value {
     let mut out = json!({"id": checkpoint["checkpoint_id"]});
-    if let Some(ns) = checkpoint["checkpoint_ns"].as_str().filter(|ns| !ns.is_empty()) {
+    if let Some(ns) = checkpoint["checkpoint_ns"]
+        .as_str()
+        .filter(|ns| !ns.is_empty())
+    {
         out["ns"] = json!(ns);
     }
     out
@@ -628,11 +649,17 @@ async fn state_fork(
     let found = match &graph {
         Some(graph) => {
             let saver = state.storage.checkpointer();
-            pregel::get_state(graph, saver.as_ref(), &thread_id.to_string(), "", Some(checkpoint_id))
-                .await
-                .ok()
-                .flatten()
-                .is_some()
+            pregel::get_state(
+                graph,
+                saver.as_ref(),
+                &thread_id.to_string(),
+                "",
+                Some(checkpoint_id),
+            )
+            .await
+            .ok()
+            .flatten()
+            .is_some()
         }
         None => false,
     };
@@ -674,18 +701,25 @@ mod tests {
         assert_eq!(err["id"], Value::Null);
         let err = parse(&json!({"id": 3, "method": "run.start", "params": 1})).unwrap_err();
         assert_eq!(err["id"], 3);
-        let (id, method, params) = parse(&json!({"id": 4, "method": "state.get"})).unwrap();
+        let command = json!({"id": 4, "method": "state.get"});
+        let (id, method, params) = parse(&command).unwrap();
         assert_eq!((id, method, params.len()), (4, "state.get", 0));
     }
 
     #[test]
     fn responses_come_one_or_many() {
         let one = json!({"interrupt_id": "a", "response": 1, "namespace": []});
-        assert_eq!(responses(one.as_object().unwrap()).unwrap(), vec![("a".to_string(), json!(1))]);
+        assert_eq!(
+            responses(one.as_object().unwrap()).unwrap(),
+            vec![("a".to_string(), json!(1))]
+        );
         let many = json!({"responses": [{"interrupt_id": "a", "response": 1}, {"interrupt_id": "b", "response": 2}]});
         assert_eq!(responses(many.as_object().unwrap()).unwrap().len(), 2);
         let empty = json!({"responses": []});
-        assert_eq!(responses(empty.as_object().unwrap()).unwrap_err().code, "invalid_argument");
+        assert_eq!(
+            responses(empty.as_object().unwrap()).unwrap_err().code,
+            "invalid_argument"
+        );
         let bad_ns = json!({"interrupt_id": "a", "namespace": "x"});
         assert!(responses(bad_ns.as_object().unwrap()).is_err());
     }

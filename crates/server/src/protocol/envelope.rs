@@ -137,9 +137,7 @@ pub fn envelope(event: &LoggedEvent, ended: bool) -> Option<Value> {
     let data = &event.data;
     let (method, data) = match method {
         "lifecycle" | "input.requested" | "tools" | "tasks" => (method, data.clone()),
-        "messages" if data.get("event").is_some_and(Value::is_string) => {
-            ("messages", data.clone())
-        }
+        "messages" if data.get("event").is_some_and(Value::is_string) => ("messages", data.clone()),
         "values" => ("values", strip_interrupt(data)?),
         "updates" => return update(event, namespace),
         "custom" => ("custom", json!({"payload": data})),
@@ -179,7 +177,10 @@ fn wrap(
 fn update(event: &LoggedEvent, namespace: Vec<String>) -> Option<Value> {
     let object = event.data.as_object()?;
     let (node, values) = match object.len() {
-        1 => object.iter().next().map(|(k, v)| (Some(k.clone()), v.clone()))?,
+        1 => object
+            .iter()
+            .next()
+            .map(|(k, v)| (Some(k.clone()), v.clone()))?,
         _ => (None, event.data.clone()),
     };
     if node.as_deref() == Some("__interrupt__") {
@@ -271,8 +272,16 @@ mod tests {
     #[test]
     fn the_envelope_carries_the_log_seq_and_namespace() {
         let run = Uuid::new_v4();
-        let e = envelope(&logged(7, run, "values|child:1", json!({"a": 1, "__interrupt__": []})), false)
-            .unwrap();
+        let e = envelope(
+            &logged(
+                7,
+                run,
+                "values|child:1",
+                json!({"a": 1, "__interrupt__": []}),
+            ),
+            false,
+        )
+        .unwrap();
         assert_eq!(e["type"], "event");
         assert_eq!(e["seq"], 7);
         assert_eq!(e["event_id"], "7");
@@ -284,8 +293,15 @@ mod tests {
 
     #[test]
     fn updates_name_their_node() {
-        let e = envelope(&logged(1, Uuid::nil(), "updates", json!({"ask": {"x": 1}})), false).unwrap();
-        assert_eq!(e["params"]["data"], json!({"node": "ask", "values": {"x": 1}}));
+        let e = envelope(
+            &logged(1, Uuid::nil(), "updates", json!({"ask": {"x": 1}})),
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            e["params"]["data"],
+            json!({"node": "ask", "values": {"x": 1}})
+        );
         assert_eq!(e["params"]["node"], "ask");
     }
 
@@ -293,24 +309,45 @@ mod tests {
     fn an_end_marker_after_the_terminal_lifecycle_stands_for_nothing() {
         let run = Uuid::new_v4();
         let mut framer = Framer::new(filter(&["lifecycle"]), 0);
-        let terminal = logged(1, run, "lifecycle", json!({"event": "completed", "graph_name": "g"}));
+        let terminal = logged(
+            1,
+            run,
+            "lifecycle",
+            json!({"event": "completed", "graph_name": "g"}),
+        );
         assert!(framer.envelope(&terminal).is_some());
         let end = logged(2, run, "end", json!({"run_id": run, "status": "success"}));
         assert!(framer.envelope(&end).is_none());
         // A run that ended without its worker: the marker is its end.
         let other = Uuid::new_v4();
-        let end = logged(3, other, "end", json!({"run_id": other, "status": "interrupted"}));
-        assert_eq!(framer.envelope(&end).unwrap()["params"]["data"]["event"], "interrupted");
+        let end = logged(
+            3,
+            other,
+            "end",
+            json!({"run_id": other, "status": "interrupted"}),
+        );
+        assert_eq!(
+            framer.envelope(&end).unwrap()["params"]["data"]["event"],
+            "interrupted"
+        );
     }
 
     #[test]
     fn since_and_channels_filter() {
         let run = Uuid::new_v4();
         let mut framer = Framer::new(filter(&["values", "custom:progress"]), 1);
-        assert!(framer.envelope(&logged(1, run, "values", json!({}))).is_none());
-        assert!(framer.envelope(&logged(2, run, "values", json!({}))).is_some());
-        assert!(framer.envelope(&logged(3, run, "updates", json!({"a": {}}))).is_none());
-        assert!(framer.envelope(&logged(4, run, "custom", json!(1))).is_none());
+        assert!(framer
+            .envelope(&logged(1, run, "values", json!({})))
+            .is_none());
+        assert!(framer
+            .envelope(&logged(2, run, "values", json!({})))
+            .is_some());
+        assert!(framer
+            .envelope(&logged(3, run, "updates", json!({"a": {}})))
+            .is_none());
+        assert!(framer
+            .envelope(&logged(4, run, "custom", json!(1)))
+            .is_none());
     }
 
     #[test]
@@ -320,7 +357,13 @@ mod tests {
             namespaces: vec![vec!["child".into()]],
             depth: Some(0),
         };
-        let at = |ns: &str| envelope(&logged(1, Uuid::nil(), &format!("values{ns}"), json!({})), false).unwrap();
+        let at = |ns: &str| {
+            envelope(
+                &logged(1, Uuid::nil(), &format!("values{ns}"), json!({})),
+                false,
+            )
+            .unwrap()
+        };
         assert!(f.matches(&at("|child:1")));
         assert!(!f.matches(&at("|child:1|grand:2")));
         assert!(!f.matches(&at("")));

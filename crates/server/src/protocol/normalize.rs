@@ -254,7 +254,8 @@ impl Normalizer {
             if let Some(id) = call.get("id").and_then(Value::as_str) {
                 let name = call.get("name").and_then(Value::as_str).unwrap_or_default();
                 let args = call.get("args").cloned().unwrap_or_else(|| json!({}));
-                self.tool_calls.insert(id.to_owned(), (name.to_owned(), args));
+                self.tool_calls
+                    .insert(id.to_owned(), (name.to_owned(), args));
             }
         }
     }
@@ -268,7 +269,10 @@ impl Normalizer {
             return;
         }
         let (name, input) = self.tool_calls.get(call_id).cloned().unwrap_or_else(|| {
-            let name = message.get("name").and_then(Value::as_str).unwrap_or_default();
+            let name = message
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
             (name.to_owned(), Value::Null)
         });
         let name = json!(name);
@@ -598,7 +602,10 @@ mod tests {
     fn events(out: &[Logged]) -> Vec<String> {
         out.iter()
             .map(|(name, data)| {
-                format!("{name}:{}", data.get("event").and_then(Value::as_str).unwrap_or("-"))
+                format!(
+                    "{name}:{}",
+                    data.get("event").and_then(Value::as_str).unwrap_or("-")
+                )
             })
             .collect()
     }
@@ -641,7 +648,8 @@ mod tests {
     #[test]
     fn chunks_stream_as_deltas_and_finish_with_the_whole_text() {
         let mut n = Normalizer::new("chat");
-        let chunk = |text: &str| json!([{"type": "AIMessageChunk", "id": "m", "content": text}, {}]);
+        let chunk =
+            |text: &str| json!([{"type": "AIMessageChunk", "id": "m", "content": text}, {}]);
         let mut out = n.push(ev(StreamMode::Messages, chunk("Hello ")));
         out.extend(n.push(ev(StreamMode::Messages, chunk("world"))));
         out.extend(n.finish());
@@ -672,12 +680,21 @@ mod tests {
 
     #[test]
     fn terminal_status_follows_the_run_and_its_thread() {
-        let (_, data) = terminal("g", RunStatus::Success, ThreadStatus::Interrupted, None, Some("c"));
+        let (_, data) = terminal(
+            "g",
+            RunStatus::Success,
+            ThreadStatus::Interrupted,
+            None,
+            Some("c"),
+        );
         assert_eq!(data["event"], "interrupted");
         assert_eq!(data["checkpoint"], json!({"id": "c"}));
         let err = json!({"error": "ValueError", "message": "boom"});
         let (_, data) = terminal("g", RunStatus::Error, ThreadStatus::Error, Some(&err), None);
-        assert_eq!(data, json!({"event": "failed", "graph_name": "g", "error": "boom"}));
+        assert_eq!(
+            data,
+            json!({"event": "failed", "graph_name": "g", "error": "boom"})
+        );
     }
 
     #[test]

@@ -6,6 +6,6 @@ pub mod runs;
 pub mod state;
 pub mod store;
 pub mod streams;
-pub mod thread_events;
 pub mod system;
+pub mod thread_events;
 pub mod threads;

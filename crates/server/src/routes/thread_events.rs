@@ -19,9 +19,9 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::error::{ApiError, ApiResult, ErrorBody};
-use crate::protocol::{commands, socket};
 use crate::protocol::envelope::{Filter, Framer};
 use crate::protocol::is_channel;
+use crate::protocol::{commands, socket};
 use crate::runs::stream::{follow_stream, Follow, Target};
 use crate::sse;
 use crate::state::{AppState, Caller};
@@ -88,7 +88,11 @@ pub fn parse_request(body: &Value) -> Result<StreamRequest, Refusal> {
     let bad: Vec<String> = channels
         .iter()
         .filter(|c| !c.as_str().is_some_and(is_channel))
-        .map(|c| c.as_str().map(str::to_owned).unwrap_or_else(|| c.to_string()))
+        .map(|c| {
+            c.as_str()
+                .map(str::to_owned)
+                .unwrap_or_else(|| c.to_string())
+        })
         .collect();
     if !bad.is_empty() {
         return Err(Refusal::BadRequest(format!(
@@ -109,18 +113,30 @@ pub fn parse_request(body: &Value) -> Result<StreamRequest, Refusal> {
                             .collect::<Option<Vec<_>>>()
                     })
                     .ok_or_else(|| {
-                        field("namespaces", "list_type", "namespaces must be lists of strings")
+                        field(
+                            "namespaces",
+                            "list_type",
+                            "namespaces must be lists of strings",
+                        )
                     })
             })
             .collect::<Result<_, _>>()?,
         Some(_) => {
-            return Err(field("namespaces", "list_type", "namespaces must be a list of namespaces"))
+            return Err(field(
+                "namespaces",
+                "list_type",
+                "namespaces must be a list of namespaces",
+            ))
         }
     };
     let depth = match body.get("depth") {
         None | Some(Value::Null) => None,
         Some(n) => Some(n.as_u64().ok_or_else(|| {
-            field("depth", "greater_than_equal", "depth must be an integer of at least 0")
+            field(
+                "depth",
+                "greater_than_equal",
+                "depth must be an integer of at least 0",
+            )
         })? as usize),
     };
     let since = match body.get("since") {
@@ -128,7 +144,13 @@ pub fn parse_request(body: &Value) -> Result<StreamRequest, Refusal> {
         Some(n) => n
             .as_u64()
             .and_then(|n| i64::try_from(n).ok())
-            .ok_or_else(|| field("since", "greater_than_equal", "since must be an integer of at least 0"))?,
+            .ok_or_else(|| {
+                field(
+                    "since",
+                    "greater_than_equal",
+                    "since must be an integer of at least 0",
+                )
+            })?,
     };
     let filter = Filter {
         channels: channels
@@ -243,13 +265,24 @@ mod tests {
 
     #[test]
     fn channels_are_required_and_known() {
-        assert!(matches!(parse_request(&json!({})), Err(Refusal::BadRequest(_))));
-        assert!(matches!(parse_request(&json!({"channels": []})), Err(Refusal::BadRequest(_))));
-        let Err(Refusal::BadRequest(msg)) = parse_request(&json!({"channels": ["values", "bogus"]})) else {
+        assert!(matches!(
+            parse_request(&json!({})),
+            Err(Refusal::BadRequest(_))
+        ));
+        assert!(matches!(
+            parse_request(&json!({"channels": []})),
+            Err(Refusal::BadRequest(_))
+        ));
+        let Err(Refusal::BadRequest(msg)) =
+            parse_request(&json!({"channels": ["values", "bogus"]}))
+        else {
             panic!("bogus accepted");
         };
         assert!(msg.contains("bogus"), "{msg}");
-        let ok = parse_request(&json!({"channels": ["custom:progress", "input"], "since": 4, "depth": 0})).unwrap();
+        let ok = parse_request(
+            &json!({"channels": ["custom:progress", "input"], "since": 4, "depth": 0}),
+        )
+        .unwrap();
         assert_eq!((ok.since, ok.filter.depth), (4, Some(0)));
     }
 
@@ -261,7 +294,10 @@ mod tests {
             json!({"channels": ["values"], "since": "x"}),
             json!({"channels": ["values"], "namespaces": [[1]]}),
         ] {
-            assert!(matches!(parse_request(&body), Err(Refusal::Field(_))), "{body}");
+            assert!(
+                matches!(parse_request(&body), Err(Refusal::Field(_))),
+                "{body}"
+            );
         }
     }
 }

@@ -72,7 +72,10 @@ impl Target {
     fn frame(&self, event: &LoggedEvent, with_ids: bool) -> Option<Bytes> {
         let id = with_ids.then_some(event.seq);
         match *self {
-            Target::Protocol(ref framer) => framer.lock().unwrap_or_else(|e| e.into_inner()).frame(event),
+            Target::Protocol(ref framer) => framer
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .frame(event),
             Target::Run(run_id) => (event.run_id == run_id && event.event != RUN_END_EVENT)
                 .then(|| sse::json_frame(&event.event, &event.data, id)),
             Target::Thread(modes) => match event.event.as_str() {
