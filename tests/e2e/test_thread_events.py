@@ -18,27 +18,11 @@ import uuid
 import httpx
 import pytest
 from e2e_util import assert_status
+from test_run_streams import parse_frames
 
 ALL_CHANNELS = ["values", "updates", "messages", "tools", "lifecycle", "input", "tasks",
                 "checkpoints", "custom"]
 AGENT_INPUT = {"messages": [{"role": "human", "content": "add 2 and 3"}]}
-
-
-def parse_frames(raw: str) -> list[dict]:
-    """SSE frames as {event, id, data}; comments dropped."""
-    frames = []
-    for block in raw.replace("\r\n", "\n").split("\n\n"):
-        frame: dict = {}
-        for line in block.split("\n"):
-            if line.startswith("event: "):
-                frame["event"] = line[7:]
-            elif line.startswith("data: "):
-                frame["data"] = json.loads(line[6:])
-            elif line.startswith("id: "):
-                frame["id"] = int(line[4:])
-        if "data" in frame:
-            frames.append(frame)
-    return frames
 
 
 class EventReader:
@@ -393,6 +377,19 @@ def test_state_commands(base_url, http):
 # ------------------------------------------------------------------------------------------
 
 
+async def collect_until_completed(thread, seen: list[dict]) -> None:
+    """Appends the client's events to `seen` until the root lifecycle completes. Over the
+    WebSocket the client also hands through the answer to its own subscribe command (so it
+    does with the reference): only events are kept."""
+    async for event in thread.events:
+        if event.get("type") != "event":
+            continue
+        seen.append(event)
+        if (event["method"] == "lifecycle" and event["params"]["namespace"] == []
+                and event["params"]["data"]["event"] == "completed"):
+            return
+
+
 async def test_official_client_agent_messages_and_tools(client, http):
     """`client.threads.stream`: values, messages and tool calls of the agent graph."""
     async with client.threads.stream(assistant_id="agent") as thread:
@@ -411,15 +408,7 @@ async def test_official_client_events_and_messages(client):
     created = await client.threads.create()
     async with client.threads.stream(created["thread_id"], assistant_id="agent") as thread:
         seen: list[dict] = []
-
-        async def collect():
-            async for event in thread.events:
-                seen.append(event)
-                if (event["method"] == "lifecycle" and event["params"]["namespace"] == []
-                        and event["params"]["data"]["event"] == "completed"):
-                    return
-
-        task = asyncio.create_task(collect())
+        task = asyncio.create_task(collect_until_completed(thread, seen))
         await asyncio.sleep(0.2)
         await thread.run.start(input=AGENT_INPUT)
         await asyncio.wait_for(task, 30)
@@ -509,19 +498,7 @@ async def test_official_client_over_websocket(client):
     async with client.threads.stream(created["thread_id"], assistant_id="agent",
                                      transport="websocket") as thread:
         seen: list[dict] = []
-
-        async def collect():
-            async for event in thread.events:
-                # The socket also carries the answer to the client's own subscribe command,
-                # which this client hands through as it comes (so does the reference).
-                if event.get("type") != "event":
-                    continue
-                seen.append(event)
-                if (event["method"] == "lifecycle" and event["params"]["namespace"] == []
-                        and event["params"]["data"]["event"] == "completed"):
-                    return
-
-        task = asyncio.create_task(collect())
+        task = asyncio.create_task(collect_until_completed(thread, seen))
         await asyncio.sleep(0.3)
         await thread.run.start(input=AGENT_INPUT)
         await asyncio.wait_for(task, 30)
