@@ -8,7 +8,7 @@
 //! lags loses messages; in both cases the next live event may be ahead of what the stream has
 //! sent, and the stream goes back to the log instead of skipping over the gap.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -20,7 +20,6 @@ use tokio::sync::mpsc;
 use uuid::Uuid;
 
 use super::hub::{EventHub, HubMessage, Subscription};
-use crate::protocol::envelope::Framer;
 use crate::sse;
 
 /// How often a stream re-reads the log in case the run executes in another process.
@@ -29,7 +28,7 @@ const POLL: Duration = Duration::from_millis(250);
 const PAGE: i64 = 500;
 
 /// What a stream follows.
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug)]
 pub struct Follow {
     pub thread_id: Uuid,
     pub target: Target,
@@ -41,16 +40,12 @@ pub struct Follow {
 }
 
 /// Whose events a stream carries.
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug)]
 pub enum Target {
     /// One run's events; the stream ends with the run.
     Run(Uuid),
     /// The events of every run of the thread, selected by `ThreadModes`.
     Thread(ThreadModes),
-    /// The events of every run of the thread as agent protocol v2 envelopes (the thread
-    /// event stream). The framer keeps a one-event look-back, hence the lock; only the
-    /// stream's own task takes it.
-    Protocol(Arc<Mutex<Framer>>),
 }
 
 /// What `GET /threads/{id}/stream` sends, as its `stream_modes` select.
@@ -69,13 +64,9 @@ pub const STATE_UPDATE_EVENT: &str = "state_update";
 
 impl Target {
     /// The SSE frame a logged event becomes on this stream, if it belongs on it.
-    fn frame(&self, event: &LoggedEvent, with_ids: bool) -> Option<Bytes> {
+    fn frame(self, event: &LoggedEvent, with_ids: bool) -> Option<Bytes> {
         let id = with_ids.then_some(event.seq);
-        match *self {
-            Target::Protocol(ref framer) => framer
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .frame(event),
+        match self {
             Target::Run(run_id) => (event.run_id == run_id && event.event != RUN_END_EVENT)
                 .then(|| sse::json_frame(&event.event, &event.data, id)),
             Target::Thread(modes) => match event.event.as_str() {
@@ -98,18 +89,18 @@ impl Target {
 
     /// Whether a live event is of what this stream follows (a run stream waiting behind an
     /// earlier run of its thread ignores that run's events instead of re-reading the log).
-    fn wants(&self, event: &LoggedEvent) -> bool {
-        match *self {
+    fn wants(self, event: &LoggedEvent) -> bool {
+        match self {
             Target::Run(run_id) => event.run_id == run_id,
-            Target::Thread(_) | Target::Protocol(_) => true,
+            Target::Thread(_) => true,
         }
     }
 
     /// The log query's run filter.
-    fn run_id(&self) -> Option<Uuid> {
-        match *self {
+    fn run_id(self) -> Option<Uuid> {
+        match self {
             Target::Run(run_id) => Some(run_id),
-            Target::Thread(_) | Target::Protocol(_) => None,
+            Target::Thread(_) => None,
         }
     }
 }
@@ -126,11 +117,11 @@ struct Position {
 
 impl Position {
     /// Whether a live event continues the stream without a gap.
-    fn continues_with(&self, event: &LoggedEvent, target: &Target) -> bool {
+    fn continues_with(&self, event: &LoggedEvent, target: Target) -> bool {
         if self.anchored {
             return event.seq == self.seq + 1;
         }
-        matches!(*target, Target::Run(run_id) if event.run_id == run_id && event.event == "metadata")
+        matches!(target, Target::Run(run_id) if event.run_id == run_id && event.event == "metadata")
     }
 }
 
@@ -165,7 +156,7 @@ async fn pump(
     keepalive: Duration,
     tx: &mpsc::Sender<Bytes>,
 ) -> bool {
-    let mut at = match start(&storage, &follow).await {
+    let mut at = match start(&storage, follow).await {
         Ok(at) => at,
         Err(err) => {
             tracing::warn!(error = %err, thread_id = %follow.thread_id, "cannot open the event stream");
@@ -177,7 +168,7 @@ async fn pump(
     let mut poll = tokio::time::interval(POLL);
     loop {
         // Catch up from the log: the first time, after a gap, and on every poll tick.
-        match catch_up(&storage, &scope, &follow, &mut at, tx).await {
+        match catch_up(&storage, &scope, follow, &mut at, tx).await {
             Ok(true) => return true,
             Ok(false) => {}
             Err(CatchUp::ClientGone) => return false,
@@ -190,7 +181,7 @@ async fn pump(
             tokio::select! {
                 message = live.recv() => match message {
                     Ok(HubMessage::Event(event)) if event.seq > at.seq && follow.target.wants(&event) => {
-                        if !at.continues_with(&event, &follow.target) {
+                        if !at.continues_with(&event, follow.target) {
                             break;
                         }
                         at = Position { seq: event.seq, anchored: true };
@@ -219,13 +210,13 @@ async fn pump(
 
 /// Where a stream starts. A thread stream without `Last-Event-ID` sends what happens from now
 /// on; anything else replays the log after `after`.
-async fn start(storage: &Arc<dyn Storage>, follow: &Follow) -> Result<Position, StorageError> {
-    Ok(match (&follow.target, follow.after) {
-        (Target::Thread(_) | Target::Protocol(_), None) => Position {
+async fn start(storage: &Arc<dyn Storage>, follow: Follow) -> Result<Position, StorageError> {
+    Ok(match (follow.target, follow.after) {
+        (Target::Thread(_), None) => Position {
             seq: storage.last_event_seq(follow.thread_id).await?,
             anchored: true,
         },
-        (Target::Thread(_) | Target::Protocol(_), Some(after)) => Position {
+        (Target::Thread(_), Some(after)) => Position {
             seq: after.max(0),
             anchored: true,
         },
@@ -246,7 +237,7 @@ enum CatchUp {
 async fn catch_up(
     storage: &Arc<dyn Storage>,
     scope: &Scope,
-    follow: &Follow,
+    follow: Follow,
     at: &mut Position,
     tx: &mpsc::Sender<Bytes>,
 ) -> Result<bool, CatchUp> {
@@ -281,14 +272,14 @@ async fn catch_up(
 async fn ended(
     storage: &Arc<dyn Storage>,
     scope: &Scope,
-    follow: &Follow,
+    follow: Follow,
 ) -> Result<bool, StorageError> {
     let found = match follow.target {
         Target::Run(run_id) => storage
             .get_run(scope, follow.thread_id, run_id)
             .await
             .map(|run| !run.status.is_active()),
-        Target::Thread(_) | Target::Protocol(_) => storage
+        Target::Thread(_) => storage
             .get_thread(scope, follow.thread_id)
             .await
             .map(|_| false),
@@ -377,13 +368,13 @@ mod tests {
             seq: 4,
             anchored: true,
         };
-        assert!(anchored.continues_with(&event(run, 5, "values"), &Target::Run(run)));
-        assert!(!anchored.continues_with(&event(run, 6, "values"), &Target::Run(run)));
+        assert!(anchored.continues_with(&event(run, 5, "values"), Target::Run(run)));
+        assert!(!anchored.continues_with(&event(run, 6, "values"), Target::Run(run)));
         let fresh = Position {
             seq: 0,
             anchored: false,
         };
-        assert!(fresh.continues_with(&event(run, 9, "metadata"), &Target::Run(run)));
-        assert!(!fresh.continues_with(&event(run, 10, "values"), &Target::Run(run)));
+        assert!(fresh.continues_with(&event(run, 9, "metadata"), Target::Run(run)));
+        assert!(!fresh.continues_with(&event(run, 10, "values"), Target::Run(run)));
     }
 }
