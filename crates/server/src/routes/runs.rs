@@ -683,7 +683,7 @@ async fn wait_on(
 /// proxies keep the connection open.
 fn wait_response(state: AppState, scope: Scope, run: Run, temporary_delete: bool) -> Response {
     let live = state.hub.subscribe(run.thread_id);
-    wait_response_on(
+    respond_when_ended(
         state,
         scope,
         run,
@@ -693,8 +693,26 @@ fn wait_response(state: AppState, scope: Scope, run: Run, temporary_delete: bool
     )
 }
 
-/// [`wait_response`] on a subscription to the run's thread.
-fn wait_response_on(
+/// [`wait_response`] for a run just created, with `live` subscribed before its creation.
+fn wait_response_for_new(
+    state: AppState,
+    scope: Scope,
+    run: Run,
+    live: Subscription,
+    temporary_delete: bool,
+) -> Response {
+    respond_when_ended(
+        state,
+        scope,
+        run,
+        live,
+        Followed::SinceCreation,
+        temporary_delete,
+    )
+}
+
+/// The body of both: waits on `live` (see [`wait_on`]), then answers the final values.
+fn respond_when_ended(
     state: AppState,
     scope: Scope,
     run: Run,
@@ -794,14 +812,7 @@ async fn wait_run(
     let thread_id = path_uuid("thread_id", &thread_id)?;
     let live = state.hub.subscribe(thread_id);
     let run = start_run(&state, &scope, thread_id, &body, Stateless::No).await?;
-    Ok(wait_response_on(
-        state,
-        scope,
-        run,
-        live,
-        Followed::SinceCreation,
-        false,
-    ))
+    Ok(wait_response_for_new(state, scope, run, live, false))
 }
 
 #[derive(Debug, Default, Deserialize, IntoParams)]
@@ -1100,14 +1111,7 @@ async fn wait_stateless_run(
     let live = state.hub.subscribe(thread_id);
     let (run, stateless) = start_stateless(&state, &scope, thread_id, &body, false).await?;
     let delete = stateless == Stateless::DeleteAfterResponse;
-    Ok(wait_response_on(
-        state,
-        scope,
-        run,
-        live,
-        Followed::SinceCreation,
-        delete,
-    ))
+    Ok(wait_response_for_new(state, scope, run, live, delete))
 }
 
 #[utoipa::path(post, path = "/runs/batch", tag = "runs", request_body = Vec<RunCreate>,

@@ -156,17 +156,12 @@ async fn a_run_created_with_a_claim_starts_claimed_only_when_it_can_start_now() 
                 lease: LEASE,
             })
         };
+        let offered = |thread| NewRun {
+            claim: offer(),
+            ..new_run(thread, MultitaskStrategy::Enqueue)
+        };
 
-        let first = s
-            .create_run(
-                &alice,
-                NewRun {
-                    claim: offer(),
-                    ..new_run(thread, MultitaskStrategy::Enqueue)
-                },
-            )
-            .await
-            .unwrap();
+        let first = s.create_run(&alice, offered(thread)).await.unwrap();
         assert_eq!(first.run.status, RunStatus::Running);
         assert_eq!(first.run.attempt, 1);
         assert!(first.run.started_at.is_some());
@@ -181,16 +176,7 @@ async fn a_run_created_with_a_claim_starts_claimed_only_when_it_can_start_now() 
             .is_some());
 
         // The thread is taken: the next one is queued, claim or not.
-        let second = s
-            .create_run(
-                &alice,
-                NewRun {
-                    claim: offer(),
-                    ..new_run(thread, MultitaskStrategy::Enqueue)
-                },
-            )
-            .await
-            .unwrap();
+        let second = s.create_run(&alice, offered(thread)).await.unwrap();
         assert_eq!(second.run.status, RunStatus::Pending);
         assert_eq!(second.run.attempt, 0);
         assert_eq!(second.claimed_after_seq, None);
@@ -201,9 +187,8 @@ async fn a_run_created_with_a_claim_starts_claimed_only_when_it_can_start_now() 
             .create_run(
                 &alice,
                 NewRun {
-                    claim: offer(),
                     run_after: Utc::now() + chrono::Duration::seconds(60),
-                    ..new_run(idle, MultitaskStrategy::Enqueue)
+                    ..offered(idle)
                 },
             )
             .await
