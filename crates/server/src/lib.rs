@@ -8,6 +8,7 @@ pub mod error;
 pub mod extract;
 pub mod graphs;
 mod openapi;
+pub mod protocol;
 pub mod routes;
 pub mod runs;
 pub mod sse;

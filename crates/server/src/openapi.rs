@@ -36,6 +36,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .merge(routes::state::router())
         .merge(routes::runs::router())
         .merge(routes::streams::router())
+        .merge(routes::thread_events::router())
         .merge(routes::crons::router())
         .merge(routes::store::router())
 }

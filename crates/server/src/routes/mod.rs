@@ -7,4 +7,5 @@ pub mod state;
 pub mod store;
 pub mod streams;
 pub mod system;
+pub mod thread_events;
 pub mod threads;

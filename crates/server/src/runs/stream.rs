@@ -8,7 +8,7 @@
 //! lags loses messages; in both cases the next live event may be ahead of what the stream has
 //! sent, and the stream goes back to the log instead of skipping over the gap.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -20,6 +20,7 @@ use tokio::sync::mpsc;
 use uuid::Uuid;
 
 use super::hub::{EventHub, HubMessage, Subscription};
+use crate::protocol::envelope::Framer;
 use crate::sse;
 
 /// How often a stream re-reads the log in case the run executes in another process.
@@ -28,7 +29,7 @@ const POLL: Duration = Duration::from_millis(250);
 const PAGE: i64 = 500;
 
 /// What a stream follows.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Follow {
     pub thread_id: Uuid,
     pub target: Target,
@@ -40,12 +41,16 @@ pub struct Follow {
 }
 
 /// Whose events a stream carries.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub enum Target {
     /// One run's events; the stream ends with the run.
     Run(Uuid),
     /// The events of every run of the thread, selected by `ThreadModes`.
     Thread(ThreadModes),
+    /// The events of every run of the thread as agent protocol v2 envelopes (the thread
+    /// event stream). The framer keeps a one-event look-back, hence the lock; only the
+    /// stream's own task takes it.
+    Protocol(Arc<Mutex<Framer>>),
 }
 
 /// What `GET /threads/{id}/stream` sends, as its `stream_modes` select.
@@ -64,9 +69,13 @@ pub const STATE_UPDATE_EVENT: &str = "state_update";
 
 impl Target {
     /// The SSE frame a logged event becomes on this stream, if it belongs on it.
-    fn frame(self, event: &LoggedEvent, with_ids: bool) -> Option<Bytes> {
+    fn frame(&self, event: &LoggedEvent, with_ids: bool) -> Option<Bytes> {
         let id = with_ids.then_some(event.seq);
-        match self {
+        match *self {
+            Target::Protocol(ref framer) => framer
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .frame(event),
             Target::Run(run_id) => (event.run_id == run_id && event.event != RUN_END_EVENT)
                 .then(|| sse::json_frame(&event.event, &event.data, id)),
             Target::Thread(modes) => match event.event.as_str() {
@@ -89,18 +98,18 @@ impl Target {
 
     /// Whether a live event is of what this stream follows (a run stream waiting behind an
     /// earlier run of its thread ignores that run's events instead of re-reading the log).
-    fn wants(self, event: &LoggedEvent) -> bool {
-        match self {
+    fn wants(&self, event: &LoggedEvent) -> bool {
+        match *self {
             Target::Run(run_id) => event.run_id == run_id,
-            Target::Thread(_) => true,
+            Target::Thread(_) | Target::Protocol(_) => true,
         }
     }
 
     /// The log query's run filter.
-    fn run_id(self) -> Option<Uuid> {
-        match self {
+    fn run_id(&self) -> Option<Uuid> {
+        match *self {
             Target::Run(run_id) => Some(run_id),
-            Target::Thread(_) => None,
+            Target::Thread(_) | Target::Protocol(_) => None,
         }
     }
 }
@@ -117,11 +126,11 @@ struct Position {
 
 impl Position {
     /// Whether a live event continues the stream without a gap.
-    fn continues_with(&self, event: &LoggedEvent, target: Target) -> bool {
+    fn continues_with(&self, event: &LoggedEvent, target: &Target) -> bool {
         if self.anchored {
             return event.seq == self.seq + 1;
         }
-        matches!(target, Target::Run(run_id) if event.run_id == run_id && event.event == "metadata")
+        matches!(*target, Target::Run(run_id) if event.run_id == run_id && event.event == "metadata")
     }
 }
 
@@ -156,7 +165,7 @@ async fn pump(
     keepalive: Duration,
     tx: &mpsc::Sender<Bytes>,
 ) -> bool {
-    let mut at = match start(&storage, follow).await {
+    let mut at = match start(&storage, &follow).await {
         Ok(at) => at,
         Err(err) => {
             tracing::warn!(error = %err, thread_id = %follow.thread_id, "cannot open the event stream");
@@ -168,7 +177,7 @@ async fn pump(
     let mut poll = tokio::time::interval(POLL);
     loop {
         // Catch up from the log: the first time, after a gap, and on every poll tick.
-        match catch_up(&storage, &scope, follow, &mut at, tx).await {
+        match catch_up(&storage, &scope, &follow, &mut at, tx).await {
             Ok(true) => return true,
             Ok(false) => {}
             Err(CatchUp::ClientGone) => return false,
@@ -181,7 +190,7 @@ async fn pump(
             tokio::select! {
                 message = live.recv() => match message {
                     Ok(HubMessage::Event(event)) if event.seq > at.seq && follow.target.wants(&event) => {
-                        if !at.continues_with(&event, follow.target) {
+                        if !at.continues_with(&event, &follow.target) {
                             break;
                         }
                         at = Position { seq: event.seq, anchored: true };
@@ -210,13 +219,13 @@ async fn pump(
 
 /// Where a stream starts. A thread stream without `Last-Event-ID` sends what happens from now
 /// on; anything else replays the log after `after`.
-async fn start(storage: &Arc<dyn Storage>, follow: Follow) -> Result<Position, StorageError> {
-    Ok(match (follow.target, follow.after) {
-        (Target::Thread(_), None) => Position {
+async fn start(storage: &Arc<dyn Storage>, follow: &Follow) -> Result<Position, StorageError> {
+    Ok(match (&follow.target, follow.after) {
+        (Target::Thread(_) | Target::Protocol(_), None) => Position {
             seq: storage.last_event_seq(follow.thread_id).await?,
             anchored: true,
         },
-        (Target::Thread(_), Some(after)) => Position {
+        (Target::Thread(_) | Target::Protocol(_), Some(after)) => Position {
             seq: after.max(0),
             anchored: true,
         },
@@ -237,7 +246,7 @@ enum CatchUp {
 async fn catch_up(
     storage: &Arc<dyn Storage>,
     scope: &Scope,
-    follow: Follow,
+    follow: &Follow,
     at: &mut Position,
     tx: &mpsc::Sender<Bytes>,
 ) -> Result<bool, CatchUp> {
@@ -272,14 +281,14 @@ async fn catch_up(
 async fn ended(
     storage: &Arc<dyn Storage>,
     scope: &Scope,
-    follow: Follow,
+    follow: &Follow,
 ) -> Result<bool, StorageError> {
     let found = match follow.target {
         Target::Run(run_id) => storage
             .get_run(scope, follow.thread_id, run_id)
             .await
             .map(|run| !run.status.is_active()),
-        Target::Thread(_) => storage
+        Target::Thread(_) | Target::Protocol(_) => storage
             .get_thread(scope, follow.thread_id)
             .await
             .map(|_| false),
@@ -368,13 +377,13 @@ mod tests {
             seq: 4,
             anchored: true,
         };
-        assert!(anchored.continues_with(&event(run, 5, "values"), Target::Run(run)));
-        assert!(!anchored.continues_with(&event(run, 6, "values"), Target::Run(run)));
+        assert!(anchored.continues_with(&event(run, 5, "values"), &Target::Run(run)));
+        assert!(!anchored.continues_with(&event(run, 6, "values"), &Target::Run(run)));
         let fresh = Position {
             seq: 0,
             anchored: false,
         };
-        assert!(fresh.continues_with(&event(run, 9, "metadata"), Target::Run(run)));
-        assert!(!fresh.continues_with(&event(run, 10, "values"), Target::Run(run)));
+        assert!(fresh.continues_with(&event(run, 9, "metadata"), &Target::Run(run)));
+        assert!(!fresh.continues_with(&event(run, 10, "values"), &Target::Run(run)));
     }
 }

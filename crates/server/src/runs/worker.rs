@@ -6,7 +6,7 @@
 //! until woken by a new run in this process or until the poll interval passes (runs created by
 //! other processes, `after_seconds`, leases of dead workers).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -28,6 +28,7 @@ use uuid::Uuid;
 use super::execute::{keys, run_config, run_input};
 use super::hub::{EndedRun, EventHub, HubMessage};
 use crate::graphs::GraphRegistry;
+use crate::protocol::{self, normalize, normalize::Normalizer};
 use crate::webhook::{self, Webhooks};
 
 #[derive(Debug, Clone)]
@@ -70,7 +71,8 @@ pub const CLEANUP_BY_WORKER: &str = "worker";
 /// At most this many events (plus a final `error`) are streamed but not logged at any time,
 /// which the storage's [`UNLOGGED_EVENTS_MAX`] must cover.
 const MAX_BATCH: usize = 256;
-const _: () = assert!((MAX_BATCH as i64) < UNLOGGED_EVENTS_MAX);
+/// (The tail may also hold a run's `error` and, for a v2 run, its lifecycle end.)
+const _: () = assert!((MAX_BATCH as i64) + 2 < UNLOGGED_EVENTS_MAX);
 /// How long a run's event may wait before it is written to the log. Live streams get it at
 /// once through the hub; the log serves resumes, late joiners and other processes, which poll
 /// it. Waiting a little lets a short run's events go in with its end, in one transaction.
@@ -260,12 +262,21 @@ impl RunWorkers {
         let scope = Scope::new(run.user_id.clone().unwrap_or_default());
         let checkpointer = self.storage.checkpointer();
         let (sink, events) = mpsc::channel::<StreamEvent>(1024);
+        let prepared = self.prepare(run, &scope).await;
+        // The graph's name when the run was started through the protocol (v2 events).
+        let v2_graph = match &prepared {
+            Ok((assistant, _)) if protocol::is_v2_run(run) => {
+                Some(assistant.fields.graph_id.clone())
+            }
+            _ => None,
+        };
         let pump = tokio::spawn(pump_events(
             self.storage.clone(),
             self.hub.clone(),
             run.clone(),
             last_seq,
             events,
+            v2_graph.as_deref().map(Normalizer::new),
         ));
         let renewal = tokio::spawn(renew_lease(
             self.storage.clone(),
@@ -275,7 +286,6 @@ impl RunWorkers {
             cancel.clone(),
         ));
 
-        let prepared = self.prepare(run, &scope).await;
         let outcome = match &prepared {
             Ok((assistant, graph)) => {
                 let env = RunEnv {
@@ -315,10 +325,26 @@ impl RunWorkers {
             Ok((_, graph)) => latest_state(graph, checkpointer.as_ref(), run).await,
             Err(_) => None,
         };
-        let end = RunEnd {
-            events: tail.events,
-            ..run_end(&outcome, timed_out, snapshot)
-        };
+        let checkpoint = snapshot
+            .as_ref()
+            .map(|s| s.checkpoint.checkpoint_id.clone());
+        let mut end = run_end(&outcome, timed_out, snapshot);
+        if let Some(graph) = &v2_graph {
+            // The run's lifecycle end, committed with the run's end.
+            let (name, data) = normalize::terminal(
+                graph,
+                end.status,
+                end.thread_status,
+                end.error.as_ref(),
+                checkpoint.as_deref(),
+            );
+            tail.seq += 1;
+            let event = logged(run, tail.seq, name, data);
+            self.hub
+                .publish(run.thread_id, HubMessage::Event(Arc::new(event.clone())));
+            tail.events.push(event);
+        }
+        end.events = tail.events;
         let status = end.status;
         let webhook = run.kwargs.get(keys::WEBHOOK).and_then(Value::as_str);
         let final_values = webhook.and(end.thread_values.clone());
@@ -479,38 +505,41 @@ fn logged(run: &Run, seq: i64, event: String, data: Value) -> LoggedEvent {
 /// and hands each to live streams at once. The log gets them in batches: a batch is written
 /// when it is full or its first event has waited [`LOG_LINGER`]; what is left when the run
 /// stops (all of a short run's events) is returned, for the transaction that ends the run.
+/// A v2 run's engine events pass through its `normalizer` first (see `crate::protocol`).
 async fn pump_events(
     storage: Arc<dyn Storage>,
     hub: Arc<EventHub>,
     run: Run,
     mut seq: i64,
     mut events: mpsc::Receiver<StreamEvent>,
+    mut normalizer: Option<Normalizer>,
 ) -> Result<EventTail, String> {
     let mut batch = Vec::new();
     let mut flush_at = None;
-    let mut next = Some((
+    let mut queue = VecDeque::from([(
         "metadata".to_owned(),
         json!({"run_id": run.run_id.to_string(), "attempt": run.attempt}),
-    ));
+    )]);
+    if let Some(normalizer) = &normalizer {
+        queue.extend(normalizer.start());
+    }
+    let mut closed = false;
     loop {
-        if let Some((name, data)) = next.take() {
+        while let Some((name, data)) = queue.pop_front() {
             seq += 1;
             let event = logged(&run, seq, name, data);
             hub.publish(run.thread_id, HubMessage::Event(Arc::new(event.clone())));
             batch.push(event);
             flush_at.get_or_insert_with(|| tokio::time::Instant::now() + LOG_LINGER);
+            if batch.len() >= MAX_BATCH {
+                flush(&storage, &mut batch, &mut flush_at).await?;
+            }
         }
-        let due = match flush_at {
-            Some(at) => batch.len() >= MAX_BATCH || tokio::time::Instant::now() >= at,
-            None => false,
-        };
-        if due {
-            storage
-                .append_events(&batch)
-                .await
-                .map_err(|e| e.to_string())?;
-            batch.clear();
-            flush_at = None;
+        if closed {
+            return Ok(EventTail { seq, events: batch });
+        }
+        if flush_at.is_some_and(|at| tokio::time::Instant::now() >= at) {
+            flush(&storage, &mut batch, &mut flush_at).await?;
         }
         let received = match flush_at {
             Some(at) => match tokio::time::timeout_at(at, events.recv()).await {
@@ -519,11 +548,30 @@ async fn pump_events(
             },
             None => events.recv().await,
         };
-        match received {
-            Some(event) => next = Some((event.event_name(), event.data)),
-            None => return Ok(EventTail { seq, events: batch }),
+        match (received, normalizer.as_mut()) {
+            (Some(event), Some(normalizer)) => queue.extend(normalizer.push(event)),
+            (Some(event), None) => queue.push_back((event.event_name(), event.data)),
+            (None, normalizer) => {
+                queue.extend(normalizer.map(Normalizer::finish).unwrap_or_default());
+                closed = true;
+            }
         }
     }
+}
+
+/// Writes a batch of the run's events to the log.
+async fn flush(
+    storage: &Arc<dyn Storage>,
+    batch: &mut Vec<LoggedEvent>,
+    flush_at: &mut Option<tokio::time::Instant>,
+) -> Result<(), String> {
+    storage
+        .append_events(batch)
+        .await
+        .map_err(|e| e.to_string())?;
+    batch.clear();
+    *flush_at = None;
+    Ok(())
 }
 
 /// Where a run's events stand when it stops: the last seq used and the events not logged yet.

@@ -1,0 +1,719 @@
+//! The write side of protocol v2: a v2 run's engine events become protocol-shaped logged
+//! events, one logged event per protocol event, so each gets its own durable seq.
+//!
+//! Only what needs state across events happens here: assembling a model's message chunks
+//! into `message-start`, `content-block-*` and `message-finish` events; tool events from the
+//! tool calls a model made and the tool messages that answer them; `input.requested` from an
+//! interrupt; the run's `lifecycle`. Everything else is logged as the engine made it and
+//! shaped by the read side ([`super::envelope`]), which also serves plain runs.
+
+use std::collections::{HashMap, HashSet};
+
+use serde_json::{json, Map, Value};
+use spindle_graph::stream::{StreamEvent, StreamMode};
+use spindle_storage::{RunStatus, ThreadStatus};
+
+use super::join_name;
+
+/// A protocol event ready to be numbered and logged: `(event name, data)`.
+pub type Logged = (String, Value);
+
+/// Per-run state of the write side.
+pub struct Normalizer {
+    graph_name: String,
+    /// The message being streamed in chunks, per namespace (keyed by the joined name).
+    open: HashMap<String, OpenMessage>,
+    /// Tool calls models made, by id: `(name, args)`, for `tool-started`.
+    tool_calls: HashMap<String, (String, Value)>,
+    /// Tool calls whose result was already turned into tool events.
+    answered: HashSet<String>,
+    /// Interrupts already requested (an interrupt may be reported more than once).
+    requested: HashSet<String>,
+    /// Subgraph namespaces announced `started` and not completed yet, in order.
+    subgraphs: Vec<Vec<String>>,
+}
+
+/// A message whose chunks are arriving.
+struct OpenMessage {
+    namespace: Vec<String>,
+    id: String,
+    /// Text so far, and its block index once started.
+    text: String,
+    text_index: Option<usize>,
+    /// Tool call chunks by their chunk index: block index, id, name, args so far.
+    calls: Vec<CallBlock>,
+    next_index: usize,
+    usage: Option<Value>,
+}
+
+struct CallBlock {
+    chunk_index: Value,
+    block: usize,
+    id: Option<String>,
+    name: Option<String>,
+    args: String,
+}
+
+impl Normalizer {
+    pub fn new(graph_name: impl Into<String>) -> Self {
+        Self {
+            graph_name: graph_name.into(),
+            open: HashMap::new(),
+            tool_calls: HashMap::new(),
+            answered: HashSet::new(),
+            requested: HashSet::new(),
+            subgraphs: Vec::new(),
+        }
+    }
+
+    /// The run's first protocol event: the root graph is running.
+    pub fn start(&self) -> Vec<Logged> {
+        vec![lifecycle(&[], "running", &self.graph_name, None)]
+    }
+
+    /// The protocol events one engine event becomes.
+    pub fn push(&mut self, event: StreamEvent) -> Vec<Logged> {
+        let mut out = Vec::new();
+        self.announce(&event.namespace, &mut out);
+        if event.mode == StreamMode::Updates {
+            self.complete_children(&event, &mut out);
+        }
+        match event.mode {
+            StreamMode::Messages => self.message(&event.namespace, &event.data, &mut out),
+            StreamMode::Updates => {
+                self.close(&event.namespace, &mut out);
+                self.update(event, &mut out);
+            }
+            _ => {
+                if event.mode == StreamMode::Values {
+                    self.close(&event.namespace, &mut out);
+                }
+                out.push((event.event_name(), event.data));
+            }
+        }
+        out
+    }
+
+    /// What is left when the engine stops: messages still open are finished, and subgraphs
+    /// still open complete, deepest first.
+    pub fn finish(&mut self) -> Vec<Logged> {
+        let mut out = Vec::new();
+        let mut keys: Vec<String> = self.open.keys().cloned().collect();
+        keys.sort();
+        for key in keys {
+            if let Some(open) = self.open.remove(&key) {
+                self.finish_message(open, &mut out);
+            }
+        }
+        let mut left = std::mem::take(&mut self.subgraphs);
+        left.sort_by_key(|ns| std::cmp::Reverse(ns.len()));
+        for ns in left {
+            out.push(lifecycle(&ns, "completed", &graph_of(&ns), None));
+        }
+        out
+    }
+
+    /// `lifecycle started` the first time a subgraph namespace (or any prefix of it) shows up.
+    fn announce(&mut self, ns: &[String], out: &mut Vec<Logged>) {
+        for depth in 1..=ns.len() {
+            let prefix = &ns[..depth];
+            if !self.subgraphs.iter().any(|open| open == prefix) {
+                self.subgraphs.push(prefix.to_vec());
+                out.push(lifecycle(prefix, "started", &graph_of(prefix), None));
+            }
+        }
+    }
+
+    /// A node's update in namespace P completes its subgraph `P + [node:task]` (and anything
+    /// below it): the task that ran the subgraph is done.
+    fn complete_children(&mut self, event: &StreamEvent, out: &mut Vec<Logged>) {
+        let Some(nodes) = event.data.as_object() else {
+            return;
+        };
+        let parent = &event.namespace;
+        let done: Vec<Vec<String>> = self
+            .subgraphs
+            .iter()
+            .filter(|ns| {
+                ns.len() > parent.len()
+                    && ns.starts_with(parent)
+                    && nodes.contains_key(&graph_of(&ns[..=parent.len()]))
+            })
+            .cloned()
+            .collect();
+        let mut done = done;
+        done.sort_by_key(|ns| std::cmp::Reverse(ns.len()));
+        for ns in done {
+            self.close(&ns, out);
+            self.subgraphs.retain(|open| open != &ns);
+            out.push(lifecycle(&ns, "completed", &graph_of(&ns), None));
+        }
+    }
+
+    fn update(&mut self, event: StreamEvent, out: &mut Vec<Logged>) {
+        let ns = &event.namespace;
+        if let Some(interrupts) = event.data.get("__interrupt__").and_then(Value::as_array) {
+            for interrupt in interrupts {
+                let Some(id) = interrupt.get("id").and_then(Value::as_str) else {
+                    continue;
+                };
+                if self.requested.insert(id.to_owned()) {
+                    let payload = interrupt.get("value").cloned().unwrap_or(Value::Null);
+                    out.push((
+                        join_name("input.requested", ns),
+                        json!({"interrupt_id": id, "payload": payload}),
+                    ));
+                }
+            }
+            return;
+        }
+        // Tool messages a node returned (when the message stream did not carry them).
+        if let Some(nodes) = event.data.as_object() {
+            for update in nodes.values() {
+                let messages = update.get("messages");
+                let list = match messages {
+                    Some(Value::Array(list)) => list.clone(),
+                    Some(one @ Value::Object(_)) => vec![one.clone()],
+                    _ => Vec::new(),
+                };
+                for message in &list {
+                    if message_type(message) == "tool" {
+                        self.tool_result(ns, message, out);
+                    } else {
+                        self.remember_tool_calls(message);
+                    }
+                }
+            }
+        }
+        out.push((event.event_name(), event.data));
+    }
+
+    /// A `messages-tuple` event: `[message or chunk, metadata]`.
+    fn message(&mut self, ns: &[String], data: &Value, out: &mut Vec<Logged>) {
+        let Some(message) = data.get(0).filter(|m| m.is_object()) else {
+            return;
+        };
+        let kind = message_type(message);
+        let id = message
+            .get("id")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let key = join_name("", ns);
+        if kind.ends_with("Chunk") {
+            let same = self.open.get(&key).is_some_and(|o| o.id == id);
+            if !same {
+                self.close(ns, out);
+                out.push((
+                    join_name("messages", ns),
+                    json!({"event": "message-start", "role": "ai", "id": id}),
+                ));
+                self.open.insert(key.clone(), OpenMessage::new(ns, id));
+            }
+            if let Some(open) = self.open.get_mut(&key) {
+                open.add_chunk(message, out);
+            }
+            if message.get("chunk_position").and_then(Value::as_str) == Some("last") {
+                self.close(ns, out);
+            }
+            return;
+        }
+        self.close(ns, out);
+        if kind == "tool" {
+            self.tool_result(ns, message, out);
+        }
+        self.remember_tool_calls(message);
+        whole_message(ns, message, &id, out);
+    }
+
+    /// Finishes the namespace's open message, if any.
+    fn close(&mut self, ns: &[String], out: &mut Vec<Logged>) {
+        if let Some(open) = self.open.remove(&join_name("", ns)) {
+            self.finish_message(open, out);
+        }
+    }
+
+    fn finish_message(&mut self, open: OpenMessage, out: &mut Vec<Logged>) {
+        for call in &open.calls {
+            if let Some(id) = &call.id {
+                let args = serde_json::from_str(&call.args).unwrap_or_else(|_| json!({}));
+                self.tool_calls
+                    .insert(id.clone(), (call.name.clone().unwrap_or_default(), args));
+            }
+        }
+        open.finish(out);
+    }
+
+    fn remember_tool_calls(&mut self, message: &Value) {
+        for call in message
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            if let Some(id) = call.get("id").and_then(Value::as_str) {
+                let name = call.get("name").and_then(Value::as_str).unwrap_or_default();
+                let args = call.get("args").cloned().unwrap_or_else(|| json!({}));
+                self.tool_calls
+                    .insert(id.to_owned(), (name.to_owned(), args));
+            }
+        }
+    }
+
+    /// `tool-started` then `tool-finished` (or `tool-error`) for a tool message.
+    fn tool_result(&mut self, ns: &[String], message: &Value, out: &mut Vec<Logged>) {
+        let Some(call_id) = message.get("tool_call_id").and_then(Value::as_str) else {
+            return;
+        };
+        if !self.answered.insert(call_id.to_owned()) {
+            return;
+        }
+        let (name, input) = self.tool_calls.get(call_id).cloned().unwrap_or_else(|| {
+            let name = message
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            (name.to_owned(), Value::Null)
+        });
+        let name = json!(name);
+        let tools = join_name("tools", ns);
+        out.push((
+            tools.clone(),
+            json!({"event": "tool-started", "tool_call_id": call_id, "tool_name": name, "input": input}),
+        ));
+        if message.get("status").and_then(Value::as_str) == Some("error") {
+            let text = text_of(message.get("content")).unwrap_or_default();
+            out.push((
+                tools,
+                json!({"event": "tool-error", "tool_call_id": call_id, "message": text}),
+            ));
+        } else {
+            out.push((
+                tools,
+                json!({"event": "tool-finished", "tool_call_id": call_id, "output": message}),
+            ));
+        }
+    }
+}
+
+impl OpenMessage {
+    fn new(ns: &[String], id: String) -> Self {
+        Self {
+            namespace: ns.to_vec(),
+            id,
+            text: String::new(),
+            text_index: None,
+            calls: Vec::new(),
+            next_index: 0,
+            usage: None,
+        }
+    }
+
+    fn name(&self) -> String {
+        join_name("messages", &self.namespace)
+    }
+
+    fn add_chunk(&mut self, chunk: &Value, out: &mut Vec<Logged>) {
+        if let Some(text) = text_of(chunk.get("content")).filter(|t| !t.is_empty()) {
+            let index = match self.text_index {
+                Some(index) => index,
+                None => {
+                    let index = self.next_index;
+                    self.next_index += 1;
+                    self.text_index = Some(index);
+                    out.push((
+                        self.name(),
+                        json!({"event": "content-block-start", "index": index,
+                               "content": {"type": "text", "text": ""}}),
+                    ));
+                    index
+                }
+            };
+            self.text.push_str(&text);
+            out.push((
+                self.name(),
+                json!({"event": "content-block-delta", "index": index,
+                       "delta": {"type": "text-delta", "text": text}}),
+            ));
+        }
+        for chunk in chunk
+            .get("tool_call_chunks")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            self.add_call_chunk(chunk, out);
+        }
+        if let Some(usage) = chunk.get("usage_metadata").filter(|u| u.is_object()) {
+            self.usage = Some(add_usage(self.usage.take(), usage));
+        }
+    }
+
+    fn add_call_chunk(&mut self, chunk: &Value, out: &mut Vec<Logged>) {
+        let chunk_index = chunk.get("index").cloned().unwrap_or(Value::Null);
+        let text = |key: &str| chunk.get(key).and_then(Value::as_str).map(str::to_owned);
+        let position = self
+            .calls
+            .iter()
+            .position(|c| !chunk_index.is_null() && c.chunk_index == chunk_index);
+        let position = match position {
+            Some(position) => position,
+            None => {
+                let block = self.next_index;
+                self.next_index += 1;
+                out.push((
+                    self.name(),
+                    json!({"event": "content-block-start", "index": block,
+                           "content": {"type": "tool_call_chunk", "id": text("id"),
+                                       "name": text("name"), "args": ""}}),
+                ));
+                self.calls.push(CallBlock {
+                    chunk_index,
+                    block,
+                    id: None,
+                    name: None,
+                    args: String::new(),
+                });
+                self.calls.len() - 1
+            }
+        };
+        let call = &mut self.calls[position];
+        if call.id.is_none() {
+            call.id = text("id");
+        }
+        if call.name.is_none() {
+            call.name = text("name");
+        }
+        if let Some(args) = text("args").filter(|a| !a.is_empty()) {
+            call.args.push_str(&args);
+            let block = call.block;
+            out.push((
+                self.name(),
+                json!({"event": "content-block-delta", "index": block,
+                       "delta": {"type": "tool-call-delta", "args": args}}),
+            ));
+        }
+    }
+
+    fn finish(self, out: &mut Vec<Logged>) {
+        let name = self.name();
+        let mut blocks: Vec<(usize, Value)> = Vec::new();
+        if let Some(index) = self.text_index {
+            blocks.push((index, json!({"type": "text", "text": self.text})));
+        }
+        for call in &self.calls {
+            let args: Value = serde_json::from_str(&call.args).unwrap_or_else(|_| json!({}));
+            blocks.push((
+                call.block,
+                json!({"type": "tool_call", "id": call.id, "name": call.name.clone().unwrap_or_default(), "args": args}),
+            ));
+        }
+        blocks.sort_by_key(|(index, _)| *index);
+        for (index, content) in blocks {
+            out.push((
+                name.clone(),
+                json!({"event": "content-block-finish", "index": index, "content": content}),
+            ));
+        }
+        out.push((name, message_finish(self.usage.as_ref())));
+    }
+}
+
+/// Every event of a message that arrived whole (a node returned it, or a model that does not
+/// stream answered).
+fn whole_message(ns: &[String], message: &Value, id: &str, out: &mut Vec<Logged>) {
+    let name = join_name("messages", ns);
+    let mut start = json!({"event": "message-start", "role": role(message), "id": id});
+    if let Some(call_id) = message.get("tool_call_id").and_then(Value::as_str) {
+        start["tool_call_id"] = json!(call_id);
+    }
+    out.push((name.clone(), start));
+    let mut index = 0;
+    if let Some(text) = text_of(message.get("content")).filter(|t| !t.is_empty()) {
+        out.push((
+            name.clone(),
+            json!({"event": "content-block-start", "index": index, "content": {"type": "text", "text": ""}}),
+        ));
+        out.push((
+            name.clone(),
+            json!({"event": "content-block-delta", "index": index, "delta": {"type": "text-delta", "text": text}}),
+        ));
+        out.push((
+            name.clone(),
+            json!({"event": "content-block-finish", "index": index, "content": {"type": "text", "text": text}}),
+        ));
+        index += 1;
+    }
+    for call in message
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let call_id = call.get("id").cloned().unwrap_or(Value::Null);
+        let call_name = call.get("name").cloned().unwrap_or(json!(""));
+        let args = call.get("args").cloned().unwrap_or_else(|| json!({}));
+        out.push((
+            name.clone(),
+            json!({"event": "content-block-start", "index": index,
+                   "content": {"type": "tool_call_chunk", "id": call_id, "name": call_name, "args": ""}}),
+        ));
+        out.push((
+            name.clone(),
+            json!({"event": "content-block-delta", "index": index,
+                   "delta": {"type": "tool-call-delta", "args": args.to_string()}}),
+        ));
+        out.push((
+            name.clone(),
+            json!({"event": "content-block-finish", "index": index,
+                   "content": {"type": "tool_call", "id": call_id, "name": call_name, "args": args}}),
+        ));
+        index += 1;
+    }
+    out.push((name, message_finish(message.get("usage_metadata"))));
+}
+
+fn message_finish(usage: Option<&Value>) -> Value {
+    let mut finish = json!({"event": "message-finish"});
+    if let Some(usage) = usage.and_then(Value::as_object) {
+        let mut out = Map::new();
+        for key in ["input_tokens", "output_tokens", "total_tokens"] {
+            if let Some(n) = usage.get(key).filter(|n| n.is_u64()) {
+                out.insert(key.into(), n.clone());
+            }
+        }
+        finish["usage"] = Value::Object(out);
+    }
+    finish
+}
+
+fn add_usage(total: Option<Value>, more: &Value) -> Value {
+    let mut total = total.unwrap_or_else(|| json!({}));
+    for key in ["input_tokens", "output_tokens", "total_tokens"] {
+        let sum = total.get(key).and_then(Value::as_u64).unwrap_or(0)
+            + more.get(key).and_then(Value::as_u64).unwrap_or(0);
+        total[key] = json!(sum);
+    }
+    total
+}
+
+fn message_type(message: &Value) -> &str {
+    message
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+}
+
+/// The protocol's role of a LangChain message (`tool` for tool results, as the reference
+/// sends them).
+fn role(message: &Value) -> &'static str {
+    match message_type(message) {
+        "human" => "human",
+        "system" => "system",
+        "tool" => "tool",
+        _ => "ai",
+    }
+}
+
+/// The text of a message's content: a string, or the text blocks of a list.
+pub fn text_of(content: Option<&Value>) -> Option<String> {
+    match content? {
+        Value::String(text) => Some(text.clone()),
+        Value::Array(items) => Some(
+            items
+                .iter()
+                .filter_map(|item| match item {
+                    Value::String(s) => Some(s.as_str()),
+                    Value::Object(block) if block.get("type") == Some(&json!("text")) => {
+                        block.get("text").and_then(Value::as_str)
+                    }
+                    _ => None,
+                })
+                .collect(),
+        ),
+        _ => None,
+    }
+}
+
+/// The graph name of a namespace: its last segment without the task id (`child:3f` -> `child`).
+fn graph_of(ns: &[String]) -> String {
+    ns.last()
+        .map(|s| s.split(':').next().unwrap_or_default().to_owned())
+        .unwrap_or_default()
+}
+
+/// A lifecycle event of a namespace.
+pub fn lifecycle(ns: &[String], status: &str, graph_name: &str, error: Option<&str>) -> Logged {
+    let mut data = json!({"event": status, "graph_name": graph_name});
+    if let Some(error) = error {
+        data["error"] = json!(error);
+    }
+    (join_name("lifecycle", ns), data)
+}
+
+/// The root lifecycle event that ends a v2 run, logged in the transaction that ends it: a run
+/// that stopped at an interrupt is `interrupted`, one that raised is `failed`.
+/// `checkpoint` is the thread's latest checkpoint, the point to fork from.
+pub fn terminal(
+    graph_name: &str,
+    status: RunStatus,
+    thread_status: ThreadStatus,
+    error: Option<&Value>,
+    checkpoint: Option<&str>,
+) -> Logged {
+    let message = error.map(|e| {
+        e.get("message")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .unwrap_or_else(|| e.to_string())
+    });
+    let status = lifecycle_status(status, thread_status);
+    let (name, mut data) = lifecycle(&[], status, graph_name, message.as_deref());
+    if let Some(id) = checkpoint {
+        data["checkpoint"] = json!({"id": id});
+    }
+    (name, data)
+}
+
+/// A run's status as a lifecycle status.
+pub fn lifecycle_status(status: RunStatus, thread_status: ThreadStatus) -> &'static str {
+    match status {
+        RunStatus::Success if thread_status == ThreadStatus::Interrupted => "interrupted",
+        RunStatus::Success => "completed",
+        RunStatus::Interrupted => "interrupted",
+        RunStatus::Pending | RunStatus::Running => "running",
+        _ => "failed",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(mode: StreamMode, data: Value) -> StreamEvent {
+        StreamEvent {
+            namespace: Vec::new(),
+            mode,
+            part: None,
+            data,
+        }
+    }
+
+    fn events(out: &[Logged]) -> Vec<String> {
+        out.iter()
+            .map(|(name, data)| {
+                format!(
+                    "{name}:{}",
+                    data.get("event").and_then(Value::as_str).unwrap_or("-")
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_whole_ai_message_with_a_tool_call_becomes_blocks_and_then_tool_events() {
+        let mut n = Normalizer::new("agent");
+        let ai = json!({"type": "ai", "id": "m1", "content": "",
+            "tool_calls": [{"name": "add", "args": {"a": 2}, "id": "c1"}],
+            "usage_metadata": {"input_tokens": 1, "output_tokens": 2, "total_tokens": 3}});
+        let out = n.push(ev(StreamMode::Messages, json!([ai, {}])));
+        assert_eq!(
+            events(&out),
+            [
+                "messages:message-start",
+                "messages:content-block-start",
+                "messages:content-block-delta",
+                "messages:content-block-finish",
+                "messages:message-finish"
+            ]
+        );
+        assert_eq!(out[4].1["usage"]["total_tokens"], 3);
+        let tool = json!({"type": "tool", "id": "t1", "content": "5", "tool_call_id": "c1"});
+        let out = n.push(ev(StreamMode::Messages, json!([tool, {}])));
+        assert_eq!(out[0].1["event"], "tool-started");
+        assert_eq!(out[0].1["tool_name"], "add");
+        assert_eq!(out[0].1["input"], json!({"a": 2}));
+        assert_eq!(out[1].1["event"], "tool-finished");
+        assert_eq!(out[2].1["role"], "tool");
+        // The same result in the node's update is not reported twice.
+        let update = json!({"tools": {"messages": [tool_message()]}});
+        let out = n.push(ev(StreamMode::Updates, update));
+        assert_eq!(events(&out), ["updates:-"]);
+    }
+
+    fn tool_message() -> Value {
+        json!({"type": "tool", "id": "t1", "content": "5", "tool_call_id": "c1"})
+    }
+
+    #[test]
+    fn chunks_stream_as_deltas_and_finish_with_the_whole_text() {
+        let mut n = Normalizer::new("chat");
+        let chunk =
+            |text: &str| json!([{"type": "AIMessageChunk", "id": "m", "content": text}, {}]);
+        let mut out = n.push(ev(StreamMode::Messages, chunk("Hello ")));
+        out.extend(n.push(ev(StreamMode::Messages, chunk("world"))));
+        out.extend(n.finish());
+        assert_eq!(
+            events(&out),
+            [
+                "messages:message-start",
+                "messages:content-block-start",
+                "messages:content-block-delta",
+                "messages:content-block-delta",
+                "messages:content-block-finish",
+                "messages:message-finish"
+            ]
+        );
+        assert_eq!(out[4].1["content"]["text"], "Hello world");
+    }
+
+    #[test]
+    fn an_interrupt_becomes_input_requested_once() {
+        let mut n = Normalizer::new("approval");
+        let update = json!({"__interrupt__": [{"value": {"q": 1}, "id": "i1"}]});
+        let out = n.push(ev(StreamMode::Updates, update.clone()));
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].0, "input.requested");
+        assert_eq!(out[0].1, json!({"interrupt_id": "i1", "payload": {"q": 1}}));
+        assert!(n.push(ev(StreamMode::Updates, update)).is_empty());
+    }
+
+    #[test]
+    fn terminal_status_follows_the_run_and_its_thread() {
+        let (_, data) = terminal(
+            "g",
+            RunStatus::Success,
+            ThreadStatus::Interrupted,
+            None,
+            Some("c"),
+        );
+        assert_eq!(data["event"], "interrupted");
+        assert_eq!(data["checkpoint"], json!({"id": "c"}));
+        let err = json!({"error": "ValueError", "message": "boom"});
+        let (_, data) = terminal("g", RunStatus::Error, ThreadStatus::Error, Some(&err), None);
+        assert_eq!(
+            data,
+            json!({"event": "failed", "graph_name": "g", "error": "boom"})
+        );
+    }
+
+    #[test]
+    fn subgraphs_start_when_seen_and_complete_with_their_parents_update() {
+        let mut n = Normalizer::new("nested");
+        let ns = vec!["child:1".to_string()];
+        let inner = StreamEvent {
+            namespace: ns.clone(),
+            mode: StreamMode::Values,
+            part: None,
+            data: json!({}),
+        };
+        let out = n.push(inner.clone());
+        assert_eq!(out[0].0, "lifecycle|child:1");
+        assert_eq!(out[0].1, json!({"event": "started", "graph_name": "child"}));
+        assert_eq!(n.push(inner).len(), 1, "announced once");
+        let out = n.push(ev(StreamMode::Updates, json!({"child": {"messages": []}})));
+        assert_eq!(out[0].0, "lifecycle|child:1");
+        assert_eq!(out[0].1["event"], "completed");
+        assert!(n.finish().is_empty());
+    }
+}

@@ -1,0 +1,507 @@
+"""Agent protocol v2 on a thread: `POST /threads/{id}/stream/events` (the thread event stream)
+and `POST /threads/{id}/commands`, with the official client's protocol support
+(`langgraph_sdk` `client.threads.stream`) and raw checks of the wire.
+
+What must hold: a client that opens the thread stream, starts runs and answers interrupts
+through commands sees every event once, in order, with the same seq on every connection,
+also when it reconnects with `since`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+
+import httpx
+import pytest
+from e2e_util import assert_status
+from test_run_streams import parse_frames
+
+ALL_CHANNELS = ["values", "updates", "messages", "tools", "lifecycle", "input", "tasks",
+                "checkpoints", "custom"]
+AGENT_INPUT = {"messages": [{"role": "human", "content": "add 2 and 3"}]}
+
+
+class EventReader:
+    """Reads `POST /threads/{id}/stream/events` in a background thread until `until(frames)`
+    holds or `stop()` drops the connection."""
+
+    def __init__(self, base_url: str, thread_id: str, body: dict, until=None):
+        self.frames: list[dict] = []
+        self.status: int | None = None
+        self.first_bytes: float | None = None
+        self.opened = threading.Event()
+        self.done = threading.Event()
+        self._stop = threading.Event()
+        self._until = until
+        self._started = time.monotonic()
+        args = (base_url, f"/threads/{thread_id}/stream/events", body)
+        self._thread = threading.Thread(target=self._read, args=args, daemon=True)
+        self._thread.start()
+        assert self.opened.wait(10), "the stream did not open"
+
+    def _read(self, base_url: str, path: str, body: dict) -> None:
+        buffer = ""
+        try:
+            with httpx.Client(base_url=base_url, timeout=30) as http:
+                with http.stream("POST", path, json=body) as r:
+                    self.status = r.status_code
+                    self.opened.set()
+                    if r.status_code != 200:
+                        return
+                    for chunk in r.iter_text():
+                        if self.first_bytes is None:
+                            self.first_bytes = time.monotonic() - self._started
+                        buffer += chunk
+                        while "\r\n\r\n" in buffer:
+                            block, buffer = buffer.split("\r\n\r\n", 1)
+                            self.frames.extend(parse_frames(block))
+                        if self._stop.is_set() or (self._until and self._until(self.frames)):
+                            break
+        finally:
+            self.opened.set()
+            self.done.set()
+
+    def wait(self, timeout: float = 30) -> list[dict]:
+        assert self.done.wait(timeout), f"stream did not finish; got {[f['event'] for f in self.frames]}"
+        return self.frames
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def ended(count: int = 1):
+    """`until`: the stream has seen `count` root terminal lifecycle events."""
+    def check(frames: list[dict]) -> bool:
+        return terminals(frames) >= count
+    return check
+
+
+def terminals(frames: list[dict]) -> int:
+    return sum(
+        1 for f in frames
+        if f["data"]["method"] == "lifecycle" and f["data"]["params"]["namespace"] == []
+        and f["data"]["params"]["data"]["event"] in ("completed", "failed", "interrupted")
+    )
+
+
+def command(http: httpx.Client, thread_id: str, method: str, params: dict, cid: int = 1) -> dict:
+    r = http.post(f"/threads/{thread_id}/commands", json={"id": cid, "method": method, "params": params})
+    assert_status(r, 200)
+    return r.json()
+
+
+def ok(answer: dict) -> dict:
+    assert answer["type"] == "success", answer
+    assert isinstance(answer["meta"]["applied_through_seq"], int)
+    return answer["result"]
+
+
+def new_thread(http: httpx.Client) -> str:
+    r = http.post("/threads", json={})
+    assert_status(r, 200)
+    return r.json()["thread_id"]
+
+
+def check_envelopes(frames: list[dict]) -> None:
+    """Every frame: `event` is the method, `id` the seq; seqs strictly increase."""
+    last = 0
+    for f in frames:
+        e = f["data"]
+        assert e["type"] == "event", e
+        assert f["event"] == e["method"], f
+        assert f["id"] == e["seq"], f
+        assert isinstance(e["event_id"], str) and e["event_id"], e
+        assert e["seq"] > last, f"seq went back: {last} then {e['seq']}"
+        last = e["seq"]
+        p = e["params"]
+        assert isinstance(p["namespace"], list) and all(isinstance(s, str) for s in p["namespace"])
+        assert isinstance(p["timestamp"], int) and p["timestamp"] > 1_600_000_000_000
+        assert "data" in p
+
+
+def events_of(frames, method):
+    return [f["data"]["params"]["data"] for f in frames if f["data"]["method"] == method]
+
+
+# ------------------------------------------------------------------------------------------
+# raw wire
+# ------------------------------------------------------------------------------------------
+
+
+def test_agent_run_streams_every_method_in_protocol_shapes(base_url, http):
+    """A stream opened first sees a run started through `run.start`: lifecycle running ...
+    completed, the model's message as message/content-block events with usage, the tool call
+    as tool-started/tool-finished, values, updates (with node), tasks and checkpoints."""
+    tid = new_thread(http)
+    reader = EventReader(base_url, tid, {"channels": ALL_CHANNELS}, until=ended())
+    result = ok(command(http, tid, "run.start", {"assistant_id": "agent", "input": AGENT_INPUT}))
+    uuid.UUID(result["run_id"])
+    frames = reader.wait()
+    check_envelopes(frames)
+
+    life = events_of(frames, "lifecycle")
+    assert life[0] == {"event": "running", "graph_name": "agent"}
+    assert life[-1]["event"] == "completed" and life[-1]["graph_name"] == "agent"
+    # The checkpoint to fork from is the last one the run wrote.
+    assert life[-1]["checkpoint"]["id"] == events_of(frames, "checkpoints")[-1]["id"]
+
+    msgs = events_of(frames, "messages")
+    kinds = [m["event"] for m in msgs]
+    assert kinds.count("message-start") >= 2, kinds  # the tool call, then the answer
+    assert kinds.count("message-start") == kinds.count("message-finish"), kinds
+    starts = [m for m in msgs if m["event"] == "message-start"]
+    assert all(isinstance(m["id"], str) and m["role"] in ("ai", "tool", "human", "system") for m in starts)
+    finished = [m["content"] for m in msgs if m["event"] == "content-block-finish"]
+    assert {"type": "text", "text": "The sum is 5."} in finished, finished
+    calls = [c for c in finished if c["type"] == "tool_call"]
+    assert calls and calls[0]["name"] == "add" and calls[0]["args"] == {"a": 2, "b": 3}
+    deltas = [m["delta"] for m in msgs if m["event"] == "content-block-delta"]
+    assert all(d["type"] in ("text-delta", "tool-call-delta") for d in deltas), deltas
+
+    tools = events_of(frames, "tools")
+    assert [t["event"] for t in tools] == ["tool-started", "tool-finished"], tools
+    assert tools[0]["tool_call_id"] == "call_add_1" and tools[0]["tool_name"] == "add"
+    assert tools[0]["input"] == {"a": 2, "b": 3}
+    assert tools[1]["output"]["content"] == "5"
+
+    values = events_of(frames, "values")
+    assert values[-1]["messages"][-1]["content"] == "The sum is 5."
+    updates = [f["data"] for f in frames if f["data"]["method"] == "updates"]
+    assert {u["params"]["node"] for u in updates} >= {"model", "tools"}
+    assert all(u["params"]["data"]["node"] == u["params"]["node"] for u in updates)
+    assert events_of(frames, "tasks"), "no tasks events"
+    checkpoints = events_of(frames, "checkpoints")
+    assert checkpoints and all(isinstance(c["id"], str) and isinstance(c["step"], int) for c in checkpoints)
+    assert checkpoints[0]["source"] == "input" and checkpoints[0]["step"] == -1
+
+
+def test_stream_flushes_first_bytes_at_once(base_url, http):
+    """The stream's first bytes (a comment) arrive before any event exists."""
+    tid = new_thread(http)
+    reader = EventReader(base_url, tid, {"channels": ["values"]}, until=lambda _: True)
+    deadline = time.monotonic() + 5
+    while reader.first_bytes is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    reader.stop()
+    assert reader.first_bytes is not None and reader.first_bytes < 2, reader.first_bytes
+
+
+def test_interrupt_answered_through_input_respond(base_url, http):
+    """`approval` stops with input.requested {interrupt_id, payload} and lifecycle interrupted;
+    `input.respond` resumes it on the same stream, which then ends completed."""
+    tid = new_thread(http)
+    reader = EventReader(base_url, tid, {"channels": ALL_CHANNELS}, until=ended(2))
+    ok(command(http, tid, "run.start", {"assistant_id": "approval", "input": AGENT_INPUT}))
+    deadline = time.monotonic() + 20
+    while not events_of(reader.frames, "input.requested") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    [asked] = events_of(reader.frames, "input.requested")
+    assert asked["payload"] == {"question": "approve?"}
+    answer = command(http, tid, "input.respond",
+                     {"namespace": [], "interrupt_id": "nope", "response": "yes"}, cid=2)
+    assert answer["type"] == "error" and answer["error"] == "no_such_interrupt", answer
+    ok(command(http, tid, "input.respond",
+               {"namespace": [], "interrupt_id": asked["interrupt_id"], "response": "yes"}, cid=3))
+    frames = reader.wait()
+    check_envelopes(frames)
+    life = [(l["event"]) for l in events_of(frames, "lifecycle")]
+    assert life == ["running", "interrupted", "running", "completed"], life
+    assert events_of(frames, "values")[-1]["messages"][-1]["content"] == "decision: yes"
+    # Answered: the same interrupt cannot be answered twice.
+    again = command(http, tid, "input.respond",
+                    {"namespace": [], "interrupt_id": asked["interrupt_id"], "response": "no"}, cid=4)
+    assert again["error"] == "no_such_interrupt", again
+
+
+def test_input_respond_many(base_url, http):
+    """`responses: [...]` answers interrupts in one command."""
+    tid = new_thread(http)
+    reader = EventReader(base_url, tid, {"channels": ["input", "lifecycle"]}, until=ended(2))
+    ok(command(http, tid, "run.start", {"assistant_id": "approval", "input": AGENT_INPUT}))
+    deadline = time.monotonic() + 20
+    while not events_of(reader.frames, "input.requested") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    [asked] = events_of(reader.frames, "input.requested")
+    ok(command(http, tid, "input.respond", {"responses": [
+        {"namespace": [], "interrupt_id": asked["interrupt_id"], "response": "many"}]}))
+    reader.wait()
+    state = ok(command(http, tid, "state.get", {"namespace": []}))
+    assert state["values"]["messages"][-1]["content"] == "decision: many"
+
+
+def test_resume_with_since_replays_exactly_what_follows(base_url, http):
+    """Reconnecting with `since` gives the events after it, with the same seq, event_id and
+    data as the first connection; the seq does not depend on the connection."""
+    tid = new_thread(http)
+    first = EventReader(base_url, tid, {"channels": ALL_CHANNELS}, until=ended())
+    ok(command(http, tid, "run.start", {"assistant_id": "agent", "input": AGENT_INPUT}))
+    frames = first.wait()
+    assert len(frames) > 6
+    cut = frames[len(frames) // 2]["id"]
+    again = EventReader(base_url, tid, {"channels": ALL_CHANNELS, "since": cut}, until=ended())
+    rest = again.wait()
+    expected = [f for f in frames if f["id"] > cut]
+    assert [(f["id"], f["data"]["event_id"], f["data"]["params"]["data"]) for f in rest] == \
+        [(f["id"], f["data"]["event_id"], f["data"]["params"]["data"]) for f in expected]
+
+
+def test_dropped_connection_resumes_without_gap_or_duplicate(base_url, http):
+    """A connection dropped mid-run and reopened with `since` = the last seq it saw: the two
+    connections together carry what one uninterrupted connection carries, once each."""
+    tid = new_thread(http)
+    full = EventReader(base_url, tid, {"channels": ALL_CHANNELS}, until=ended())
+    partial = EventReader(base_url, tid, {"channels": ALL_CHANNELS},
+                          until=lambda frames: len(frames) >= 4)
+    ok(command(http, tid, "run.start",
+               {"assistant_id": "slow", "input": {"delay_ms": 300}}))
+    first = partial.wait()
+    assert terminals(first) == 0, "the run ended before the connection dropped"
+    last = first[-1]["id"]
+    second = EventReader(base_url, tid, {"channels": ALL_CHANNELS, "since": last}, until=ended()).wait()
+    joined = [f["id"] for f in first + second]
+    assert joined == [f["id"] for f in full.wait()]
+    assert len(joined) == len(set(joined))
+    ticks = [c["payload"] for c in events_of(first + second, "custom")]
+    assert ticks == [{"tick": "a"}, {"tick": "b"}]
+
+
+def test_channel_filters(base_url, http):
+    """Channels select methods: `lifecycle` alone, `input` for input.requested, `custom`."""
+    tid = new_thread(http)
+    life = EventReader(base_url, tid, {"channels": ["lifecycle"]}, until=ended())
+    custom = EventReader(base_url, tid, {"channels": ["custom", "lifecycle"]}, until=ended())
+    named = EventReader(base_url, tid, {"channels": ["custom:other", "lifecycle"]}, until=ended())
+    ok(command(http, tid, "run.start", {"assistant_id": "slow", "input": {"delay_ms": 0}}))
+    assert {f["event"] for f in life.wait()} == {"lifecycle"}
+    assert {f["event"] for f in custom.wait()} == {"custom", "lifecycle"}
+    assert [c["payload"] for c in events_of(custom.frames, "custom")] == [{"tick": "a"}, {"tick": "b"}]
+    # `custom:NAME` takes only custom events of that name; these have none.
+    assert {f["event"] for f in named.wait()} == {"lifecycle"}
+
+
+def test_namespace_prefix_and_depth(base_url, http):
+    """`namespaces` selects a subgraph by prefix (a segment without `:` matches any task id);
+    `depth: 0` keeps that namespace only; root events stay out."""
+    tid = new_thread(http)
+    child = EventReader(base_url, tid, {"channels": ["values", "updates", "lifecycle"],
+                                        "namespaces": [["child"]], "depth": 0},
+                        until=lambda frames: any(f["event"] == "updates" and
+                                                 f["data"]["params"]["node"] == "c2" for f in frames))
+    everything = EventReader(base_url, tid, {"channels": ["values", "updates", "lifecycle"]}, until=ended())
+    ok(command(http, tid, "run.start", {"assistant_id": "nested", "input": {"messages": []}}))
+    frames = child.wait()
+    assert frames
+    for f in frames:
+        ns = f["data"]["params"]["namespace"]
+        assert len(ns) == 1 and ns[0].split(":")[0] == "child", ns
+    all_frames = everything.wait()
+    assert any(f["data"]["params"]["namespace"] == [] for f in all_frames)
+    assert any(f["data"]["params"]["namespace"] for f in all_frames)
+    # The subgraph's lifecycle: started when first seen, completed with its parent's update,
+    # before the root completes.
+    life = [(f["data"]["params"]["namespace"], f["data"]["params"]["data"]["event"],
+             f["data"]["params"]["data"]["graph_name"])
+            for f in all_frames if f["event"] == "lifecycle"]
+    assert [(len(ns), event, name) for ns, event, name in life] == [
+        (0, "running", "nested"), (1, "started", "child"), (1, "completed", "child"),
+        (0, "completed", "nested")], life
+
+
+def test_bad_requests_are_refused(base_url, http):
+    tid = new_thread(http)
+    path = f"/threads/{tid}/stream/events"
+    for body in [{}, {"channels": []}, {"channels": ["values", "bogus"]}, {"channels": "values"}]:
+        r = http.post(path, json=body)
+        assert r.status_code == 400, (body, r.text)
+        assert "channels" in r.text
+    for body in [{"channels": ["values"], "since": -1}, {"channels": ["values"], "depth": -2},
+                 {"channels": ["values"], "depth": "x"}]:
+        r = http.post(path, json=body)
+        assert r.status_code == 422, (body, r.text)
+    r = http.post(path, content=b"{nope")
+    assert r.status_code == 400
+    r = http.post(f"/threads/{uuid.uuid4()}/stream/events", json={"channels": ["values"]})
+    assert r.status_code == 404
+
+    cpath = f"/threads/{tid}/commands"
+    r = http.post(cpath, json={"id": "x", "method": "run.start"})
+    assert r.status_code == 400 and r.json()["error"] == "invalid_argument"
+    r = http.post(cpath, content=b"nope")
+    assert r.status_code == 400
+    assert command(http, tid, "bogus.method", {})["error"] == "unknown_command"
+    answer = command(http, tid, "run.start", {})
+    assert answer["error"] == "invalid_argument" and "assistant_id" in answer["message"]
+    answer = command(http, tid, "run.start", {"assistant_id": "no-such-graph"})
+    assert answer["error"] == "invalid_argument", answer
+    assert command(http, tid, "input.respond", {"interrupt_id": 5})["error"] == "invalid_argument"
+    assert command(http, tid, "input.respond", {"responses": []})["error"] == "invalid_argument"
+    # Nothing was created by the refused commands.
+    assert http.get(f"/threads/{tid}/runs").json() == []
+
+
+def test_state_commands(base_url, http):
+    """`state.get`, `state.listCheckpoints`, `state.fork`, `agent.getTree` after a run."""
+    tid = new_thread(http)
+    assert command(http, tid, "agent.getTree", {})["error"] == "no_such_run"
+    reader = EventReader(base_url, tid, {"channels": ["lifecycle"]}, until=ended())
+    ok(command(http, tid, "run.start", {"assistant_id": "agent", "input": AGENT_INPUT}))
+    reader.wait()
+    state = ok(command(http, tid, "state.get", {"namespace": []}))
+    assert state["values"]["messages"][-1]["content"] == "The sum is 5."
+    assert isinstance(state["checkpoint"]["id"], str)
+    picked = ok(command(http, tid, "state.get", {"namespace": [], "keys": ["nothing"]}))
+    assert picked["values"] == {}
+    listed = ok(command(http, tid, "state.listCheckpoints", {"limit": 2}))["checkpoints"]
+    assert len(listed) == 2 and listed[0]["id"] == state["checkpoint"]["id"]
+    assert all(isinstance(c["timestamp"], str) and isinstance(c["step"], int) for c in listed)
+    older = ok(command(http, tid, "state.listCheckpoints", {"limit": 1, "before": listed[0]["id"]}))
+    assert older["checkpoints"][0]["id"] == listed[1]["id"]
+    tree = ok(command(http, tid, "agent.getTree", {}))["tree"]
+    assert tree["namespace"] == [] and tree["status"] == "completed" and tree["graph_name"] == "agent"
+
+    bad = command(http, tid, "state.fork", {"checkpoint_id": str(uuid.uuid4())})
+    assert bad["error"] == "no_such_checkpoint", bad
+    assert command(http, tid, "state.fork", {})["error"] == "invalid_argument"
+    first = ok(command(http, tid, "state.listCheckpoints", {"limit": 100}))["checkpoints"][-1]
+    forked = ok(command(http, tid, "state.fork", {"checkpoint_id": first["id"], "input": AGENT_INPUT}))
+    assert forked["thread_id"] == tid
+    uuid.UUID(forked["run_id"])
+
+
+# ------------------------------------------------------------------------------------------
+# the official client
+# ------------------------------------------------------------------------------------------
+
+
+async def collect_until_completed(thread, seen: list[dict]) -> None:
+    """Appends the client's events to `seen` until the root lifecycle completes. Over the
+    WebSocket the client also hands through the answer to its own subscribe command (so it
+    does with the reference): only events are kept."""
+    async for event in thread.events:
+        if event.get("type") != "event":
+            continue
+        seen.append(event)
+        if (event["method"] == "lifecycle" and event["params"]["namespace"] == []
+                and event["params"]["data"]["event"] == "completed"):
+            return
+
+
+async def test_official_client_agent_messages_and_tools(client, http):
+    """`client.threads.stream`: values, messages and tool calls of the agent graph."""
+    async with client.threads.stream(assistant_id="agent") as thread:
+        await thread.run.start(input=AGENT_INPUT)
+        output = await thread.output.with_timeout(30)
+        assert output["messages"][-1]["content"] == "The sum is 5."
+    tid = thread.thread_id
+    frames = EventReader(http.base_url, tid, {"channels": ALL_CHANNELS}, until=ended()).wait()
+    assert events_of(frames, "tools")
+
+
+async def test_official_client_events_and_messages(client):
+    """The client's event iterator sees lifecycle, messages and tools; its message projection
+    assembles the model's text. (The thread exists first: a stream on a thread that is not
+    visible is refused with 404 before it opens.)"""
+    created = await client.threads.create()
+    async with client.threads.stream(created["thread_id"], assistant_id="agent") as thread:
+        seen: list[dict] = []
+        task = asyncio.create_task(collect_until_completed(thread, seen))
+        await asyncio.sleep(0.2)
+        await thread.run.start(input=AGENT_INPUT)
+        await asyncio.wait_for(task, 30)
+    methods = [e["method"] for e in seen]
+    for m in ("lifecycle", "messages", "tools", "values", "updates"):
+        assert m in methods, methods
+    seqs = [e["seq"] for e in seen]
+    assert seqs == sorted(set(seqs))
+
+
+async def test_official_client_answers_an_interrupt(client):
+    """`approval`: the client sees the interrupt (`thread.interrupted`, `thread.interrupts`),
+    answers it with `run.respond`, and gets the final output."""
+    async with client.threads.stream(assistant_id="approval") as thread:
+        await thread.run.start(input=AGENT_INPUT)
+        deadline = time.monotonic() + 20
+        while not thread.interrupted and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert thread.interrupted
+        # The client reads `data.value`; the protocol (and the reference) send `data.payload`,
+        # so only the id and namespace reach `thread.interrupts` (checked raw elsewhere).
+        assert thread.interrupts[0]["interrupt_id"] and thread.interrupts[0]["namespace"] == []
+        await thread.run.respond("ok")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            state = await client.threads.get_state(thread.thread_id)
+            if state["values"]["messages"][-1]["content"] == "decision: ok":
+                break
+            await asyncio.sleep(0.1)
+        assert state["values"]["messages"][-1]["content"] == "decision: ok"
+
+
+# ------------------------------------------------------------------------------------------
+# the WebSocket
+# ------------------------------------------------------------------------------------------
+
+
+async def test_websocket_carries_commands_and_events(base_url, http):
+    """On the WebSocket: subscribe, start a run, get the command answers and each event once
+    (two overlapping subscriptions), then unsubscribe; bad commands get protocol errors."""
+    from websockets.asyncio.client import connect
+
+    tid = new_thread(http)
+    url = base_url.replace("http://", "ws://") + f"/threads/{tid}/stream/events"
+    async with connect(url) as ws:
+        async def call(cid: int, method: str, params: dict) -> dict:
+            await ws.send(json.dumps({"id": cid, "method": method, "params": params}))
+            while True:
+                message = json.loads(await asyncio.wait_for(ws.recv(), 20))
+                if message.get("type") != "event":
+                    assert message["id"] == cid, message
+                    return message
+                events.append(message)
+
+        events: list[dict] = []
+        sub = await call(1, "subscription.subscribe", {"channels": ["lifecycle", "values"]})
+        assert sub["type"] == "success" and sub["result"]["subscription_id"]
+        again = await call(2, "subscription.subscribe", {"channels": ["lifecycle"]})
+        assert again["type"] == "success"
+        bad = await call(3, "subscription.subscribe", {"channels": ["bogus"]})
+        assert bad["type"] == "error" and bad["error"] == "invalid_argument"
+        started = await call(4, "run.start", {"assistant_id": "echo",
+                                              "input": {"messages": [{"role": "user", "content": "hi"}]}})
+        assert started["type"] == "success"
+        while terminals([{"data": e} for e in events]) == 0:
+            message = json.loads(await asyncio.wait_for(ws.recv(), 20))
+            assert message["type"] == "event", message
+            events.append(message)
+        seqs = [e["seq"] for e in events]
+        assert seqs == sorted(set(seqs)), seqs
+        assert {e["method"] for e in events} == {"lifecycle", "values"}
+        gone = await call(5, "subscription.unsubscribe", {"subscription_id": sub["result"]["subscription_id"]})
+        assert gone["type"] == "success"
+        assert gone["meta"]["applied_through_seq"] == seqs[-1]
+        missing = await call(6, "subscription.unsubscribe", {"subscription_id": "nope"})
+        assert missing["error"] == "no_such_subscription"
+        state = await call(7, "state.get", {"namespace": []})
+        assert state["result"]["values"]["messages"]
+        await ws.send("not json")
+        garbled = json.loads(await asyncio.wait_for(ws.recv(), 20))
+        assert garbled["type"] == "error" and garbled["id"] is None
+
+
+async def test_official_client_over_websocket(client):
+    """`transport="websocket"`: the client's events arrive over the socket."""
+    created = await client.threads.create()
+    async with client.threads.stream(created["thread_id"], assistant_id="agent",
+                                     transport="websocket") as thread:
+        seen: list[dict] = []
+        task = asyncio.create_task(collect_until_completed(thread, seen))
+        await asyncio.sleep(0.3)
+        await thread.run.start(input=AGENT_INPUT)
+        await asyncio.wait_for(task, 30)
+    assert "tools" in {e["method"] for e in seen}
+    seqs = [e["seq"] for e in seen]
+    assert seqs == sorted(set(seqs))
