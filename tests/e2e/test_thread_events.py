@@ -446,50 +446,108 @@ async def test_official_client_answers_an_interrupt(client):
 # ------------------------------------------------------------------------------------------
 
 
+class WebSocketSession:
+    """A raw protocol WebSocket: `call` sends a command and returns its answer, keeping the
+    events that arrive meanwhile in `events`."""
+
+    def __init__(self, ws):
+        self.ws = ws
+        self.events: list[dict] = []
+        self.next_id = 1
+
+    async def call(self, method: str, params: dict) -> dict:
+        cid = self.next_id
+        self.next_id += 1
+        await self.ws.send(json.dumps({"id": cid, "method": method, "params": params}))
+        while True:
+            message = json.loads(await asyncio.wait_for(self.ws.recv(), 20))
+            if message.get("type") != "event":
+                assert message["id"] == cid, message
+                return message
+            self.events.append(message)
+
+    async def until_terminals(self, count: int) -> None:
+        """Reads events until `count` root runs have ended."""
+        while terminals([{"data": e} for e in self.events]) < count:
+            message = json.loads(await asyncio.wait_for(self.ws.recv(), 20))
+            assert message["type"] == "event", message
+            self.events.append(message)
+
+    def seqs(self) -> list[int]:
+        return [e["seq"] for e in self.events]
+
+
+def ws_url(base_url: str, thread_id: str) -> str:
+    return base_url.replace("http://", "ws://") + f"/threads/{thread_id}/stream/events"
+
+
+ECHO_RUN = {"assistant_id": "echo", "input": {"messages": [{"role": "user", "content": "hi"}]}}
+
+
 async def test_websocket_carries_commands_and_events(base_url, http):
     """On the WebSocket: subscribe, start a run, get the command answers and each event once
     (two overlapping subscriptions), then unsubscribe; bad commands get protocol errors."""
     from websockets.asyncio.client import connect
 
     tid = new_thread(http)
-    url = base_url.replace("http://", "ws://") + f"/threads/{tid}/stream/events"
-    async with connect(url) as ws:
-        async def call(cid: int, method: str, params: dict) -> dict:
-            await ws.send(json.dumps({"id": cid, "method": method, "params": params}))
-            while True:
-                message = json.loads(await asyncio.wait_for(ws.recv(), 20))
-                if message.get("type") != "event":
-                    assert message["id"] == cid, message
-                    return message
-                events.append(message)
-
-        events: list[dict] = []
-        sub = await call(1, "subscription.subscribe", {"channels": ["lifecycle", "values"]})
+    async with connect(ws_url(base_url, tid)) as ws:
+        session = WebSocketSession(ws)
+        sub = await session.call("subscription.subscribe", {"channels": ["lifecycle", "values"]})
         assert sub["type"] == "success" and sub["result"]["subscription_id"]
-        again = await call(2, "subscription.subscribe", {"channels": ["lifecycle"]})
+        again = await session.call("subscription.subscribe", {"channels": ["lifecycle"]})
         assert again["type"] == "success"
-        bad = await call(3, "subscription.subscribe", {"channels": ["bogus"]})
+        bad = await session.call("subscription.subscribe", {"channels": ["bogus"]})
         assert bad["type"] == "error" and bad["error"] == "invalid_argument"
-        started = await call(4, "run.start", {"assistant_id": "echo",
-                                              "input": {"messages": [{"role": "user", "content": "hi"}]}})
+        started = await session.call("run.start", ECHO_RUN)
         assert started["type"] == "success"
-        while terminals([{"data": e} for e in events]) == 0:
-            message = json.loads(await asyncio.wait_for(ws.recv(), 20))
-            assert message["type"] == "event", message
-            events.append(message)
-        seqs = [e["seq"] for e in events]
+        await session.until_terminals(1)
+        seqs = session.seqs()
         assert seqs == sorted(set(seqs)), seqs
-        assert {e["method"] for e in events} == {"lifecycle", "values"}
-        gone = await call(5, "subscription.unsubscribe", {"subscription_id": sub["result"]["subscription_id"]})
+        assert {e["method"] for e in session.events} == {"lifecycle", "values"}
+        gone = await session.call("subscription.unsubscribe",
+                                  {"subscription_id": sub["result"]["subscription_id"]})
         assert gone["type"] == "success"
         assert gone["meta"]["applied_through_seq"] == seqs[-1]
-        missing = await call(6, "subscription.unsubscribe", {"subscription_id": "nope"})
+        missing = await session.call("subscription.unsubscribe", {"subscription_id": "nope"})
         assert missing["error"] == "no_such_subscription"
-        state = await call(7, "state.get", {"namespace": []})
+        state = await session.call("state.get", {"namespace": []})
         assert state["result"]["values"]["messages"]
         await ws.send("not json")
         garbled = json.loads(await asyncio.wait_for(ws.recv(), 20))
         assert garbled["type"] == "error" and garbled["id"] is None
+
+
+async def test_websocket_subscription_added_later_replays_then_continues_in_order(base_url, http):
+    """A subscription added after a run replays that run's events it selects from its `since`,
+    once each; after it the socket sends every later event in seq order, whichever
+    subscription selects it, and each event once."""
+    from websockets.asyncio.client import connect
+
+    tid = new_thread(http)
+    async with connect(ws_url(base_url, tid)) as ws:
+        session = WebSocketSession(ws)
+        assert (await session.call("subscription.subscribe", {"channels": ["values"]}))["type"] == "success"
+        assert (await session.call("run.start", ECHO_RUN))["type"] == "success"
+        while not any(e["method"] == "values" for e in session.events):
+            session.events.append(json.loads(await asyncio.wait_for(ws.recv(), 20)))
+        first_run = list(session.events)
+        later = await session.call("subscription.subscribe", {"channels": ["lifecycle"], "since": 0})
+        assert later["type"] == "success"
+        await session.until_terminals(1)
+        replayed = session.events[len(first_run):]
+        assert replayed and {e["method"] for e in replayed} <= {"lifecycle", "values"}
+        for _ in range(3):
+            assert (await session.call("run.start", ECHO_RUN))["type"] == "success"
+        await session.until_terminals(4)
+        live = [e for e in session.events if e["seq"] > max(e["seq"] for e in first_run + replayed)]
+        assert [e["seq"] for e in live] == sorted({e["seq"] for e in live})
+        assert {e["method"] for e in live} == {"lifecycle", "values"}
+        seqs = session.seqs()
+        assert len(seqs) == len(set(seqs)), "an event was sent twice"
+        # The log holds the same events: every lifecycle and values event of the thread.
+        reader = EventReader(base_url, tid, {"channels": ["lifecycle", "values"], "since": 0},
+                             until=ended(4))
+        assert sorted(seqs) == [f["data"]["seq"] for f in reader.wait()]
 
 
 async def test_official_client_over_websocket(client):

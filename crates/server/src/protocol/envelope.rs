@@ -67,12 +67,20 @@ pub fn is_prefix(ns: &[&str], prefix: &[String]) -> bool {
         })
 }
 
-/// Turns a thread's logged events into filtered frames, in log order.
+/// What one subscription selects, and how far it has seen the log.
+#[derive(Debug, Clone)]
+pub struct Selector {
+    pub filter: Filter,
+    /// Events with seq at or below this were seen by the client.
+    pub since: i64,
+}
+
+/// Turns a thread's logged events into filtered frames, in log order. It selects for one
+/// subscription (an SSE stream) or several (a WebSocket, which sends an event once when
+/// several of its subscriptions select it).
 #[derive(Debug)]
 pub struct Framer {
-    filter: Filter,
-    /// Events with seq at or below this were seen by the client.
-    since: i64,
+    selectors: Vec<Selector>,
     /// The run whose last logged event was its terminal lifecycle event.
     just_ended: Option<Uuid>,
     /// Frames are the bare JSON envelope (a WebSocket message), not SSE.
@@ -82,22 +90,30 @@ pub struct Framer {
 impl Framer {
     pub fn new(filter: Filter, since: i64) -> Self {
         Self {
-            filter,
-            since,
+            selectors: vec![Selector { filter, since }],
             just_ended: None,
             bare: false,
         }
     }
 
-    /// A framer whose frames are the bare JSON envelopes, for the WebSocket.
-    pub fn bare(filter: Filter, since: i64) -> Self {
+    /// A framer for several subscriptions whose frames are the bare JSON envelopes, for the
+    /// WebSocket.
+    pub fn bare(selectors: Vec<Selector>) -> Self {
         Self {
+            selectors,
+            just_ended: None,
             bare: true,
-            ..Self::new(filter, since)
         }
     }
 
-    /// The envelope of a logged event, if it has one and the subscription selects it.
+    /// The seq after which this framer must read the log: one before the earliest `since`,
+    /// so that the look-back sees the event just before the first one it may send.
+    pub fn read_after(&self) -> i64 {
+        let since = self.selectors.iter().map(|s| s.since).min().unwrap_or(0);
+        (since - 1).max(0)
+    }
+
+    /// The envelope of a logged event, if it has one and a subscription selects it.
     /// Every event must pass through here in order (the look-back), sent or not.
     pub fn envelope(&mut self, event: &LoggedEvent) -> Option<Value> {
         let ended_before = self.just_ended.take();
@@ -105,7 +121,10 @@ impl Framer {
         if is_root_terminal(&envelope) {
             self.just_ended = Some(event.run_id);
         }
-        (event.seq > self.since && self.filter.matches(&envelope)).then_some(envelope)
+        self.selectors
+            .iter()
+            .any(|s| event.seq > s.since && s.filter.matches(&envelope))
+            .then_some(envelope)
     }
 
     /// The SSE frame of a logged event, if it belongs on the stream.
@@ -348,6 +367,33 @@ mod tests {
         assert!(framer
             .envelope(&logged(4, run, "custom", json!(1)))
             .is_none());
+    }
+
+    #[test]
+    fn several_subscriptions_select_an_event_once_each_from_its_own_since() {
+        let run = Uuid::new_v4();
+        let values = Selector {
+            filter: filter(&["values"]),
+            since: 3,
+        };
+        let updates = Selector {
+            filter: filter(&["updates"]),
+            since: 0,
+        };
+        let mut framer = Framer::bare(vec![values, updates]);
+        assert_eq!(framer.read_after(), 0);
+        let at = |framer: &mut Framer, seq, name: &str, data| {
+            framer.frame(&logged(seq, run, name, data)).is_some()
+        };
+        assert!(at(&mut framer, 1, "updates", json!({"a": {}})));
+        assert!(!at(&mut framer, 2, "values", json!({})), "before its since");
+        assert!(at(&mut framer, 4, "values", json!({})));
+        assert!(!at(&mut framer, 5, "custom", json!(1)), "nobody selects it");
+        let frame = framer
+            .frame(&logged(6, run, "values", json!({"x": 1})))
+            .unwrap();
+        let bare: Value = serde_json::from_slice(&frame).unwrap();
+        assert_eq!(bare["seq"], 6, "a bare envelope, not an SSE frame");
     }
 
     #[test]

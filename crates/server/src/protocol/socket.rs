@@ -1,8 +1,12 @@
 //! The WebSocket at `/threads/{thread_id}/stream/events`: commands and events on one
 //! connection, as the reference serves it. Commands are answered as over HTTP; the
-//! subscription commands are this transport's own: each subscription follows the thread's
-//! log like an SSE stream (hub first, log after `since`, then live), and an event several
-//! subscriptions select is sent once.
+//! subscription commands are this transport's own.
+//!
+//! One follower per socket reads the thread's log (hub first, log after the earliest
+//! `since`, then live) and sends an event once when any subscription selects it, so events
+//! reach the client in seq order whatever the subscriptions overlap. A change of
+//! subscriptions stops the follower between two events and starts a new one where the
+//! socket left off; a new subscription's replay from its own `since` comes first.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -12,18 +16,18 @@ use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use serde_json::{json, Map, Value};
 use spindle_storage::Scope;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 use super::commands::{self, Failure};
-use super::envelope::Framer;
-use crate::routes::thread_events::{parse_request, Refusal, StreamRequest};
-use crate::runs::stream::{follow_stream, Follow, Target};
+use super::envelope::{Framer, Selector};
+use crate::routes::thread_events::{parse_request, protocol_follow, Refusal, StreamRequest};
+use crate::runs::stream::follow_stream;
 use crate::state::AppState;
 
-/// How many recently sent seqs a socket remembers to send an event once across
-/// subscriptions (they replay from different places, so a set, not a high-water mark).
+/// How many recently sent seqs a socket remembers, so that a subscription replaying from
+/// before what the socket has sent does not send an event twice.
 const SENT_WINDOW: usize = 4096;
 
 /// What a socket has sent: recent seqs and the highest one (`applied_through_seq`).
@@ -51,18 +55,23 @@ impl Sent {
     }
 }
 
+/// The task sending a socket's events, and how to stop it between two events. The task
+/// answers the seq of the last event it handed on: every subscription it served has seen
+/// the log through there.
+struct Follower {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<i64>,
+}
+
 struct Socket {
     state: AppState,
     scope: Scope,
     thread_id: Uuid,
     out: mpsc::Sender<String>,
     sent: Arc<Mutex<Sent>>,
-    subscriptions: HashMap<String, (StreamRequestCopy, JoinHandle<()>)>,
+    subscriptions: HashMap<String, Selector>,
+    follower: Option<Follower>,
 }
-
-/// What a subscription asked for, kept to restart it on `subscription.reconnect`.
-#[derive(Clone)]
-struct StreamRequestCopy(Value);
 
 /// Serves one socket until the client closes it.
 pub async fn serve(socket: WebSocket, state: AppState, scope: Scope, thread_id: Uuid) {
@@ -82,6 +91,7 @@ pub async fn serve(socket: WebSocket, state: AppState, scope: Scope, thread_id: 
         out,
         sent: Arc::default(),
         subscriptions: HashMap::new(),
+        follower: None,
     };
     while let Some(Ok(message)) = incoming.next().await {
         let text = match message {
@@ -94,8 +104,8 @@ pub async fn serve(socket: WebSocket, state: AppState, scope: Scope, thread_id: 
             break;
         }
     }
-    for (_, (_, task)) in this.subscriptions.drain() {
-        task.abort();
+    if let Some(follower) = this.follower.take() {
+        follower.task.abort();
     }
     drop(this);
     let _ = writer.await;
@@ -115,45 +125,51 @@ impl Socket {
             Err(refusal) => return refusal,
         };
         let result = match method {
-            "subscription.subscribe" => self.subscribe(&params),
-            "subscription.unsubscribe" => self.unsubscribe(&params),
+            "subscription.subscribe" => self.subscribe(&params).await,
+            "subscription.unsubscribe" => self.unsubscribe(&params).await,
             "subscription.reconnect" => self.reconnect(&params).await,
             _ => commands::run(&self.state, &self.scope, self.thread_id, method, &params).await,
         };
         match result {
-            Ok(result) => {
-                let highest = self.sent.lock().unwrap_or_else(|e| e.into_inner()).highest;
-                commands::success(id, result, highest)
-            }
+            Ok(result) => commands::success(id, result, self.highest_sent()),
             Err(failure) => commands::error(Some(json!(id)), &failure),
         }
     }
 
-    fn subscribe(&mut self, params: &Map<String, Value>) -> Result<Value, Failure> {
-        let body = Value::Object(params.clone());
-        let request = request(&body)?;
+    fn highest_sent(&self) -> i64 {
+        self.sent.lock().unwrap_or_else(|e| e.into_inner()).highest
+    }
+
+    async fn subscribe(&mut self, params: &Map<String, Value>) -> Result<Value, Failure> {
+        let StreamRequest { filter, since } = request(&Value::Object(params.clone()))?;
         let id = Uuid::new_v4().to_string();
-        let task = self.follow(request);
-        self.subscriptions
-            .insert(id.clone(), (StreamRequestCopy(body), task));
+        self.change(|subscriptions| {
+            subscriptions.insert(id.clone(), Selector { filter, since });
+        })
+        .await;
         Ok(json!({"subscription_id": id, "replayed_events": 0}))
     }
 
-    fn unsubscribe(&mut self, params: &Map<String, Value>) -> Result<Value, Failure> {
+    async fn unsubscribe(&mut self, params: &Map<String, Value>) -> Result<Value, Failure> {
         let id = params
             .get("subscription_id")
             .and_then(Value::as_str)
             .ok_or_else(|| invalid("subscription.unsubscribe requires a subscription_id."))?;
-        let (_, task) = self.subscriptions.remove(id).ok_or_else(|| Failure {
-            code: "no_such_subscription",
-            message: format!("Unknown subscription: {id}"),
-        })?;
-        task.abort();
+        if !self.subscriptions.contains_key(id) {
+            return Err(Failure {
+                code: "no_such_subscription",
+                message: format!("Unknown subscription: {id}"),
+            });
+        }
+        self.change(|subscriptions| {
+            subscriptions.remove(id);
+        })
+        .await;
         Ok(json!({}))
     }
 
-    /// Restarts the named subscriptions (all when none are named) after `last_event_id`, a
-    /// seq: the client gets what it missed, from the log.
+    /// Replays the named subscriptions (all when none are named) from after
+    /// `last_event_id`, a seq: the client gets what it missed, from the log.
     async fn reconnect(&mut self, params: &Map<String, Value>) -> Result<Value, Failure> {
         let since = match params.get("last_event_id") {
             None | Some(Value::Null) => 0,
@@ -170,19 +186,15 @@ impl Socket {
                 .collect(),
             _ => self.subscriptions.keys().cloned().collect(),
         };
-        let mut restored = !ids.is_empty();
-        for id in ids {
-            let Some((body, task)) = self.subscriptions.remove(&id) else {
-                restored = false;
-                continue;
-            };
-            task.abort();
-            let mut body = body.0;
-            body["since"] = json!(since.max(0));
-            let task = self.follow(request(&body)?);
-            self.subscriptions
-                .insert(id, (StreamRequestCopy(body), task));
-        }
+        let restored = !ids.is_empty() && ids.iter().all(|id| self.subscriptions.contains_key(id));
+        self.change(|subscriptions| {
+            for id in &ids {
+                if let Some(selector) = subscriptions.get_mut(id) {
+                    selector.since = since.max(0);
+                }
+            }
+        })
+        .await;
         let last = self
             .state
             .storage
@@ -192,27 +204,50 @@ impl Socket {
         Ok(json!({"restored": restored, "missed_events": (last - since).max(0)}))
     }
 
-    /// Forwards a subscription's events to the socket until aborted.
-    fn follow(&self, request: StreamRequest) -> JoinHandle<()> {
-        let framer = Framer::bare(request.filter, request.since);
-        let follow = Follow {
-            thread_id: self.thread_id,
-            target: Target::Protocol(Arc::new(Mutex::new(framer))),
-            after: Some((request.since - 1).max(0)),
-            with_ids: true,
-        };
+    /// Changes the subscriptions: stops the follower between two events, lets `edit` change
+    /// them, and starts a follower again. Subscriptions already there continue after what the
+    /// last follower handed on; a new or replayed one starts from its own `since`.
+    async fn change(&mut self, edit: impl FnOnce(&mut HashMap<String, Selector>)) {
+        if let Some(follower) = self.follower.take() {
+            let _ = follower.stop.send(());
+            let through = follower.task.await.unwrap_or(0);
+            for selector in self.subscriptions.values_mut() {
+                selector.since = selector.since.max(through);
+            }
+        }
+        edit(&mut self.subscriptions);
+        if !self.subscriptions.is_empty() {
+            self.follower = Some(self.follow());
+        }
+    }
+
+    /// Sends the events the subscriptions select, in seq order, until stopped.
+    fn follow(&self) -> Follower {
+        let framer = Framer::bare(self.subscriptions.values().cloned().collect());
         let mut events = Box::pin(follow_stream(
             self.state.storage.clone(),
             self.state.hub.clone(),
             self.scope.clone(),
-            follow,
+            protocol_follow(self.thread_id, framer),
             self.state.keepalive,
             |_| {},
         ));
         let out = self.out.clone();
         let sent = self.sent.clone();
-        tokio::spawn(async move {
-            while let Some(Ok(bytes)) = events.next().await {
+        let (stop, mut stopped) = oneshot::channel();
+        let task = tokio::spawn(async move {
+            let mut through = 0;
+            loop {
+                // The stop is looked at only between events: an event taken from the stream
+                // is sent, so the next follower can start after the highest seq sent.
+                let bytes = tokio::select! {
+                    biased;
+                    _ = &mut stopped => return through,
+                    next = events.next() => match next {
+                        Some(Ok(bytes)) => bytes,
+                        _ => return through,
+                    },
+                };
                 let Some(text) = envelope_text(&bytes) else {
                     continue;
                 };
@@ -225,10 +260,12 @@ impl Socket {
                         .first_time(seq)
                 });
                 if first && out.send(text).await.is_err() {
-                    return;
+                    return through;
                 }
+                through = seq.unwrap_or(through);
             }
-        })
+        });
+        Follower { stop, task }
     }
 }
 

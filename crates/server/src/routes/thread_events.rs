@@ -164,14 +164,13 @@ pub fn parse_request(body: &Value) -> Result<StreamRequest, Refusal> {
     Ok(StreamRequest { filter, since })
 }
 
-/// The follow settings of a protocol stream. It reads the log from the event at `since` (not
-/// sent) so the framer's look-back starts where the client left off.
-pub fn protocol_follow(thread_id: uuid::Uuid, request: StreamRequest) -> Follow {
-    let framer = Framer::new(request.filter, request.since);
+/// The follow settings of a protocol stream: every run of the thread, read from the log
+/// where the framer's subscriptions left off.
+pub fn protocol_follow(thread_id: uuid::Uuid, framer: Framer) -> Follow {
     Follow {
         thread_id,
+        after: Some(framer.read_after()),
         target: Target::Protocol(Arc::new(Mutex::new(framer))),
-        after: Some((request.since - 1).max(0)),
         with_ids: true,
     }
 }
@@ -201,7 +200,7 @@ async fn stream_events(
         state.storage.clone(),
         state.hub.clone(),
         scope,
-        protocol_follow(thread_id, request),
+        protocol_follow(thread_id, Framer::new(request.filter, request.since)),
         state.keepalive,
         |_| {},
     );
