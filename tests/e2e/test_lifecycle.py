@@ -169,6 +169,49 @@ def test_run_survives_sigkill(storage):
     assert parts[-1].event == "values" and parts[-1].data["ticks"] == 2
 
 
+def mark_claimed_by_a_dead_worker(storage: Storage, run_id: str) -> None:
+    """Makes a pending run look as if a worker had claimed it and died at once, before the
+    run's input checkpoint was saved: running, attempt 1, its lease long expired."""
+    expired = "2000-01-01T00:00:00Z"
+    claimed = ("UPDATE runs SET status = 'running', attempt = 1, lease_owner = 'dead-worker', "
+               "lease_expires_at = {t}, started_at = {t} WHERE run_id = {id}")
+    if storage.backend == "postgres":
+        import psycopg
+
+        with psycopg.connect(storage.database_url, autocommit=True) as conn:
+            conn.execute(claimed.format(t="%s::timestamptz", id="%s::uuid"), (expired, expired, run_id))
+    else:
+        import sqlite3
+
+        with sqlite3.connect(storage.database_url) as conn:
+            conn.execute(claimed.format(t="?", id="?"), (expired, expired, run_id))
+
+
+def test_run_whose_worker_died_before_its_input_was_saved_starts_over(storage):
+    """A run claimed by a worker that died before the run's input checkpoint was saved is
+    claimed again (attempt 2) and runs with its input, not from the thread's earlier state:
+    the input of a run is never lost to a crash."""
+    def serve(port):
+        return storage.serve_args(port) + ["--run-lease-secs", "1"]
+
+    with running(storage, serve) as srv:
+        with get_sync_client(url=srv.base_url, api_key=None, timeout=30) as c:
+            tid = c.threads.create()["thread_id"]
+            first = c.runs.wait(tid, "slow", input={"delay_ms": 10, "ticks": 0})
+            assert first == {"delay_ms": 10, "ticks": 2}
+            run = c.runs.create(tid, "slow", input={"delay_ms": 20, "ticks": 0},
+                                after_seconds=3600)
+    mark_claimed_by_a_dead_worker(storage, run["run_id"])
+
+    with running(storage, serve) as srv:
+        with get_sync_client(url=srv.base_url, api_key=None, timeout=60) as c:
+            assert c.runs.join(tid, run["run_id"]) == {"delay_ms": 20, "ticks": 2}
+            assert c.runs.get(tid, run["run_id"])["status"] == "success"
+            parts = list(c.runs.join_stream(tid, run["run_id"], last_event_id="-1"))
+    attempts = [p.data["attempt"] for p in parts if p.event == "metadata"]
+    assert attempts == [2], parts
+
+
 def test_idle_streams_get_keepalive_comments(tmp_path):
     """While a run is quiet, its event stream carries `: heartbeat` comments at the configured
     interval (`--keepalive-interval-secs`), so proxies keep the connection open."""

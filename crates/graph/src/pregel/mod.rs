@@ -98,6 +98,7 @@ pub async fn run(
         recursion_limit: cfg.recursion_limit,
         durability: cfg.durability,
         behind: None,
+        only_input_behind: false,
         exit: Default::default(),
         events: trace.as_ref().map(|t| t.scope.clone()),
     };
@@ -172,6 +173,7 @@ pub(crate) async fn run_subgraph(
         recursion_limit: 10_000,
         durability: Durability::Sync,
         behind: None,
+        only_input_behind: false,
         exit: Default::default(),
         events: trace.as_ref().map(|t| t.scope.clone()),
     };
@@ -268,6 +270,9 @@ pub(crate) struct Loop {
     pub durability: Durability,
     /// Under `Durability::Async`, resolves when every save queued so far is done.
     pub behind: Option<WriteReceipt>,
+    /// What `behind` waits for is only the run's new input (its input and start
+    /// checkpoints): no task of this run has finished yet.
+    pub only_input_behind: bool,
     /// What `Durability::Exit` holds back until the run ends.
     pub exit: persist::ExitBuffer,
     /// This graph's run in `events`, when the run streams them.
@@ -445,7 +450,12 @@ impl Loop {
             // What the steps before saved is durable before a task runs, so a run resumed
             // after a crash never runs a finished task again. Saves of one step (its writes and
             // its checkpoint) still go together, and wait while the next step is prepared.
-            self.flush().await?;
+            // A run's new input alone may still be on its way while the first step runs: no
+            // task has finished, and a run that died before its input checkpoint was saved
+            // starts over with its input (`RunInput::Continue` says who checks).
+            if !std::mem::take(&mut self.only_input_behind) {
+                self.flush().await?;
+            }
             let result = self.run_step(&tasks).await?;
             if let Some((ti, err)) = result.error {
                 let t = &tasks[ti];

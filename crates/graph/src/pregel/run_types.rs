@@ -51,7 +51,11 @@ pub enum RunInput {
         /// Nodes to run next.
         goto: Vec<Goto>,
     },
-    /// No input: continue from the checkpoint (e.g. after `interrupt_before`).
+    /// No input: continue from the checkpoint (e.g. after `interrupt_before`, or a run
+    /// resumed after a crash). Under `Durability::Async` a run's first step runs while its
+    /// input checkpoint is still being saved, so whoever resumes a run that had new input
+    /// continues only if the thread's latest checkpoint is that run's (its metadata's
+    /// `run_id`), and otherwise starts it again with its input.
     Continue,
 }
 

@@ -26,7 +26,7 @@ use crate::extract::{ApiJson, ApiQuery, Validate, Violations};
 use crate::routes::assistants::resolve_assistant_id;
 use crate::runs::execute::keys;
 use crate::runs::hub::{HubMessage, Subscription};
-use crate::runs::stream::{follow_stream, Follow, Target};
+use crate::runs::stream::{follow_new_run, follow_stream, Follow, Target};
 use crate::runs::worker::CLEANUP_BY_WORKER;
 use crate::sse;
 use crate::state::{AppState, Caller};
@@ -501,7 +501,7 @@ pub(crate) async fn start_run(
                 run: created.run.clone(),
                 last_seq,
             };
-            state.workers.execute_now(slot, claimed);
+            state.workers.execute_now(slot, claimed, assistant);
         }
         _ => state.workers.wake(),
     }
@@ -534,14 +534,22 @@ pub(crate) fn locations(run: &Run) -> HeaderMap {
     headers
 }
 
-/// An SSE response following `run` from its first event (or after `after`). When the client
-/// leaves first and `cancel_on_disconnect`, the run is cancelled; with `delete_after`, the
-/// run's (stateless) thread is deleted once the run has ended.
+/// Where a run stream's events come from at first.
+enum Source {
+    /// The log after this seq (from the run's first event without one), then live.
+    Log(Option<i64>),
+    /// A subscription taken before the run was created: live from the start.
+    New(Subscription),
+}
+
+/// An SSE response following `run` from `source`. When the client leaves first and
+/// `cancel_on_disconnect`, the run is cancelled; with `delete_after`, the run's (stateless)
+/// thread is deleted once the run has ended.
 fn stream_response(
     state: &AppState,
     scope: Scope,
     run: &Run,
-    after: Option<i64>,
+    source: Source,
     cancel_on_disconnect: bool,
     delete_after: bool,
 ) -> Response {
@@ -578,21 +586,32 @@ fn stream_response(
             }
         });
     };
-    let follow = Follow {
+    let follow = |after| Follow {
         thread_id,
         target: Target::Run(run_id),
         after,
         with_ids: true,
     };
-    let body = follow_stream(
-        state.storage.clone(),
-        state.hub.clone(),
-        scope,
-        follow,
-        state.keepalive,
-        on_done,
-    );
-    (headers, Body::from_stream(body)).into_response()
+    let (storage, keepalive) = (state.storage.clone(), state.keepalive);
+    let body = match source {
+        Source::Log(after) => Body::from_stream(follow_stream(
+            storage,
+            state.hub.clone(),
+            scope,
+            follow(after),
+            keepalive,
+            on_done,
+        )),
+        Source::New(live) => Body::from_stream(follow_new_run(
+            storage,
+            live,
+            scope,
+            follow(None),
+            keepalive,
+            on_done,
+        )),
+    };
+    (headers, body).into_response()
 }
 
 /// The final values of an ended run, read from its thread (see [`crate::runs::final_values`]).
@@ -794,9 +813,11 @@ async fn stream_run(
     ApiJson(body): ApiJson<RunCreate>,
 ) -> ApiResult<Response> {
     let thread_id = path_uuid("thread_id", &thread_id)?;
+    let live = state.hub.subscribe(thread_id);
     let run = start_run(&state, &scope, thread_id, &body, Stateless::No).await?;
     let cancel = body.on_disconnect.unwrap_or_default() == OnDisconnect::Cancel;
-    Ok(stream_response(&state, scope, &run, None, cancel, false))
+    let source = Source::New(live);
+    Ok(stream_response(&state, scope, &run, source, cancel, false))
 }
 
 #[utoipa::path(post, path = "/threads/{thread_id}/runs/wait", tag = "runs", request_body = RunCreate,
@@ -963,7 +984,14 @@ async fn join_run_stream(
     let (thread_id, run_id) = run_path(&thread_id, &run_id)?;
     let run = state.storage.get_run(&scope, thread_id, run_id).await?;
     let after = sse::last_event_id(&headers)?;
-    Ok(stream_response(&state, scope, &run, after, false, false))
+    Ok(stream_response(
+        &state,
+        scope,
+        &run,
+        Source::Log(after),
+        false,
+        false,
+    ))
 }
 
 #[utoipa::path(get, path = "/runs/{run_id}/stream", tag = "runs",
@@ -980,7 +1008,14 @@ async fn join_stateless_run_stream(
     let run_id = path_uuid("run_id", &run_id)?;
     let run = state.storage.find_run(&scope, run_id).await?;
     let after = sse::last_event_id(&headers)?;
-    Ok(stream_response(&state, scope, &run, after, false, false))
+    Ok(stream_response(
+        &state,
+        scope,
+        &run,
+        Source::Log(after),
+        false,
+        false,
+    ))
 }
 
 #[derive(Debug, Default, Deserialize, IntoParams)]
@@ -1086,17 +1121,13 @@ async fn stream_stateless_run(
     Caller(scope): Caller,
     ApiJson(body): ApiJson<RunCreate>,
 ) -> ApiResult<Response> {
-    let (run, stateless) = start_stateless(
-        &state,
-        &scope,
-        spindle_storage::new_thread_id(),
-        &body,
-        false,
-    )
-    .await?;
+    let thread_id = spindle_storage::new_thread_id();
+    let live = state.hub.subscribe(thread_id);
+    let (run, stateless) = start_stateless(&state, &scope, thread_id, &body, false).await?;
     let cancel = body.on_disconnect.unwrap_or_default() == OnDisconnect::Cancel;
     let delete = stateless == Stateless::DeleteAfterResponse;
-    Ok(stream_response(&state, scope, &run, None, cancel, delete))
+    let source = Source::New(live);
+    Ok(stream_response(&state, scope, &run, source, cancel, delete))
 }
 
 #[utoipa::path(post, path = "/runs/wait", tag = "runs", request_body = RunCreate,

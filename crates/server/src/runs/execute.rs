@@ -8,6 +8,7 @@ use spindle_graph::node::Goto;
 use spindle_graph::pregel::parse_stream_modes;
 use spindle_graph::{Durability, NodeSet, RunConfig, RunInput};
 use spindle_storage::{Assistant, Run};
+use uuid::Uuid;
 
 /// Keys of `kwargs`, as the run routes write them.
 pub mod keys {
@@ -26,10 +27,33 @@ pub mod keys {
     pub const TEMPORARY: &str = "temporary";
 }
 
+/// Whether a run is a later attempt, and how far the earlier ones got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resumed {
+    /// The first attempt.
+    No,
+    /// A later attempt, and the thread's latest checkpoint is this run's.
+    FromItsCheckpoint,
+    /// A later attempt, but no checkpoint of this run was saved: its input never was.
+    BeforeItsCheckpoint,
+}
+
+/// How far an earlier attempt of `run_id` got, from the metadata of the thread's latest
+/// checkpoint (runs of a thread take turns, so only this run can have written it since).
+pub fn resumed(attempt: i32, run_id: Uuid, latest: Option<&Value>) -> Resumed {
+    let run_id = run_id.to_string();
+    match latest.and_then(|m| m.get("run_id")).and_then(Value::as_str) {
+        _ if attempt <= 1 => Resumed::No,
+        Some(id) if id == run_id => Resumed::FromItsCheckpoint,
+        _ => Resumed::BeforeItsCheckpoint,
+    }
+}
+
 /// What the run starts from. A run claimed again after its worker died continues from its
-/// last checkpoint instead of feeding its input a second time.
-pub fn run_input(kwargs: &Map<String, Value>, attempt: i32) -> RunInput {
-    if attempt > 1 {
+/// last checkpoint instead of feeding its input a second time; one that died before its
+/// first checkpoint was saved starts over with its input.
+pub fn run_input(kwargs: &Map<String, Value>, resumed: Resumed) -> RunInput {
+    if resumed == Resumed::FromItsCheckpoint {
         return RunInput::Continue;
     }
     if let Some(command) = kwargs.get(keys::COMMAND).filter(|c| !c.is_null()) {
@@ -200,11 +224,33 @@ mod tests {
     }
 
     #[test]
-    fn a_second_attempt_continues_from_the_checkpoint() {
+    fn a_later_attempt_continues_only_from_a_checkpoint_of_its_own() {
         let mut kwargs = Map::new();
         kwargs.insert("input".into(), json!({"n": 1}));
-        assert_eq!(run_input(&kwargs, 1), RunInput::Values(json!({"n": 1})));
-        assert_eq!(run_input(&kwargs, 2), RunInput::Continue);
+        let input = RunInput::Values(json!({"n": 1}));
+        assert_eq!(run_input(&kwargs, Resumed::No), input);
+        assert_eq!(run_input(&kwargs, Resumed::BeforeItsCheckpoint), input);
+        assert_eq!(
+            run_input(&kwargs, Resumed::FromItsCheckpoint),
+            RunInput::Continue
+        );
+    }
+
+    #[test]
+    fn a_checkpoint_is_the_runs_by_its_metadata() {
+        let run_id = Uuid::now_v7();
+        let metadata = json!({"run_id": run_id.to_string(), "step": 0});
+        assert_eq!(
+            resumed(2, run_id, Some(&metadata)),
+            Resumed::FromItsCheckpoint
+        );
+        let other = json!({"run_id": Uuid::now_v7().to_string()});
+        assert_eq!(
+            resumed(2, run_id, Some(&other)),
+            Resumed::BeforeItsCheckpoint
+        );
+        assert_eq!(resumed(2, run_id, None), Resumed::BeforeItsCheckpoint);
+        assert_eq!(resumed(1, run_id, Some(&metadata)), Resumed::No);
     }
 
     #[test]

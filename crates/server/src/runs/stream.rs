@@ -144,10 +144,36 @@ pub fn follow_stream(
     keepalive: Duration,
     on_done: impl FnOnce(bool) + Send + 'static,
 ) -> impl Stream<Item = Result<Bytes, std::convert::Infallible>> {
-    let (tx, rx) = mpsc::channel::<Bytes>(64);
     let live = hub.subscribe(follow.thread_id);
+    stream_body(storage, live, scope, follow, false, keepalive, on_done)
+}
+
+/// The SSE body of a run created after `live` subscribed to its thread. Every event of the run
+/// reaches `live`, so the stream starts without reading the log, and reads it only when it
+/// must (a lagging subscription, a run executing in another process, the run's end).
+pub fn follow_new_run(
+    storage: Arc<dyn Storage>,
+    live: Subscription,
+    scope: Scope,
+    follow: Follow,
+    keepalive: Duration,
+    on_done: impl FnOnce(bool) + Send + 'static,
+) -> impl Stream<Item = Result<Bytes, std::convert::Infallible>> {
+    stream_body(storage, live, scope, follow, true, keepalive, on_done)
+}
+
+fn stream_body(
+    storage: Arc<dyn Storage>,
+    live: Subscription,
+    scope: Scope,
+    follow: Follow,
+    live_first: bool,
+    keepalive: Duration,
+    on_done: impl FnOnce(bool) + Send + 'static,
+) -> impl Stream<Item = Result<Bytes, std::convert::Infallible>> {
+    let (tx, rx) = mpsc::channel::<Bytes>(64);
     tokio::spawn(async move {
-        let ended = pump(storage, live, scope, follow, keepalive, &tx).await;
+        let ended = pump(storage, live, scope, follow, live_first, keepalive, &tx).await;
         on_done(ended);
     });
     futures::stream::unfold(
@@ -156,12 +182,15 @@ pub fn follow_stream(
     )
 }
 
-/// Feeds the stream until what it follows ends (true) or the client leaves (false).
+/// Feeds the stream until what it follows ends (true) or the client leaves (false). With
+/// `live_first`, the log holds nothing the subscription will not bring, so the first read of
+/// the log is skipped.
 async fn pump(
     storage: Arc<dyn Storage>,
     mut live: Subscription,
     scope: Scope,
     follow: Follow,
+    mut live_first: bool,
     keepalive: Duration,
     tx: &mpsc::Sender<Bytes>,
 ) -> bool {
@@ -174,10 +203,16 @@ async fn pump(
     };
     let mut heartbeat = tokio::time::interval(keepalive);
     heartbeat.tick().await;
-    let mut poll = tokio::time::interval(POLL);
+    // Not `interval`, whose first tick is at once: that read the log twice on every start.
+    let mut poll = tokio::time::interval_at(tokio::time::Instant::now() + POLL, POLL);
     loop {
         // Catch up from the log: the first time, after a gap, and on every poll tick.
-        match catch_up(&storage, &scope, &follow, &mut at, tx).await {
+        let read = if std::mem::take(&mut live_first) {
+            Ok(false)
+        } else {
+            catch_up(&storage, &scope, &follow, &mut at, tx).await
+        };
+        match read {
             Ok(true) => return true,
             Ok(false) => {}
             Err(CatchUp::ClientGone) => return false,

@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use super::execute::{keys, run_config, run_input};
+use super::execute::{keys, resumed, run_config, run_input, Resumed};
 use super::hub::{EndedRun, EventHub, HubMessage};
 use crate::graphs::GraphRegistry;
 use crate::protocol::{self, normalize, normalize::Normalizer};
@@ -150,11 +150,12 @@ impl RunWorkers {
         })
     }
 
-    /// Executes a run created claimed with `slot`'s claim, in the background.
-    pub fn execute_now(self: &Arc<Self>, slot: Slot, claimed: ClaimedRun) {
+    /// Executes a run created claimed with `slot`'s claim, in the background. `assistant` is
+    /// the run's assistant as its creator just read it, so the worker need not read it again.
+    pub fn execute_now(self: &Arc<Self>, slot: Slot, claimed: ClaimedRun, assistant: Assistant) {
         let workers = self.clone();
         tokio::spawn(async move {
-            workers.execute(claimed).await;
+            workers.execute(claimed, Some(assistant)).await;
             drop(slot);
         });
     }
@@ -187,7 +188,7 @@ impl RunWorkers {
                 // nothing, and each created run wakes one sleeper, so waking a sibling here
                 // would only cost an empty claim per run.
                 Ok(Some(claimed)) => {
-                    self.execute(claimed).await;
+                    self.execute(claimed, None).await;
                     drop(slot);
                 }
                 Ok(None) => {
@@ -207,24 +208,26 @@ impl RunWorkers {
         }
     }
 
-    async fn execute(&self, claimed: ClaimedRun) {
+    async fn execute(&self, claimed: ClaimedRun, assistant: Option<Assistant>) {
         let run = &claimed.run;
         // Instrumented, not entered: a span guard held across `.await` would be entered on one
         // thread and left on another.
         let span = super::trace::run_span(run);
-        self.execute_in_span(run, claimed.last_seq)
+        self.execute_in_span(run, claimed.last_seq, assistant)
             .instrument(span)
             .await;
     }
 
-    async fn execute_in_span(&self, run: &Run, last_seq: i64) {
+    async fn execute_in_span(&self, run: &Run, last_seq: i64, assistant: Option<Assistant>) {
         let cancel = CancellationToken::new();
         self.executing
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(run.run_id, cancel.clone());
         let started = std::time::Instant::now();
-        let result = self.execute_claimed(run, last_seq, &cancel).await;
+        let result = self
+            .execute_claimed(run, last_seq, assistant, &cancel)
+            .await;
         self.executing
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -257,12 +260,13 @@ impl RunWorkers {
         &self,
         run: &Run,
         last_seq: i64,
+        assistant: Option<Assistant>,
         cancel: &CancellationToken,
     ) -> Result<(RunStatus, Option<Arc<EndedRun>>), String> {
         let scope = Scope::new(run.user_id.clone().unwrap_or_default());
         let checkpointer = self.storage.checkpointer();
         let (sink, events) = mpsc::channel::<StreamEvent>(1024);
-        let prepared = self.prepare(run, &scope).await;
+        let prepared = self.prepare(run, &scope, assistant).await;
         // The graph's name when the run was started through the protocol (v2 events).
         let v2_graph = match &prepared {
             Ok((assistant, _)) if protocol::is_v2_run(run) => {
@@ -294,8 +298,14 @@ impl RunWorkers {
                     sink: Some(sink.clone()),
                     cancel: cancel.clone(),
                 };
-                let input = run_input(&run.kwargs, run.attempt);
-                let future = pregel::run(graph, input, run_config(run, assistant), env);
+                let resumed = resumed_from(checkpointer.as_ref(), run).await;
+                let input = run_input(&run.kwargs, resumed);
+                let mut config = run_config(run, assistant);
+                if resumed == Resumed::FromItsCheckpoint {
+                    // A fork was made by the first attempt; go on from where it got to.
+                    config.checkpoint_id = None;
+                }
+                let future = pregel::run(graph, input, config, env);
                 match self.config.run_timeout {
                     Some(limit) => tokio::time::timeout(limit, future)
                         .await
@@ -391,13 +401,22 @@ impl RunWorkers {
         self.webhooks.spawn(payload, url.to_owned(), claimed.run_id);
     }
 
-    /// The run's assistant and the graph it executes.
-    async fn prepare(&self, run: &Run, scope: &Scope) -> Result<(Assistant, Arc<Graph>), String> {
-        let assistant = self
-            .storage
-            .get_assistant(scope, run.assistant_id)
-            .await
-            .map_err(|e| format!("assistant {}: {e}", run.assistant_id))?;
+    /// The run's assistant (read, unless its creator handed it over) and the graph it
+    /// executes.
+    async fn prepare(
+        &self,
+        run: &Run,
+        scope: &Scope,
+        known: Option<Assistant>,
+    ) -> Result<(Assistant, Arc<Graph>), String> {
+        let assistant = match known {
+            Some(assistant) => assistant,
+            None => self
+                .storage
+                .get_assistant(scope, run.assistant_id)
+                .await
+                .map_err(|e| format!("assistant {}: {e}", run.assistant_id))?,
+        };
         let graph = self
             .graphs
             .get(&assistant.fields.graph_id)
@@ -473,6 +492,26 @@ fn run_end(
         thread_values,
         thread_interrupts,
         events: Vec::new(),
+    }
+}
+
+/// How far the earlier attempts of `run` got (a read only for a later attempt). When the
+/// checkpoint cannot be read, the run continues from whatever is there, as it always did.
+async fn resumed_from(checkpointer: &dyn Checkpointer, run: &Run) -> Resumed {
+    if run.attempt <= 1 {
+        return Resumed::No;
+    }
+    let thread_id = run.thread_id.to_string();
+    match checkpointer.get_tuple(&thread_id, "", None).await {
+        Ok(latest) => resumed(
+            run.attempt,
+            run.run_id,
+            latest.as_ref().map(|t| &t.metadata),
+        ),
+        Err(err) => {
+            tracing::warn!(error = %err, "cannot read the checkpoint a resumed run starts from");
+            Resumed::FromItsCheckpoint
+        }
     }
 }
 
