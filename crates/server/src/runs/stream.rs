@@ -205,6 +205,11 @@ async fn pump(
     heartbeat.tick().await;
     // Not `interval`, whose first tick is at once: that read the log twice on every start.
     let mut poll = tokio::time::interval_at(tokio::time::Instant::now() + POLL, POLL);
+    // Whether the stream has sent every event of its run: its subscription predates the run
+    // and no live event was passed over since (a gap or a lag). A run's end announced on the
+    // hub comes after all of its events (the worker publishes each before it ends the run),
+    // so such a stream is complete without reading the log again.
+    let mut all_live = live_first;
     loop {
         // Catch up from the log: the first time, after a gap, and on every poll tick.
         let read = if std::mem::take(&mut live_first) {
@@ -226,6 +231,7 @@ async fn pump(
                 message = live.recv() => match message {
                     Ok(HubMessage::Event(event)) if event.seq > at.seq && follow.target.wants(&event) => {
                         if !at.continues_with(&event, &follow.target) {
+                            all_live = false;
                             break;
                         }
                         at = Position { seq: event.seq, anchored: true };
@@ -235,10 +241,18 @@ async fn pump(
                             }
                         }
                     }
+                    Ok(HubMessage::RunEnded { run_id, .. })
+                        if all_live && at.anchored && follow.target.run_id() == Some(run_id) =>
+                    {
+                        return true;
+                    }
                     Ok(HubMessage::RunEnded { .. }) => break,
                     Ok(_) => {}
                     // Fell behind or the hub went away: the log has everything.
-                    Err(RecvError::Lagged(_)) | Err(RecvError::Closed) => break,
+                    Err(RecvError::Lagged(_)) | Err(RecvError::Closed) => {
+                        all_live = false;
+                        break;
+                    }
                 },
                 _ = heartbeat.tick() => {
                     if tx.send(Bytes::from_static(sse::HEARTBEAT)).await.is_err() {
