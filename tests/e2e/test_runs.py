@@ -195,6 +195,19 @@ async def test_run_metadata_limits(client, tag, http):
     assert await client.runs.list(tid) == []
 
 
+async def test_tools_stream_mode_is_for_protocol_runs_only(client, tag, http):
+    """`stream_mode: tools` carries agent-protocol tool events; on a run not started through
+    the protocol it is refused with 422 naming the entry, as the reference refuses it, and
+    nothing is created."""
+    thread = await client.threads.create(metadata={"tag": tag})
+    tid = thread["thread_id"]
+    body = {"assistant_id": "agent", "input": {"messages": []}, "stream_mode": ["values", "tools"]}
+    r = http.post(f"/threads/{tid}/runs/stream", json=body)
+    assert_status(r, 422)
+    assert any(item["loc"][-2:] == ["stream_mode", "1"] for item in r.json()["detail"]), describe(r)
+    assert await client.runs.list(tid) == []
+
+
 async def test_run_on_missing_thread(client, http):
     """A run on a thread that does not exist is 404, unless `if_not_exists=create`."""
     import uuid

@@ -27,11 +27,14 @@ pub enum StreamMode {
     AccumulatedMessages,
     /// LangChain's `astream_events` v2 dicts (`on_chain_start`, `on_chat_model_stream`, ...).
     Events,
+    /// Tool calls as they run, in the agent protocol's shapes: `tool-started` when a tool
+    /// starts, then `tool-finished` with its tool message or `tool-error`.
+    Tools,
 }
 
 impl StreamMode {
     /// Every mode.
-    pub const ALL: [StreamMode; 9] = [
+    pub const ALL: [StreamMode; 10] = [
         StreamMode::Values,
         StreamMode::Updates,
         StreamMode::Messages,
@@ -41,6 +44,7 @@ impl StreamMode {
         StreamMode::Debug,
         StreamMode::AccumulatedMessages,
         StreamMode::Events,
+        StreamMode::Tools,
     ];
 
     /// The mode's name in a request's `stream_mode`.
@@ -55,6 +59,7 @@ impl StreamMode {
             StreamMode::Debug => "debug",
             StreamMode::AccumulatedMessages => "messages",
             StreamMode::Events => "events",
+            StreamMode::Tools => "tools",
         }
     }
 

@@ -8,6 +8,7 @@ use crate::context::TaskContext;
 use crate::model::ToolSchema;
 use crate::node::NodeError;
 use crate::script::Script;
+use crate::stream::StreamMode;
 
 /// How a tool runs.
 pub enum ToolImpl {
@@ -155,6 +156,37 @@ impl Tool {
     }
 }
 
+/// Call a tool, announced in the `tools` stream mode as it starts and ends, and shown in
+/// `events` as a tool run below the node. Returns the tool message.
+async fn announced_call(
+    tool: &Tool,
+    args: &Value,
+    call_id: &str,
+    ctx: &TaskContext,
+) -> Result<Value, NodeError> {
+    let ns = &ctx.graph_ns;
+    let announce = ctx.run.wants(StreamMode::Tools, ns);
+    if announce {
+        let started = json!({"event": "tool-started", "tool_call_id": call_id,
+                             "tool_name": tool.schema.name, "input": args});
+        ctx.run.emit(ns, StreamMode::Tools, started).await;
+    }
+    let result = traced_call(tool, args, call_id, ctx).await;
+    let ended = match &result {
+        Ok(message) => Some(json!({"event": "tool-finished", "tool_call_id": call_id,
+                                   "output": message})),
+        // The exception's text, as the reference sends `str(error)`.
+        Err(NodeError::Failed { message, .. }) => Some(json!({"event": "tool-error",
+            "tool_call_id": call_id, "message": message})),
+        // Cancelled or interrupted: the tool did not end, it runs again on resume.
+        Err(_) => None,
+    };
+    if let (true, Some(ended)) = (announce, ended) {
+        ctx.run.emit(ns, StreamMode::Tools, ended).await;
+    }
+    result
+}
+
 /// Call a tool, shown in `events` as a tool run below the node (`on_tool_start`, then
 /// `on_tool_end` with the tool message, or `on_tool_error`). Returns the tool message.
 async fn traced_call(
@@ -224,7 +256,7 @@ pub async fn run_tool_calls(
                         .join(", ")
                 ),
             )),
-            Some(tool) => traced_call(tool, &args, id, ctx).await,
+            Some(tool) => announced_call(tool, &args, id, ctx).await,
         };
         match result {
             Ok(msg) => Ok(msg),

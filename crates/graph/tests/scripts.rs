@@ -355,3 +355,80 @@ async fn custom_events_of_inline_scripts_survive_a_small_sink() {
     let got = reader.await.unwrap();
     assert_eq!(got, (0..5).map(|i| json!({"i": i})).collect::<Vec<_>>());
 }
+
+/// The `tools` mode announces a tool as it starts and as it ends: what the tool itself
+/// streams comes between the two, and a failing tool ends with `tool-error` and its message.
+#[tokio::test]
+async fn tools_are_announced_as_they_start_and_end() {
+    let g = graph(
+        r#"
+state: {messages: messages}
+models:
+  m:
+    provider: scripted
+    responses:
+      - {content: "", tool_calls: [{name: shout, args: {text: hey}, id: t1}]}
+      - {content: "", tool_calls: [{name: shout, args: {}, id: t2}]}
+      - "done"
+tools:
+  shout:
+    kind: script
+    parameters: {type: object, properties: {text: {type: string}}, required: [text]}
+    code: |
+      emit("inside");
+      args.text
+nodes:
+  model: {kind: model, model: m, tools: [shout]}
+  tools: {kind: tools, tools: [shout]}
+edges:
+  - {from: START, to: model}
+  - {from: model, route: tools_condition, to: [tools, END]}
+  - {from: tools, to: model}
+"#,
+    );
+    let (out, events) = Harness::new()
+        .run(
+            &g,
+            None,
+            RunInput::Values(json!({"messages": ["hi"]})),
+            &[StreamMode::Tools, StreamMode::Custom],
+            |_| {},
+        )
+        .await;
+    out.unwrap();
+    let seen: Vec<(String, Value)> = events
+        .iter()
+        .map(|e| (e.event_name(), e.data.clone()))
+        .collect();
+    let names: Vec<&str> = seen
+        .iter()
+        .map(|(name, data)| data["event"].as_str().unwrap_or(name))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "tool-started",
+            "custom",
+            "tool-finished",
+            "tool-started",
+            "tool-error"
+        ],
+        "{seen:?}"
+    );
+    assert_eq!(
+        seen[0].1,
+        json!({"event": "tool-started", "tool_call_id": "t1", "tool_name": "shout",
+               "input": {"text": "hey"}})
+    );
+    assert_eq!(seen[2].1["output"]["content"], "hey");
+    assert_eq!(seen[2].1["output"]["tool_call_id"], "t1");
+    let error = &seen[4].1;
+    assert_eq!(error["tool_call_id"], "t2");
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("missing required argument `text`"),
+        "{error}"
+    );
+}

@@ -23,13 +23,14 @@ use spindle_storage::Run;
 pub const V2_CONFIG_KEY: &str = "__event_streaming_v2";
 
 /// The stream modes a v2 run logs: enough to derive every protocol method.
-pub const V2_STREAM_MODES: [&str; 6] = [
+pub const V2_STREAM_MODES: [&str; 7] = [
     "values",
     "updates",
     "messages-tuple",
     "custom",
     "tasks",
     "checkpoints",
+    "tools",
 ];
 
 /// The channels a subscription may name, besides `custom:NAME`.

@@ -2,8 +2,9 @@
 //! events, one logged event per protocol event, so each gets its own durable seq.
 //!
 //! Only what needs state across events happens here: assembling a model's message chunks
-//! into `message-start`, `content-block-*` and `message-finish` events; tool events from the
-//! tool calls a model made and the tool messages that answer them; `input.requested` from an
+//! into `message-start`, `content-block-*` and `message-finish` events; tool events (from the
+//! engine's `tools` mode as tools start and end, or else from the tool calls a model made and
+//! the tool messages that answer them); `input.requested` from an
 //! interrupt; the run's `lifecycle`. Everything else is logged as the engine made it and
 //! shaped by the read side ([`super::envelope`]), which also serves plain runs.
 
@@ -80,6 +81,13 @@ impl Normalizer {
         }
         match event.mode {
             StreamMode::Messages => self.message(&event.namespace, &event.data, &mut out),
+            StreamMode::Tools => {
+                // Announced by the engine as the tool ran: its tool message adds nothing.
+                if let Some(id) = event.data.get("tool_call_id").and_then(Value::as_str) {
+                    self.answered.insert(id.to_owned());
+                }
+                out.push((event.event_name(), event.data));
+            }
             StreamMode::Updates => {
                 self.close(&event.namespace, &mut out);
                 self.update(event, &mut out);
@@ -260,7 +268,8 @@ impl Normalizer {
         }
     }
 
-    /// `tool-started` then `tool-finished` (or `tool-error`) for a tool message.
+    /// `tool-started` then `tool-finished` (or `tool-error`) for a tool message the engine did
+    /// not announce (a node that returned tool messages without running tools).
     fn tool_result(&mut self, ns: &[String], message: &Value, out: &mut Vec<Logged>) {
         let Some(call_id) = message.get("tool_call_id").and_then(Value::as_str) else {
             return;

@@ -230,7 +230,7 @@ const STREAM_MODES: [&str; 9] = [
 impl Validate for RunCreate {
     fn validate(&self, v: &mut Violations) {
         validate_run_metadata(v, self.metadata.as_ref());
-        validate_stream_mode(v, self.stream_mode.as_ref());
+        validate_stream_mode(v, self.stream_mode.as_ref(), self.is_v2());
         for (field, value) in [
             ("interrupt_before", &self.interrupt_before),
             ("interrupt_after", &self.interrupt_after),
@@ -336,13 +336,29 @@ fn validate_run_metadata(v: &mut Violations, metadata: Option<&JsonObject>) {
     }
 }
 
-fn validate_stream_mode(v: &mut Violations, mode: Option<&Value>) {
+/// The stream mode only runs started through the agent protocol (v2) may ask for, as on the
+/// reference: on other runs it would put protocol-shaped events into a v1 stream.
+const V2_ONLY_STREAM_MODE: &str = "tools";
+
+fn validate_stream_mode(v: &mut Violations, mode: Option<&Value>, v2: bool) {
     let modes: Vec<&Value> = match mode {
         None | Some(Value::Null) => return,
         Some(Value::Array(items)) => items.iter().collect(),
         Some(one) => vec![one],
     };
     for (i, mode) in modes.into_iter().enumerate() {
+        if mode.as_str() == Some(V2_ONLY_STREAM_MODE) {
+            if !v2 {
+                v.push(
+                    &["stream_mode", &i.to_string()],
+                    "value_error",
+                    "stream_mode 'tools' is only supported on the v2 event streaming endpoints",
+                    mode.clone(),
+                    json!({}),
+                );
+            }
+            continue;
+        }
         if !mode.as_str().is_some_and(|m| STREAM_MODES.contains(&m)) {
             v.push(
                 &["stream_mode", &i.to_string()],
@@ -356,6 +372,16 @@ fn validate_stream_mode(v: &mut Violations, mode: Option<&Value>) {
 }
 
 impl RunCreate {
+    /// Whether the run is started through the agent protocol (`run.start`), which marks its
+    /// config.
+    fn is_v2(&self) -> bool {
+        self.config
+            .as_ref()
+            .and_then(|c| c.get("configurable"))
+            .and_then(|c| c.get(crate::protocol::V2_CONFIG_KEY))
+            == Some(&Value::Bool(true))
+    }
+
     /// What the worker needs to execute the run, in the keys `runs::execute` reads.
     fn kwargs(&self) -> JsonObject {
         let mut kwargs = Map::new();
