@@ -640,6 +640,19 @@ fn stream_response(
     (headers, body).into_response()
 }
 
+/// A join stream: the run's events from the log after `Last-Event-ID` (from its first
+/// without one), then live. Leaving it never cancels the run.
+fn join_response(
+    state: &AppState,
+    scope: Scope,
+    run: &Run,
+    headers: &HeaderMap,
+) -> ApiResult<Response> {
+    let after = sse::last_event_id(headers)?;
+    let source = Source::Log(after);
+    Ok(stream_response(state, scope, run, source, false, false))
+}
+
 /// The final values of an ended run, read from its thread (see [`crate::runs::final_values`]).
 async fn final_values(state: &AppState, scope: &Scope, run: &Run) -> Value {
     let thread = state.storage.get_thread(scope, run.thread_id).await.ok();
@@ -1009,15 +1022,7 @@ async fn join_run_stream(
 ) -> ApiResult<Response> {
     let (thread_id, run_id) = run_path(&thread_id, &run_id)?;
     let run = state.storage.get_run(&scope, thread_id, run_id).await?;
-    let after = sse::last_event_id(&headers)?;
-    Ok(stream_response(
-        &state,
-        scope,
-        &run,
-        Source::Log(after),
-        false,
-        false,
-    ))
+    join_response(&state, scope, &run, &headers)
 }
 
 #[utoipa::path(get, path = "/runs/{run_id}/stream", tag = "runs",
@@ -1033,15 +1038,7 @@ async fn join_stateless_run_stream(
 ) -> ApiResult<Response> {
     let run_id = path_uuid("run_id", &run_id)?;
     let run = state.storage.find_run(&scope, run_id).await?;
-    let after = sse::last_event_id(&headers)?;
-    Ok(stream_response(
-        &state,
-        scope,
-        &run,
-        Source::Log(after),
-        false,
-        false,
-    ))
+    join_response(&state, scope, &run, &headers)
 }
 
 #[derive(Debug, Default, Deserialize, IntoParams)]
