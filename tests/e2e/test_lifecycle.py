@@ -68,6 +68,13 @@ def running(storage: Storage, args=None) -> Iterator[harness.Server]:
         harness.stop(srv)
 
 
+def short_lease(storage: Storage):
+    """`serve` arguments with a 1-second run lease, so a dead worker's run is reclaimed at once."""
+    def serve(port: int) -> list[str]:
+        return storage.serve_args(port) + ["--run-lease-secs", "1"]
+    return serve
+
+
 def test_help_names_the_commands(tmp_path):
     """`spindle --help` documents the dev, serve and migrate commands."""
     r = harness.run(["--help"], tmp_path)
@@ -137,9 +144,7 @@ def test_run_survives_sigkill(storage):
     run's stream replays every event of both attempts."""
     import signal
 
-    def serve(port):
-        return storage.serve_args(port) + ["--run-lease-secs", "1"]
-
+    serve = short_lease(storage)
     srv = harness.start(storage.backend, serve, storage.workdir)
     try:
         with get_sync_client(url=srv.base_url, api_key=None, timeout=30) as c:
@@ -191,9 +196,7 @@ def test_run_whose_worker_died_before_its_input_was_saved_starts_over(storage):
     """A run claimed by a worker that died before the run's input checkpoint was saved is
     claimed again (attempt 2) and runs with its input, not from the thread's earlier state:
     the input of a run is never lost to a crash."""
-    def serve(port):
-        return storage.serve_args(port) + ["--run-lease-secs", "1"]
-
+    serve = short_lease(storage)
     with running(storage, serve) as srv:
         with get_sync_client(url=srv.base_url, api_key=None, timeout=30) as c:
             tid = c.threads.create()["thread_id"]
