@@ -316,6 +316,84 @@ async def test_semantic_search_ranks_by_similarity(index_client, tag):
 
 
 # --------------------------------------------------------------------------------------------
+# the store inside a run
+# --------------------------------------------------------------------------------------------
+
+# `remember` puts {text: fact} at ["memories", label]/key; `recall` reads it back and searches
+# the "memories" prefix with a filter, as LangGraph nodes do through their injected store.
+MEMORY_GRAPH = """
+state:
+  label: string
+  key: string
+  fact: string
+  recalled: {type: object}
+  found: {type: array}
+nodes:
+  remember:
+    kind: script
+    code: |
+      store_put(["memories", state.label], state.key, #{ text: state.fact });
+      #{}
+  recall:
+    kind: script
+    code: |
+      #{ recalled: store_get(["memories", state.label], state.key),
+         found: store_search(["memories"], #{ text: state.fact }, 10) }
+edges:
+  - {from: __start__, to: remember}
+  - {from: remember, to: recall}
+  - {from: recall, to: __end__}
+"""
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def memory_server(request):
+    folder = Path(tempfile.mkdtemp(prefix="spindle-e2e-memory-graph-"))
+    (folder / "memory.yaml").write_text(MEMORY_GRAPH)
+    config = {"graphs": {"memory": "./memory.yaml"}, "store": INDEX_STORE}
+    (folder / "spindle.json").write_text(json.dumps(config))
+    yield from _session_server(request.param, extra_args=["--config", str(folder / "spindle.json")])
+
+
+@pytest.fixture
+def memory_client(memory_server):
+    yield from _client_for(memory_server)
+
+
+async def test_nodes_read_and_write_the_long_term_store(memory_client, tag):
+    """A run's nodes reach the same store as /store/items, for the run's user: what a node puts
+    is read back by the next node, found by a filtered search, seen by the client's store API,
+    and embedded by the configured index; a label the API would refuse fails the run."""
+    fact = f"cats purr at night {tag}"
+    thread = await memory_client.threads.create()
+    out = await memory_client.runs.wait(
+        thread["thread_id"], "memory", input={"label": tag, "key": "k1", "fact": fact}
+    )
+    assert out["recalled"] == {"text": fact}, out
+    assert [(i["namespace"], i["key"], i["value"]) for i in out["found"]] == [
+        (["memories", tag], "k1", {"text": fact})
+    ], out
+
+    item = await memory_client.store.get_item(["memories", tag], "k1")
+    assert item["value"] == {"text": fact}
+    ranked = await memory_client.store.search_items(["memories", tag], query="why do cats purr")
+    assert [i["key"] for i in ranked["items"]] == ["k1"]
+    assert isinstance(ranked["items"][0]["score"], float)
+
+    thread = await memory_client.threads.create()
+    failed = await memory_client.runs.wait(
+        thread["thread_id"],
+        "memory",
+        input={"label": "bad.label", "key": "k1", "fact": fact},
+        raise_error=False,
+    )
+    assert "namespace label" in failed["__error__"]["message"], failed
+    # The refused put stored nothing.
+    same_fact = await memory_client.store.search_items(["memories"], filter={"text": fact})
+    assert [(i["namespace"], i["key"]) for i in same_fact["items"]] == [(["memories", tag], "k1")]
+
+
+# --------------------------------------------------------------------------------------------
 # the offline local model
 # --------------------------------------------------------------------------------------------
 

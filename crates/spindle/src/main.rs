@@ -154,14 +154,19 @@ async fn serve(args: ServerArgs, mode: Mode) -> Result<()> {
     );
     tracing::info!(%addr, backend = storage.backend().as_str(), graphs = graph_ids.len(), "listening");
 
+    let store = store::store_config(&config)?;
+    let workers = WorkerConfig {
+        store: store.clone(),
+        ..worker_config(&args, &config)
+    };
     let mut state = AppState::with_settings(
         storage,
         Arc::new(registry),
-        worker_config(&args, &config),
+        workers,
         webhook_config(&args, &config),
     );
     state.thread_ttl = thread_ttl_config(&args, &config)?;
-    state.store = store::store_config(&config)?;
+    state.store = store;
     if let Some(secs) = args
         .keepalive_interval_secs
         .or(config.file.server.keepalive_interval_secs)

@@ -29,6 +29,7 @@ use super::execute::{keys, resumed, run_config, run_input, Resumed};
 use super::hub::{EndedRun, EventHub, HubMessage};
 use crate::graphs::GraphRegistry;
 use crate::protocol::{self, normalize, normalize::Normalizer};
+use crate::store::{GraphStore, StoreConfig};
 use crate::webhook::{self, Webhooks};
 
 #[derive(Debug, Clone)]
@@ -45,6 +46,8 @@ pub struct WorkerConfig {
     pub run_timeout: Option<Duration>,
     /// Logged events of ended runs are kept this long; `None` keeps them forever.
     pub event_retention: Option<Duration>,
+    /// The long-term store's settings, for the store a run's nodes reach.
+    pub store: StoreConfig,
 }
 
 /// How often the event log is swept for events past their retention.
@@ -59,6 +62,7 @@ impl Default for WorkerConfig {
             poll_interval: Duration::from_millis(500),
             run_timeout: None,
             event_retention: Some(Duration::from_secs(7 * 24 * 3600)),
+            store: StoreConfig::default(),
         }
     }
 }
@@ -294,7 +298,11 @@ impl RunWorkers {
             Ok((assistant, graph)) => {
                 let env = RunEnv {
                     checkpointer: Some(checkpointer.clone()),
-                    store: None,
+                    store: Some(Arc::new(GraphStore::new(
+                        self.storage.clone(),
+                        self.config.store.clone(),
+                        scope.clone(),
+                    ))),
                     sink: Some(sink.clone()),
                     cancel: cancel.clone(),
                 };

@@ -3,6 +3,7 @@
 //! fields of an item are embedded, and by what).
 
 pub mod embed;
+mod for_graphs;
 #[cfg(feature = "local-embeddings")]
 pub mod minilm;
 
@@ -16,6 +17,7 @@ use spindle_storage::{ItemVector, Storage};
 use tokio_util::sync::CancellationToken;
 
 pub use embed::{Embedder, HashEmbedder, OpenAiEmbedder};
+pub use for_graphs::GraphStore;
 
 /// Store settings (`store.ttl` and `store.index` of the config file).
 #[derive(Clone)]
