@@ -66,3 +66,24 @@ def assert_error_body(r: httpx.Response, status: int) -> dict:
     assert "details" in body, f"details missing: {describe(r)}"
     assert isinstance(body["details"], dict), f"details must be an object: {describe(r)}"
     return body
+
+
+def execute_sql(server, statement: str, params: tuple = ()) -> list:
+    """Runs one statement on the server's own database (``?`` placeholders, turned into
+    ``%s`` on PostgreSQL) and returns its rows: for tests that set up what only a crash
+    leaves behind."""
+    import os
+    import sqlite3
+
+    import harness
+
+    if server.backend == "postgres":
+        import psycopg
+
+        url = harness.pg_url_with_db(harness.POSTGRES_URL, server.database)
+        with psycopg.connect(url, autocommit=True) as conn:
+            cur = conn.execute(statement.replace("?", "%s"), params)
+            return cur.fetchall() if cur.description else []
+    data_dir = server.argv[server.argv.index("--data-dir") + 1]
+    with sqlite3.connect(os.path.join(data_dir, "spindle.db"), timeout=10) as conn:
+        return conn.execute(statement, params).fetchall()

@@ -12,7 +12,7 @@ from zoneinfo import ZoneInfo
 import harness
 import httpx
 import pytest
-from e2e_util import assert_status, assert_validation_error, default_assistant_id
+from e2e_util import assert_status, assert_validation_error, default_assistant_id, execute_sql
 from langgraph_sdk import get_client
 from langgraph_sdk.errors import NotFoundError
 
@@ -213,6 +213,39 @@ async def count_fired(client, schedule_seconds: float, **create):
     runs = await thread_runs(client, thread["thread_id"])
     await client.crons.delete(first["cron_id"])
     return first, runs, expected_firings(start, stop)
+
+
+async def test_firing_left_by_a_dead_scheduler_is_made_once(server, client):
+    """A firing claimed by a scheduler that died before creating its run (the cron's
+    `next_run_date` already moved on) is taken over once its claim is old, and made exactly
+    once: one more run on the cron's thread, and nothing left in flight."""
+    thread = await client.threads.create()
+    first = await client.crons.create_for_thread(
+        thread["thread_id"], "echo", schedule="0 0 1 1 *", input=INPUT
+    )
+    await client.runs.join(thread["thread_id"], first["run_id"])
+    cron_id = first["cron_id"]
+    due = "2026-01-01T00:00:00+00:00"
+    claimed_long_ago = "2000-01-01T00:00:00+00:00"
+    cast = "::timestamptz" if server.backend == "postgres" else ""
+    id_cast = "::uuid" if server.backend == "postgres" else ""
+    execute_sql(
+        server,
+        f"UPDATE crons SET firing_due = ?{cast}, firing_claimed_at = ?{cast} WHERE cron_id = ?{id_cast}",
+        (due, claimed_long_ago, cron_id),
+    )
+    server_poll_and_run = 15
+    deadline = time.monotonic() + server_poll_and_run
+    while len(await thread_runs(client, thread["thread_id"])) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    # Several scheduler polls more: a firing made twice would show up by now.
+    time.sleep(2.5)
+    runs = await thread_runs(client, thread["thread_id"])
+    assert len(runs) == 2, runs
+    left = execute_sql(
+        server, f"SELECT firing_due FROM crons WHERE cron_id = ?{id_cast}", (cron_id,)
+    )
+    assert left == [(None,)], left
 
 
 async def test_one_second_schedule_fires_once_per_second(client):

@@ -149,10 +149,17 @@ async fn fire_due(state: &AppState) {
     };
     for firing in firings {
         let (cron_id, due) = (firing.cron.cron_id, firing.due);
+        let id = firing.id();
         match fire(state, firing).await {
             Ok(run_id) => tracing::info!(%cron_id, %due, %run_id, "cron fired"),
             Err(message) => {
-                tracing::warn!(%cron_id, %due, error = %message, "cron firing created no run")
+                // Also when another scheduler made this firing (this one was thought dead):
+                // then the release finds nothing in flight and changes nothing.
+                tracing::warn!(%cron_id, %due, error = %message, "cron firing created no run");
+                if let Err(err) = state.storage.release_cron_firing(id).await {
+                    // Taken over after FIRING_LEASE, and most likely refused again.
+                    tracing::warn!(%cron_id, %due, error = %err, "cannot release the cron firing");
+                }
             }
         }
     }
@@ -181,10 +188,17 @@ async fn fire(state: &AppState, firing: CronFiring) -> Result<Uuid, String> {
             _ => (spindle_storage::new_thread_id(), Stateless::DeleteByWorker),
         },
     };
-    start_run(state, &scope, thread_id, &body, stateless)
-        .await
-        .map(|run| run.run_id)
-        .map_err(|e| e.message().to_owned())
+    start_run(
+        state,
+        &scope,
+        thread_id,
+        &body,
+        stateless,
+        Some(firing.id()),
+    )
+    .await
+    .map(|run| run.run_id)
+    .map_err(|e| e.message().to_owned())
 }
 
 #[cfg(test)]

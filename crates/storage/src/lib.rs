@@ -30,8 +30,8 @@ use async_trait::async_trait;
 use uuid::Uuid;
 
 pub use crons::{
-    Cron, CronFields, CronFilter, CronFiring, CronSearch, CronSortBy, CronStore, NewCron,
-    OnRunCompleted,
+    Cron, CronFields, CronFilter, CronFiring, CronSearch, CronSortBy, CronStore, FiringId, NewCron,
+    OnRunCompleted, FIRING_LEASE,
 };
 pub use error::{StorageError, StorageResult};
 pub use model::*;

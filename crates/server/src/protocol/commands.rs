@@ -176,7 +176,7 @@ async fn create_run(
     let mut violations = Violations::new("params");
     body.validate(&mut violations);
     violations.into_result()?;
-    let run = start_run(state, scope, thread_id, &body, Stateless::No).await?;
+    let run = start_run(state, scope, thread_id, &body, Stateless::No, None).await?;
     Ok(run.run_id)
 }
 

@@ -259,7 +259,7 @@ async fn create(
     };
     let mut first = run;
     first.metadata = Some(cron.fields.metadata.clone());
-    match start_run(state, scope, thread_id, &first, Stateless::No).await {
+    match start_run(state, scope, thread_id, &first, Stateless::No, None).await {
         Ok(run) => {
             let headers = locations(&run);
             let mut out = serde_json::to_value(RunOut::from(run))

@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use spindle_storage::{
-    CancelAction, ClaimedRun, IfThreadMissing, MultitaskStrategy, NewRun, Run, RunFilter,
+    CancelAction, ClaimedRun, FiringId, IfThreadMissing, MultitaskStrategy, NewRun, Run, RunFilter,
     RunStatus, Scope,
 };
 use tracing::Instrument;
@@ -468,13 +468,14 @@ impl Stateless {
 }
 
 /// Creates a run on `thread_id` (pending) and wakes a worker. Every run is created here: by
-/// the run routes, and by crons when they fire.
+/// the run routes, and by crons when they fire (`cron_firing`, which the run's creation ends).
 pub(crate) async fn start_run(
     state: &AppState,
     scope: &Scope,
     thread_id: Uuid,
     body: &RunCreate,
     stateless: Stateless,
+    cron_firing: Option<FiringId>,
 ) -> ApiResult<Run> {
     let assistant_id = resolve_assistant_id(state, &body.assistant_id).map_err(|_| {
         ApiError::field(
@@ -512,6 +513,7 @@ pub(crate) async fn start_run(
         run_after: Utc::now() + chrono::Duration::milliseconds((delay * 1000.0) as i64),
         if_thread_missing,
         claim: slot.as_ref().map(|slot| slot.claim.clone()),
+        cron_firing,
     };
     let span = tracing::info_span!("run.create", run_id = %new.run_id, thread_id = %thread_id);
     crate::runs::trace::tag_with_metadata(&span, &new.metadata);
@@ -837,7 +839,7 @@ async fn create_run(
     ApiJson(body): ApiJson<RunCreate>,
 ) -> ApiResult<Response> {
     let thread_id = path_uuid("thread_id", &thread_id)?;
-    let run = start_run(&state, &scope, thread_id, &body, Stateless::No).await?;
+    let run = start_run(&state, &scope, thread_id, &body, Stateless::No, None).await?;
     Ok((locations(&run), Json(RunOut::from(run))).into_response())
 }
 
@@ -853,7 +855,7 @@ async fn stream_run(
 ) -> ApiResult<Response> {
     let thread_id = path_uuid("thread_id", &thread_id)?;
     let live = state.hub.subscribe(thread_id);
-    let run = start_run(&state, &scope, thread_id, &body, Stateless::No).await?;
+    let run = start_run(&state, &scope, thread_id, &body, Stateless::No, None).await?;
     let cancel = body.on_disconnect.unwrap_or_default() == OnDisconnect::Cancel;
     let source = Source::New(live);
     Ok(stream_response(&state, scope, &run, source, cancel, false))
@@ -871,7 +873,7 @@ async fn wait_run(
 ) -> ApiResult<Response> {
     let thread_id = path_uuid("thread_id", &thread_id)?;
     let live = state.hub.subscribe(thread_id);
-    let run = start_run(&state, &scope, thread_id, &body, Stateless::No).await?;
+    let run = start_run(&state, &scope, thread_id, &body, Stateless::No, None).await?;
     Ok(wait_response_for_new(state, scope, run, live, false))
 }
 
@@ -1113,7 +1115,7 @@ async fn start_stateless(
     background: bool,
 ) -> ApiResult<(Run, Stateless)> {
     let stateless = Stateless::of(body, background);
-    let run = start_run(state, scope, thread_id, body, stateless).await?;
+    let run = start_run(state, scope, thread_id, body, stateless, None).await?;
     Ok((run, stateless))
 }
 

@@ -125,6 +125,47 @@ pub struct CronFiring {
     pub due: DateTime<Utc>,
 }
 
+impl CronFiring {
+    /// What the firing's run is created with ([`crate::NewRun::cron_firing`]).
+    pub fn id(&self) -> FiringId {
+        FiringId {
+            cron_id: self.cron.cron_id,
+            due: self.due,
+        }
+    }
+}
+
+/// One due time of one cron. A claimed firing stays in flight (`crons.firing_due`) until the
+/// transaction that creates its run clears it, so it is made once even if its scheduler dies
+/// in between.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FiringId {
+    pub cron_id: Uuid,
+    pub due: DateTime<Utc>,
+}
+
+/// How long a claimed firing may stay in flight before another scheduler takes it over: its
+/// own scheduler died between the claim and the run's creation.
+pub const FIRING_LEASE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The refusal of a run for a firing that is no longer in flight (another scheduler made it).
+pub(crate) fn firing_made(firing: &FiringId) -> crate::StorageError {
+    crate::StorageError::Conflict(format!(
+        "the firing of cron {} due {} was already made",
+        firing.cron_id, firing.due
+    ))
+}
+
+/// When a firing claimed at `claimed_at` may be taken over.
+pub(crate) fn firing_stale_at(claimed_at: DateTime<Utc>) -> DateTime<Utc> {
+    claimed_at + chrono::Duration::from_std(FIRING_LEASE).unwrap_or_default()
+}
+
+/// Claimed before this, a firing still in flight is taken over.
+pub(crate) fn stale_claims_before(now: DateTime<Utc>) -> DateTime<Utc> {
+    now - chrono::Duration::from_std(FIRING_LEASE).unwrap_or_default()
+}
+
 /// The due time of a cron after `after`, by its schedule; `None` when it has none.
 pub type NextRun = dyn Fn(&Cron, DateTime<Utc>) -> Option<DateTime<Utc>> + Send + Sync;
 
@@ -140,17 +181,23 @@ pub trait CronStore: Send + Sync {
     async fn delete_cron(&self, scope: &Scope, id: Uuid) -> StorageResult<()>;
     async fn search_crons(&self, scope: &Scope, search: CronSearch) -> StorageResult<Vec<Cron>>;
     async fn count_crons(&self, scope: &Scope, filter: CronFilter) -> StorageResult<i64>;
-    /// The earliest due time of any enabled cron of any user (what a scheduler sleeps until).
+    /// The earliest due time of any enabled cron of any user, or the time a firing in flight
+    /// may be taken over (what a scheduler sleeps until).
     async fn next_cron_due(&self) -> StorageResult<Option<DateTime<Utc>>>;
-    /// In one transaction: takes up to `limit` enabled crons of every user that are due at
-    /// `now` and not past their `end_time`, and sets each one's `next_run_date` to
-    /// `next(cron, now)`. Crons another scheduler holds at this moment are skipped.
+    /// In one transaction: takes the firings in flight for longer than [`FIRING_LEASE`], and
+    /// up to `limit` enabled crons of every user that are due at `now`, not past their
+    /// `end_time` and with no firing in flight; sets each one's `next_run_date` to
+    /// `next(cron, now)` and marks its firing in flight. Crons another scheduler holds at this
+    /// moment are skipped. A firing stays in flight until its run is created
+    /// ([`crate::NewRun::cron_firing`]) or it is released.
     async fn claim_due_crons(
         &self,
         now: DateTime<Utc>,
         limit: i64,
         next: &NextRun,
     ) -> StorageResult<Vec<CronFiring>>;
+    /// Ends a firing in flight that will make no run (its run request was refused).
+    async fn release_cron_firing(&self, firing: FiringId) -> StorageResult<()>;
 }
 
 /// The columns a cron is read with, in [`CronRow`]'s order.

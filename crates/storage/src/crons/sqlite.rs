@@ -168,12 +168,18 @@ impl CronStore for SqliteStorage {
     }
 
     async fn next_cron_due(&self) -> StorageResult<Option<DateTime<Utc>>> {
-        Ok(sqlx::query_scalar(
-            "SELECT MIN(next_run_date) FROM crons WHERE enabled \
+        let due: Option<DateTime<Utc>> = sqlx::query_scalar(
+            "SELECT MIN(next_run_date) FROM crons WHERE enabled AND firing_due IS NULL \
                  AND (end_time IS NULL OR next_run_date <= end_time)",
         )
         .fetch_one(&self.read)
-        .await?)
+        .await?;
+        let in_flight: Option<DateTime<Utc>> = sqlx::query_scalar(
+            "SELECT MIN(firing_claimed_at) FROM crons WHERE firing_due IS NOT NULL",
+        )
+        .fetch_one(&self.read)
+        .await?;
+        Ok(due.into_iter().chain(in_flight.map(firing_stale_at)).min())
     }
 
     async fn claim_due_crons(
@@ -183,29 +189,81 @@ impl CronStore for SqliteStorage {
         next: &NextRun,
     ) -> StorageResult<Vec<CronFiring>> {
         let (_permit, mut tx) = self.begin_write().await?;
+        let mut firings = take_over_stale(&mut tx, now, limit).await?;
         let sql = format!(
             "SELECT {CRON_COLUMNS} FROM crons WHERE enabled AND next_run_date <= $1 \
-             AND (end_time IS NULL OR next_run_date <= end_time) ORDER BY next_run_date LIMIT $2"
+             AND firing_due IS NULL AND (end_time IS NULL OR next_run_date <= end_time) \
+             ORDER BY next_run_date LIMIT $2"
         );
         let rows: Vec<CronRow<Hyphenated>> = sqlx::query_as(&sql)
             .bind(now)
             .bind(limit)
             .fetch_all(&mut *tx)
             .await?;
-        let mut firings = Vec::with_capacity(rows.len());
         for row in rows {
             let cron = Cron::try_from(row)?;
             let Some(due) = is_due(&cron, now) else {
                 continue;
             };
-            sqlx::query("UPDATE crons SET next_run_date = $2 WHERE cron_id = $1")
-                .bind(cron.cron_id.hyphenated())
-                .bind(next(&cron, now))
-                .execute(&mut *tx)
-                .await?;
+            sqlx::query(
+                "UPDATE crons SET next_run_date = $2, firing_due = $3, firing_claimed_at = $4 \
+                 WHERE cron_id = $1",
+            )
+            .bind(cron.cron_id.hyphenated())
+            .bind(next(&cron, now))
+            .bind(due)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
             firings.push(CronFiring { cron, due });
         }
         tx.commit().await?;
         Ok(firings)
     }
+
+    async fn release_cron_firing(&self, firing: FiringId) -> StorageResult<()> {
+        let (_permit, mut tx) = self.begin_write().await?;
+        sqlx::query(
+            "UPDATE crons SET firing_due = NULL, firing_claimed_at = NULL \
+             WHERE cron_id = $1 AND firing_due = $2",
+        )
+        .bind(firing.cron_id.hyphenated())
+        .bind(firing.due)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+/// Takes over the firings whose scheduler died between claiming them and creating their run.
+async fn take_over_stale(
+    tx: &mut SqliteConnection,
+    now: DateTime<Utc>,
+    limit: i64,
+) -> StorageResult<Vec<CronFiring>> {
+    let stale: Vec<(Hyphenated, DateTime<Utc>)> = sqlx::query_as(
+        "SELECT cron_id, firing_due FROM crons WHERE firing_due IS NOT NULL \
+         AND firing_claimed_at < $1 ORDER BY firing_claimed_at LIMIT $2",
+    )
+    .bind(stale_claims_before(now))
+    .bind(limit)
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut firings = Vec::with_capacity(stale.len());
+    for (cron_id, due) in stale {
+        let sql = format!(
+            "UPDATE crons SET firing_claimed_at = $2 WHERE cron_id = $1 RETURNING {CRON_COLUMNS}"
+        );
+        let row: CronRow<Hyphenated> = sqlx::query_as(&sql)
+            .bind(cron_id)
+            .bind(now)
+            .fetch_one(&mut *tx)
+            .await?;
+        firings.push(CronFiring {
+            cron: Cron::try_from(row)?,
+            due,
+        });
+    }
+    Ok(firings)
 }

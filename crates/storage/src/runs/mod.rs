@@ -15,6 +15,7 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use uuid::Uuid;
 
+use crate::crons::FiringId;
 use crate::model::{JsonObject, Page, Scope, ThreadStatus};
 use crate::StorageResult;
 
@@ -166,6 +167,10 @@ pub struct NewRun {
     /// run and it is not delayed), it is created `running`, claimed by this worker, in the
     /// same transaction, so it starts without a claim of its own.
     pub claim: Option<Claim>,
+    /// The cron firing this run is made for: the run is created only while that firing is
+    /// in flight, and its creation ends it, in one transaction (`Conflict` when another
+    /// scheduler already made it).
+    pub cron_firing: Option<FiringId>,
 }
 
 /// Who claims a run at its creation, and for how long (see [`NewRun::claim`]).

@@ -19,6 +19,7 @@ use sqlx::{PgConnection, Postgres, QueryBuilder, Transaction};
 use uuid::Uuid;
 
 use super::*;
+use crate::crons::firing_made;
 use crate::error::conflict_if_taken;
 use crate::postgres::PostgresStorage;
 use crate::StorageError;
@@ -364,6 +365,9 @@ impl RunStore for PostgresStorage {
         let mut tx = self.pool.begin().await?;
         let result = async {
             let now = Utc::now();
+            if let Some(firing) = &new.cron_firing {
+                end_firing(&mut tx, firing).await?;
+            }
             if !thread_visible(&mut tx, scope, new.thread_id, true).await? {
                 let IfThreadMissing::Create { metadata } = &new.if_thread_missing else {
                     return Err(StorageError::NotFound("thread"));
@@ -838,4 +842,21 @@ pub(super) fn event_insert_error(error: sqlx::Error) -> StorageError {
             "an event of that seq is already logged".to_owned()
         }),
     }
+}
+
+/// Ends a cron firing in flight, in the transaction creating its run; `Conflict` when it is
+/// no longer in flight (made by another scheduler).
+async fn end_firing(tx: &mut PgConnection, firing: &FiringId) -> StorageResult<()> {
+    let ended = sqlx::query(
+        "UPDATE crons SET firing_due = NULL, firing_claimed_at = NULL \
+         WHERE cron_id = $1 AND firing_due = $2",
+    )
+    .bind(firing.cron_id)
+    .bind(firing.due)
+    .execute(&mut *tx)
+    .await?;
+    if ended.rows_affected() == 0 {
+        return Err(firing_made(firing));
+    }
+    Ok(())
 }

@@ -17,6 +17,7 @@ use uuid::fmt::Hyphenated;
 use uuid::Uuid;
 
 use super::*;
+use crate::crons::firing_made;
 use crate::error::{sqlite_conflict_if_taken, sqlite_constraint};
 use crate::sqlite::SqliteStorage;
 use crate::sqlite_values::{id, json, ts, RowExt};
@@ -289,6 +290,9 @@ fn claimed(conn: &Connection, run: Run) -> StorageResult<ClaimedRun> {
 
 fn create_run(conn: &Connection, scope: &Scope, new: NewRun) -> StorageResult<CreatedRun> {
     let now = Utc::now();
+    if let Some(firing) = &new.cron_firing {
+        end_firing(conn, firing)?;
+    }
     if !thread_visible(conn, scope, new.thread_id)? {
         let IfThreadMissing::Create { metadata } = &new.if_thread_missing else {
             return Err(StorageError::NotFound("thread"));
@@ -363,6 +367,21 @@ fn create_run(conn: &Connection, scope: &Scope, new: NewRun) -> StorageResult<Cr
         cancelled,
         claimed_after_seq,
     })
+}
+
+/// Ends a cron firing in flight, in the transaction creating its run; `Conflict` when it is
+/// no longer in flight (made by another scheduler).
+fn end_firing(conn: &Connection, firing: &FiringId) -> StorageResult<()> {
+    let ended = exec(
+        conn,
+        "UPDATE crons SET firing_due = NULL, firing_claimed_at = NULL \
+         WHERE cron_id = ?1 AND firing_due = ?2",
+        (id(firing.cron_id), ts(firing.due)),
+    )?;
+    if ended == 0 {
+        return Err(firing_made(firing));
+    }
+    Ok(())
 }
 
 /// A taken primary key as a conflict with `message`; any other error as it is.

@@ -226,7 +226,85 @@ async fn due_times_are_claimed_once_and_missed_ones_fire_once() {
                 untouched.fields.next_run_date
             );
         }
+        // The claimed firing is in flight until its run is made: next is the time another
+        // scheduler would take it over; once it is released, the cron's next due time.
+        // (PostgreSQL keeps microseconds.)
+        let takeover = s.next_cron_due().await.unwrap().unwrap();
+        let expected = now + Duration::from_std(FIRING_LEASE).unwrap();
+        assert!(
+            (takeover - expected).abs() < Duration::milliseconds(1),
+            "{takeover}"
+        );
+        s.release_cron_firing(fired[0].id()).await.unwrap();
         assert_eq!(s.next_cron_due().await.unwrap(), moved.fields.next_run_date);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_firing_whose_scheduler_died_is_made_once_by_another() {
+    for_each_backend(|db| async move {
+        let (s, me) = (db.storage(), Scope::local());
+        let assistant_id = assistant(s).await;
+        let now = Utc::now();
+        let cron = s
+            .create_cron(
+                &me,
+                NewCron {
+                    cron_id: Uuid::new_v4(),
+                    assistant_id,
+                    thread_id: None,
+                    fields: fields(Some(now - Duration::seconds(1))),
+                },
+            )
+            .await
+            .unwrap();
+        // Claimed by a scheduler that dies before creating the run.
+        let claimed = s.claim_due_crons(now, 10, &every_second).await.unwrap();
+        assert_eq!(claimed.len(), 1);
+        let firing = claimed[0].id();
+        // While it is in flight, nobody else takes the cron, though its next time is due.
+        let soon = now + Duration::seconds(10);
+        assert!(s
+            .claim_due_crons(soon, 10, &every_second)
+            .await
+            .unwrap()
+            .is_empty());
+        // Past the lease, another scheduler takes the same due time over.
+        let later = now + Duration::from_std(FIRING_LEASE).unwrap() + Duration::seconds(1);
+        let taken = s.claim_due_crons(later, 10, &every_second).await.unwrap();
+        assert_eq!(taken.iter().map(|f| f.id()).collect::<Vec<_>>(), [firing]);
+
+        let run_for = |thread_id: Uuid| NewRun {
+            run_id: Uuid::now_v7(),
+            thread_id,
+            assistant_id,
+            kwargs: obj(json!({"input": {}})),
+            metadata: obj(json!({})),
+            multitask_strategy: MultitaskStrategy::Enqueue,
+            run_after: Utc::now(),
+            if_thread_missing: IfThreadMissing::Create {
+                metadata: obj(json!({})),
+            },
+            claim: None,
+            cron_firing: Some(firing),
+        };
+        let made = s.create_run(&me, run_for(new_thread_id())).await.unwrap();
+        // The first scheduler, slow rather than dead, tries too: refused, and nothing of its
+        // run is left (its thread included).
+        let late_thread = new_thread_id();
+        let refused = s.create_run(&me, run_for(late_thread)).await;
+        assert!(
+            matches!(refused, Err(StorageError::Conflict(_))),
+            "{refused:?}"
+        );
+        assert!(s.get_thread(&me, late_thread).await.is_err());
+        assert!(s.get_thread(&me, made.run.thread_id).await.is_ok());
+        // The firing is over: what comes next is the cron's following due time.
+        let next = s.claim_due_crons(later, 10, &every_second).await.unwrap();
+        assert_eq!(next.len(), 1);
+        assert_eq!(next[0].cron.cron_id, cron.cron_id);
+        assert!(next[0].due > firing.due);
     })
     .await;
 }
@@ -279,6 +357,10 @@ async fn concurrent_schedulers_never_take_the_same_due_time() {
                 taken.extend(rest);
             }
             assert_eq!(taken.len(), 20, "round {round}: every cron fires once");
+            for firing in &taken {
+                // As a scheduler does once the firing's run exists.
+                s.release_cron_firing(firing.id()).await.unwrap();
+            }
             fired.extend(taken.into_iter().map(|f| (f.cron.cron_id, f.due)));
         }
         let mut unique = fired.clone();

@@ -5,7 +5,7 @@ use spindle_storage::*;
 use crate::common::*;
 
 /// How many migrations each backend ships.
-const MIGRATIONS: usize = 8;
+const MIGRATIONS: usize = 9;
 
 #[tokio::test]
 async fn migrate_only_is_idempotent() {

@@ -23,6 +23,7 @@ fn new_run(thread_id: Uuid, strategy: MultitaskStrategy) -> NewRun {
         run_after: Utc::now(),
         claim: None,
         if_thread_missing: IfThreadMissing::Reject,
+        cron_firing: None,
     }
 }
 
