@@ -563,3 +563,98 @@ async def test_official_client_over_websocket(client):
     assert "tools" in {e["method"] for e in seen}
     seqs = [e["seq"] for e in seen]
     assert seqs == sorted(set(seqs))
+
+
+# ------------------------------------------------------------------------------------------
+# a model cut off mid-stream
+# ------------------------------------------------------------------------------------------
+
+
+class CutOffModel:
+    """An OpenAI-compatible `/chat/completions` that streams one token and then drops the
+    connection, as a model server that crashes mid-answer does."""
+
+    def __init__(self):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Content-Length", "100000")  # promised, never sent
+                self.end_headers()
+                chunk = {"id": "c1", "choices": [{"index": 0, "delta": {"content": "Hel"}}]}
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.flush()
+                self.close_connection = True
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def cut_off_server():
+    """A Spindle serving a graph whose streaming model is cut off mid-answer."""
+    import os
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    import harness
+
+    if os.environ.get("SPINDLE_E2E_URL"):
+        pytest.skip("needs a Spindle started with its own graph file")
+    model = CutOffModel()
+    workdir = Path(tempfile.mkdtemp(prefix="spindle-e2e-cutoff-"))
+    graph = f"""
+state: {{messages: messages}}
+models:
+  m: {{provider: openai, base_url: "{model.url}", model: fake}}
+nodes:
+  model: {{kind: model, model: m, stream: true}}
+edges:
+  - {{from: __start__, to: model}}
+  - {{from: model, to: __end__}}
+"""
+    (workdir / "cutoff.yaml").write_text(graph)
+    (workdir / "spindle.json").write_text('{"graphs": {"cutoff": "./cutoff.yaml"}}')
+    srv = harness.start(
+        "sqlite",
+        lambda port: ["dev", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(workdir / "data"),
+                      "--config", str(workdir / "spindle.json")],
+        workdir,
+    )
+    try:
+        yield srv
+    finally:
+        harness.stop(srv)
+        model.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_message_cut_off_by_a_failed_model_ends_with_a_messages_error(cut_off_server):
+    """A message whose model fails mid-stream gets no `message-finish`: its last messages event
+    is `error` with the failure's message, and then the run's lifecycle is `failed`."""
+    with httpx.Client(base_url=cut_off_server.base_url, timeout=30) as http:
+        tid = new_thread(http)
+        reader = EventReader(cut_off_server.base_url, tid, {"channels": ["messages", "lifecycle"]},
+                             until=ended())
+        ok(command(http, tid, "run.start", {"assistant_id": "cutoff", "input": AGENT_INPUT}))
+        frames = reader.wait()
+    check_envelopes(frames)
+    msgs = events_of(frames, "messages")
+    assert [m["event"] for m in msgs] == [
+        "message-start", "content-block-start", "content-block-delta", "error"
+    ], msgs
+    assert "failed" in msgs[-1]["message"], msgs[-1]
+    life = events_of(frames, "lifecycle")
+    assert life[-1]["event"] == "failed", life
+    assert [f["data"]["method"] for f in frames][-1] == "lifecycle"

@@ -102,15 +102,22 @@ impl Normalizer {
         out
     }
 
-    /// What is left when the engine stops: messages still open are finished, and subgraphs
-    /// still open complete, deepest first.
-    pub fn finish(&mut self) -> Vec<Logged> {
+    /// What is left when the engine stops: messages still open are finished (or, when the
+    /// run failed with `error`, end with a messages `error` event: they were cut off), and
+    /// subgraphs still open complete, deepest first.
+    pub fn finish(&mut self, error: Option<&str>) -> Vec<Logged> {
         let mut out = Vec::new();
         let mut keys: Vec<String> = self.open.keys().cloned().collect();
         keys.sort();
         for key in keys {
-            if let Some(open) = self.open.remove(&key) {
-                self.finish_message(open, &mut out);
+            let Some(open) = self.open.remove(&key) else {
+                continue;
+            };
+            match error {
+                Some(message) => {
+                    out.push((open.name(), json!({"event": "error", "message": message})))
+                }
+                None => self.finish_message(open, &mut out),
             }
         }
         let mut left = std::mem::take(&mut self.subgraphs);
@@ -661,7 +668,7 @@ mod tests {
             |text: &str| json!([{"type": "AIMessageChunk", "id": "m", "content": text}, {}]);
         let mut out = n.push(ev(StreamMode::Messages, chunk("Hello ")));
         out.extend(n.push(ev(StreamMode::Messages, chunk("world"))));
-        out.extend(n.finish());
+        out.extend(n.finish(None));
         assert_eq!(
             events(&out),
             [
@@ -674,6 +681,29 @@ mod tests {
             ]
         );
         assert_eq!(out[4].1["content"]["text"], "Hello world");
+    }
+
+    #[test]
+    fn a_message_cut_off_by_a_failed_run_ends_with_an_error_event() {
+        let mut n = Normalizer::new("chat");
+        let chunk = json!([{"type": "AIMessageChunk", "id": "m", "content": "Hel"}, {}]);
+        let mut out = n.push(ev(StreamMode::Messages, chunk));
+        out.extend(n.finish(Some("the model went away")));
+        assert_eq!(
+            events(&out),
+            [
+                "messages:message-start",
+                "messages:content-block-start",
+                "messages:content-block-delta",
+                "messages:error"
+            ]
+        );
+        assert_eq!(
+            out[3].1,
+            json!({"event": "error", "message": "the model went away"})
+        );
+        // Nothing is left open to finish again.
+        assert!(n.finish(None).is_empty());
     }
 
     #[test]
@@ -723,6 +753,6 @@ mod tests {
         let out = n.push(ev(StreamMode::Updates, json!({"child": {"messages": []}})));
         assert_eq!(out[0].0, "lifecycle|child:1");
         assert_eq!(out[0].1["event"], "completed");
-        assert!(n.finish().is_empty());
+        assert!(n.finish(None).is_empty());
     }
 }

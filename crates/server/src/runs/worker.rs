@@ -7,7 +7,7 @@
 //! other processes, `after_seconds`, leases of dead workers).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use chrono::Utc;
@@ -278,6 +278,8 @@ impl RunWorkers {
             }
             _ => None,
         };
+        // Why the run failed, set before the sink closes: the pump ends open messages with it.
+        let failed = Arc::new(OnceLock::new());
         let pump = tokio::spawn(pump_events(
             self.storage.clone(),
             self.hub.clone(),
@@ -285,6 +287,7 @@ impl RunWorkers {
             last_seq,
             events,
             v2_graph.as_deref().map(Normalizer::new),
+            failed.clone(),
         ));
         let renewal = tokio::spawn(renew_lease(
             self.storage.clone(),
@@ -326,17 +329,24 @@ impl RunWorkers {
         };
         let timed_out =
             matches!(outcome, Err(Failure::Run(RunError::Cancelled))) && !cancel.is_cancelled();
+        // The run's `error` event; a cancel the caller asked for is not one.
+        let error = match &outcome {
+            Err(Failure::Run(RunError::Cancelled)) if !timed_out => None,
+            Err(failure) => Some(failure.body()),
+            Ok(_) => None,
+        };
+        if let Some(body) = &error {
+            let _ = failed.set(body["message"].as_str().unwrap_or_default().to_owned());
+        }
         drop(sink);
         renewal.abort();
         let mut tail = pump.await.map_err(|e| e.to_string())??;
-        if let Err(failure) = &outcome {
-            if !matches!(failure, Failure::Run(RunError::Cancelled)) || timed_out {
-                tail.seq += 1;
-                let event = logged(run, tail.seq, "error".into(), failure.body());
-                self.hub
-                    .publish(run.thread_id, HubMessage::Event(Arc::new(event.clone())));
-                tail.events.push(event);
-            }
+        if let Some(body) = error {
+            tail.seq += 1;
+            let event = logged(run, tail.seq, "error".into(), body);
+            self.hub
+                .publish(run.thread_id, HubMessage::Event(Arc::new(event.clone())));
+            tail.events.push(event);
         }
 
         let snapshot = match &prepared {
@@ -552,7 +562,8 @@ fn logged(run: &Run, seq: i64, event: String, data: Value) -> LoggedEvent {
 /// and hands each to live streams at once. The log gets them in batches: a batch is written
 /// when it is full or its first event has waited [`LOG_LINGER`]; what is left when the run
 /// stops (all of a short run's events) is returned, for the transaction that ends the run.
-/// A v2 run's engine events pass through its `normalizer` first (see `crate::protocol`).
+/// A v2 run's engine events pass through its `normalizer` first (see `crate::protocol`);
+/// messages still open when the run failed end with the failure set in `failed`.
 async fn pump_events(
     storage: Arc<dyn Storage>,
     hub: Arc<EventHub>,
@@ -560,6 +571,7 @@ async fn pump_events(
     mut seq: i64,
     mut events: mpsc::Receiver<StreamEvent>,
     mut normalizer: Option<Normalizer>,
+    failed: Arc<OnceLock<String>>,
 ) -> Result<EventTail, String> {
     let mut batch = Vec::new();
     let mut flush_at = None;
@@ -599,7 +611,8 @@ async fn pump_events(
             (Some(event), Some(normalizer)) => queue.extend(normalizer.push(event)),
             (Some(event), None) => queue.push_back((event.event_name(), event.data)),
             (None, normalizer) => {
-                queue.extend(normalizer.map(Normalizer::finish).unwrap_or_default());
+                let error = failed.get().map(String::as_str);
+                queue.extend(normalizer.map(|n| n.finish(error)).unwrap_or_default());
                 closed = true;
             }
         }
