@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import tempfile
 import time
 from pathlib import Path
@@ -15,7 +14,7 @@ import harness
 import httpx
 import pytest
 from conftest import BACKENDS, _loop, _session_server
-from e2e_util import assert_status, assert_validation_error
+from e2e_util import assert_status, assert_validation_error, execute_sql
 from langgraph_sdk import get_client
 from langgraph_sdk.errors import NotFoundError
 
@@ -71,15 +70,7 @@ def default_ttl_client(default_ttl_server):
 
 def stored_rows(server: harness.Server, key: str) -> int:
     """How many rows of the server's database hold items with this key (expired or not)."""
-    if server.backend == "postgres":
-        import psycopg
-
-        url = harness.pg_url_with_db(harness.POSTGRES_URL, server.database)
-        with psycopg.connect(url) as conn:
-            return conn.execute("SELECT COUNT(*) FROM store_items WHERE key = %s", (key,)).fetchone()[0]
-    data_dir = server.argv[server.argv.index("--data-dir") + 1]
-    with sqlite3.connect(os.path.join(data_dir, "spindle.db")) as conn:
-        return conn.execute("SELECT COUNT(*) FROM store_items WHERE key = ?", (key,)).fetchone()[0]
+    return execute_sql(server, "SELECT COUNT(*) FROM store_items WHERE key = ?", (key,))[0][0]
 
 
 async def wait_until(predicate, timeout: float, what: str):

@@ -156,14 +156,19 @@ pub(crate) fn firing_made(firing: &FiringId) -> crate::StorageError {
     ))
 }
 
+/// [`FIRING_LEASE`] as a span of calendar time.
+fn firing_lease() -> chrono::Duration {
+    chrono::Duration::from_std(FIRING_LEASE).unwrap_or_default()
+}
+
 /// When a firing claimed at `claimed_at` may be taken over.
 pub(crate) fn firing_stale_at(claimed_at: DateTime<Utc>) -> DateTime<Utc> {
-    claimed_at + chrono::Duration::from_std(FIRING_LEASE).unwrap_or_default()
+    claimed_at + firing_lease()
 }
 
 /// Claimed before this, a firing still in flight is taken over.
 pub(crate) fn stale_claims_before(now: DateTime<Utc>) -> DateTime<Utc> {
-    now - chrono::Duration::from_std(FIRING_LEASE).unwrap_or_default()
+    now - firing_lease()
 }
 
 /// The due time of a cron after `after`, by its schedule; `None` when it has none.

@@ -31,6 +31,16 @@ async fn assistant(s: &dyn Storage) -> Uuid {
         .assistant_id
 }
 
+/// A new cron of `assistant_id`, on `thread_id` or on a new thread per firing.
+fn new_cron(assistant_id: Uuid, thread_id: Option<Uuid>, fields: CronFields) -> NewCron {
+    NewCron {
+        cron_id: Uuid::new_v4(),
+        assistant_id,
+        thread_id,
+        fields,
+    }
+}
+
 fn every_second(_: &Cron, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
     Some(after + Duration::seconds(1))
 }
@@ -44,12 +54,7 @@ async fn crons_are_created_read_updated_searched_and_deleted() {
         let bound = s
             .create_cron(
                 &me,
-                NewCron {
-                    cron_id: Uuid::new_v4(),
-                    assistant_id,
-                    thread_id: Some(thread.thread_id),
-                    fields: fields(None),
-                },
+                new_cron(assistant_id, Some(thread.thread_id), fields(None)),
             )
             .await
             .unwrap();
@@ -59,15 +64,7 @@ async fn crons_are_created_read_updated_searched_and_deleted() {
         free_fields.on_run_completed = Some(OnRunCompleted::Keep);
         free_fields.metadata = obj(json!({"team": "b"}));
         let free = s
-            .create_cron(
-                &me,
-                NewCron {
-                    cron_id: Uuid::new_v4(),
-                    assistant_id,
-                    thread_id: None,
-                    fields: free_fields,
-                },
-            )
+            .create_cron(&me, new_cron(assistant_id, None, free_fields))
             .await
             .unwrap();
         assert_eq!(s.get_cron(&me, free.cron_id).await.unwrap(), free);
@@ -77,12 +74,7 @@ async fn crons_are_created_read_updated_searched_and_deleted() {
         let refused = s
             .create_cron(
                 &other,
-                NewCron {
-                    cron_id: Uuid::new_v4(),
-                    assistant_id,
-                    thread_id: Some(thread.thread_id),
-                    fields: fields(None),
-                },
+                new_cron(assistant_id, Some(thread.thread_id), fields(None)),
             )
             .await;
         assert!(matches!(refused, Err(StorageError::NotFound(_))));
@@ -172,12 +164,7 @@ async fn due_times_are_claimed_once_and_missed_ones_fire_once() {
             let mut f = fields(next);
             f.enabled = enabled;
             f.end_time = end;
-            NewCron {
-                cron_id: Uuid::new_v4(),
-                assistant_id,
-                thread_id: None,
-                fields: f,
-            }
+            new_cron(assistant_id, None, f)
         };
         // Due an hour ago (missed sixty times): fires once, next due after now.
         let missed = s
@@ -250,12 +237,7 @@ async fn a_firing_whose_scheduler_died_is_made_once_by_another() {
         let cron = s
             .create_cron(
                 &me,
-                NewCron {
-                    cron_id: Uuid::new_v4(),
-                    assistant_id,
-                    thread_id: None,
-                    fields: fields(Some(now - Duration::seconds(1))),
-                },
+                new_cron(assistant_id, None, fields(Some(now - Duration::seconds(1)))),
             )
             .await
             .unwrap();
@@ -325,15 +307,7 @@ async fn concurrent_schedulers_never_take_the_same_due_time() {
         let mut ids = Vec::new();
         for _ in 0..20 {
             let cron = s
-                .create_cron(
-                    &me,
-                    NewCron {
-                        cron_id: Uuid::new_v4(),
-                        assistant_id,
-                        thread_id: None,
-                        fields: fields(Some(start)),
-                    },
-                )
+                .create_cron(&me, new_cron(assistant_id, None, fields(Some(start))))
                 .await
                 .unwrap();
             ids.push(cron.cron_id);
