@@ -153,8 +153,9 @@ async fn fire_due(state: &AppState) {
         match fire(state, firing).await {
             Ok(run_id) => tracing::info!(%cron_id, %due, %run_id, "cron fired"),
             Err(message) => {
-                // Also when another scheduler made this firing (this one was thought dead):
-                // then the release finds nothing in flight and changes nothing.
+                // Also when the firing is no longer in flight: the cron was disabled meanwhile,
+                // or another scheduler made it (this one was thought dead). Then the release
+                // finds nothing in flight and changes nothing.
                 tracing::warn!(%cron_id, %due, error = %message, "cron firing created no run");
                 if let Err(err) = state.storage.release_cron_firing(id).await {
                     // Taken over after FIRING_LEASE, and most likely refused again.

@@ -31,8 +31,9 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres
 
 pub struct PostgresStorage {
     pub(crate) pool: PgPool,
-    /// Whether the pgvector extension is installed (asked on first use).
-    pub(crate) pgvector: tokio::sync::OnceCell<bool>,
+    /// The schema pgvector is installed in, if it is (settled on first use; see
+    /// `store::postgres`).
+    pub(crate) pgvector: tokio::sync::OnceCell<Option<String>>,
 }
 
 async fn pool(url: &str) -> StorageResult<PgPool> {

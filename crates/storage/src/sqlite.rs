@@ -71,9 +71,37 @@ fn connect_options(url: &str) -> StorageResult<SqliteConnectOptions> {
         .foreign_keys(true))
 }
 
+/// Makes sqlite-vec's functions (`vec_distance_cosine`, ...) part of every SQLite connection
+/// this process opens from now on, through rusqlite and sqlx alike: both link the one
+/// `libsqlite3-sys`, whose auto-extension list applies to each new connection.
+fn register_vector_functions() {
+    static REGISTER: std::sync::Once = std::sync::Once::new();
+    REGISTER.call_once(|| {
+        type EntryPoint = unsafe extern "C" fn(
+            *mut rusqlite::ffi::sqlite3,
+            *mut *mut std::os::raw::c_char,
+            *const rusqlite::ffi::sqlite3_api_routines,
+        ) -> std::os::raw::c_int;
+        // SAFETY: `sqlite3_vec_init` is an SQLite extension entry point with exactly this
+        // signature; the crate declares it without arguments only because it is not meant to
+        // be called from Rust. It is registered once, and SQLite calls it on each connection.
+        let rc = unsafe {
+            let entry: EntryPoint = std::mem::transmute(sqlite_vec::sqlite3_vec_init as *const ());
+            rusqlite::ffi::sqlite3_auto_extension(Some(entry))
+        };
+        if rc != rusqlite::ffi::SQLITE_OK {
+            tracing::error!(
+                rc,
+                "registering sqlite-vec failed; searches by meaning will fail"
+            );
+        }
+    });
+}
+
 impl SqliteStorage {
     /// Opens (creating if needed) the database file and applies pending migrations.
     pub async fn open(url: &str) -> StorageResult<Self> {
+        register_vector_functions();
         let options = connect_options(url)?;
         let write = SqlitePoolOptions::new()
             .max_connections(1)

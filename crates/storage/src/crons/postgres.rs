@@ -97,9 +97,13 @@ impl CronStore for PostgresStorage {
     async fn update_cron(&self, scope: &Scope, id: Uuid, f: CronFields) -> StorageResult<Cron> {
         let mut tx = self.pool.begin().await?;
         let done = sqlx::query(
+            // Disabling drops a firing in flight: the run its scheduler (or one taking over)
+            // then tries to create is refused, as the firing is no longer in flight.
             "UPDATE crons SET schedule = $3, timezone = $4, payload = $5, metadata = $6, \
              on_run_completed = $7, end_time = $8, enabled = $9, next_run_date = $10, \
-             updated_at = $11 WHERE cron_id = $1 AND (user_id = $2 OR user_id IS NULL)",
+             updated_at = $11, firing_due = CASE WHEN $9 THEN firing_due END, \
+             firing_claimed_at = CASE WHEN $9 THEN firing_claimed_at END \
+             WHERE cron_id = $1 AND (user_id = $2 OR user_id IS NULL)",
         )
         .bind(id)
         .bind(&scope.user_id)

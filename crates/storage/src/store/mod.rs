@@ -270,12 +270,13 @@ pub(crate) fn cosine(a: &[f32], b: &[f32]) -> f64 {
     }
 }
 
-/// An embedding as stored: little-endian `f32`s.
+/// An embedding as stored on SQLite: little-endian `f32`s, the layout sqlite-vec reads.
 pub(crate) fn vector_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-pub(crate) fn vector_from_bytes(bytes: &[u8]) -> Vec<f32> {
+#[cfg(test)]
+fn vector_from_bytes(bytes: &[u8]) -> Vec<f32> {
     bytes
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))

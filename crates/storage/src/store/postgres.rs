@@ -1,6 +1,6 @@
 //! [`ItemStore`] on PostgreSQL. Filters become `jsonb` path tests (`value #> path`); a search
-//! by meaning ranks in the database with pgvector's `<=>` when the extension is installed, and
-//! in the process otherwise (both exact).
+//! by meaning ranks in the database with pgvector's `<=>` when the extension is installed (or
+//! can be), and in the process otherwise (both exact).
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -98,23 +98,63 @@ async fn refresh(
 }
 
 impl PostgresStorage {
-    /// Whether pgvector is installed in this database (asked once per process).
-    async fn has_pgvector(&self) -> bool {
-        *self
-            .pgvector
+    /// The schema pgvector is installed in, settled once per process: if the database has
+    /// the extension available but not installed, it is installed (as LangGraph's
+    /// `PostgresStore` does), which needs a role allowed to; if that fails, searches rank in
+    /// this process and the log says why.
+    async fn pgvector_schema(&self) -> Option<&str> {
+        self.pgvector
             .get_or_init(|| async {
-                sqlx::query_scalar::<_, i32>("SELECT 1 FROM pg_extension WHERE extname = 'vector'")
+                let installed = || {
+                    sqlx::query_scalar::<_, String>(
+                        "SELECT n.nspname FROM pg_extension e \
+                         JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'vector'",
+                    )
                     .fetch_optional(&self.pool)
+                };
+                if let Ok(Some(schema)) = installed().await {
+                    return Some(schema);
+                }
+                let available: Option<i32> = sqlx::query_scalar(
+                    "SELECT 1 FROM pg_available_extensions WHERE name = 'vector'",
+                )
+                .fetch_optional(&self.pool)
+                .await
+                .ok()
+                .flatten();
+                if available.is_none() {
+                    tracing::info!("pgvector is not installed; the store ranks searches by meaning in this process");
+                    return None;
+                }
+                if let Err(err) = sqlx::query("CREATE EXTENSION IF NOT EXISTS vector")
+                    .execute(&self.pool)
                     .await
-                    .ok()
-                    .flatten()
-                    .is_some()
+                {
+                    // Another process may have installed it meanwhile; the second look tells.
+                    tracing::debug!(error = %err, "CREATE EXTENSION vector failed");
+                }
+                let schema = installed().await.ok().flatten();
+                match &schema {
+                    Some(schema) => tracing::info!(%schema, "the store ranks searches by meaning with pgvector"),
+                    None => tracing::warn!(
+                        "pgvector is available but could not be installed (CREATE EXTENSION vector needs a role allowed to); \
+                         the store ranks searches by meaning in this process"
+                    ),
+                }
+                schema
             })
             .await
+            .as_deref()
     }
 
-    /// Items ranked by similarity to `query`: in the database with pgvector (falling back to
-    /// this process if that query fails), else in this process. Both are exact.
+    /// Whether searches by meaning rank in the database with pgvector.
+    pub async fn ranks_with_pgvector(&self) -> bool {
+        self.pgvector_schema().await.is_some()
+    }
+
+    /// Items ranked by similarity to `query`: in the database with pgvector when it is
+    /// installed, else in this process. Both are exact and give the same scores: an embedding
+    /// of another length than the query's, or one of zeros, scores 0.
     async fn search_by_meaning(
         &self,
         scope: &Scope,
@@ -123,30 +163,34 @@ impl PostgresStorage {
         now: DateTime<Utc>,
     ) -> StorageResult<Vec<(ItemRow, f64)>> {
         use sqlx::{FromRow, Row};
-        if self.has_pgvector().await {
-            // The best field of each item, then the page; `<=>` is the cosine distance.
+        if let Some(schema) = self.pgvector_schema().await {
+            // The best field of each item, then the page. `<=>` is the cosine distance; it is
+            // NaN for a zero vector, and an error for vectors of different lengths.
+            let vector = format!("\"{}\".vector", schema.replace('"', "\"\""));
+            let distance = format!("OPERATOR(\"{}\".<=>)", schema.replace('"', "\"\""));
             let mut qb = QueryBuilder::new(format!(
                 "SELECT {ITEM_COLUMNS}, score FROM (SELECT DISTINCT ON (namespace, key) \
-                 {ITEM_COLUMNS}, 1 - (v.embedding::vector <=> "
+                 {ITEM_COLUMNS}, CASE WHEN cardinality(v.embedding) = "
             ));
-            qb.push_bind(query.to_vec())
-                .push("::real[]::vector) AS score");
+            qb.push_bind(query.len() as i32)
+                .push(format!(
+                    " THEN COALESCE(NULLIF(1 - (v.embedding::{vector} {distance} "
+                ))
+                .push_bind(query.to_vec())
+                .push(format!(
+                    "::real[]::{vector}), 'NaN'::float8), 0) ELSE 0 END AS score"
+                ));
             push_matching(&mut qb, scope, search, now);
-            qb.push(" ORDER BY namespace, key, score DESC) best ORDER BY score DESC LIMIT ")
+            qb.push(" ORDER BY namespace, key, score DESC) best ORDER BY score DESC, namespace, key LIMIT ")
                 .push_bind(search.page.limit)
                 .push(" OFFSET ")
                 .push_bind(search.page.offset);
-            let ranked = qb.build().fetch_all(&self.pool).await.and_then(|rows| {
-                rows.iter()
-                    .map(|row| Ok((ItemRow::from_row(row)?, row.try_get::<f64, _>("score")?)))
-                    .collect::<Result<Vec<_>, sqlx::Error>>()
-            });
-            match ranked {
-                Ok(ranked) => return Ok(ranked),
-                Err(err) => {
-                    tracing::warn!(error = %err, "ranking with pgvector failed; ranking in the process")
-                }
-            }
+            let rows = qb.build().fetch_all(&self.pool).await?;
+            return rows
+                .iter()
+                .map(|row| Ok((ItemRow::from_row(row)?, row.try_get::<f64, _>("score")?)))
+                .collect::<Result<Vec<_>, sqlx::Error>>()
+                .map_err(Into::into);
         }
         let mut qb = QueryBuilder::new(format!("SELECT {ITEM_COLUMNS}, v.embedding"));
         push_matching(&mut qb, scope, search, now);

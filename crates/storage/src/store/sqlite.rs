@@ -1,5 +1,7 @@
 //! [`ItemStore`] on SQLite. Filters become `json_type`/`json_extract` tests on the value, with
-//! paths built from bound labels; embeddings are compared in the process (an exact scan).
+//! paths built from bound labels; a search by meaning ranks in SQLite with sqlite-vec's
+//! `vec_distance_cosine` (an exact scan of the matching items' embeddings, see
+//! [`SqliteStorage::search_by_meaning`]).
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -19,13 +21,17 @@ fn push_under(qb: &mut QueryBuilder<'_, Sqlite>, column: &str, prefix: &[String]
     }
     let joined = joined(prefix);
     let (low, high) = descendants(&joined);
-    qb.push(format!(" AND ({column} = "))
-        .push_bind(joined)
-        .push(format!(" OR ({column} >= "))
-        .push_bind(low)
+    // One range of the primary key holds both, which the OR alone would hide from the
+    // planner: it would read every item of the user.
+    qb.push(format!(" AND {column} >= "))
+        .push_bind(joined.clone())
         .push(format!(" AND {column} < "))
         .push_bind(high)
-        .push("))");
+        .push(format!(" AND ({column} = "))
+        .push_bind(joined)
+        .push(format!(" OR {column} >= "))
+        .push_bind(low)
+        .push(")");
 }
 
 fn push_unexpired(qb: &mut QueryBuilder<'_, Sqlite>, now: DateTime<Utc>) {
@@ -130,6 +136,55 @@ fn push_where(
     push_unexpired(qb, now);
     for condition in &search.filter {
         push_condition(qb, condition);
+    }
+}
+
+impl SqliteStorage {
+    /// Items ranked by similarity to `query`, best field per item, and the page asked for.
+    ///
+    /// The ranking runs in SQLite, so only the page's rows leave the database. It compares
+    /// the embeddings of the items that match the prefix and filter, as PostgreSQL does: a
+    /// nearest-neighbour index (sqlite-vec's `vec0`) would answer before the filters apply
+    /// and so return short pages, and in sqlite-vec 0.1 it is itself a full scan. Scores are
+    /// those of [`cosine`]: an embedding of another length than the query's, or one of
+    /// zeros (NaN, which SQLite reads as NULL), scores 0.
+    async fn search_by_meaning(
+        &self,
+        scope: &Scope,
+        search: &ItemSearch,
+        query: &[f32],
+        now: DateTime<Utc>,
+    ) -> StorageResult<Vec<(ItemRow, f64)>> {
+        use sqlx::{FromRow, Row};
+        let query_bytes = vector_bytes(query);
+        // Each item's best field, looked up by the item's key: the items (a range of the
+        // primary key under the prefix) drive the query, not the user's embeddings.
+        let mut qb = QueryBuilder::new(format!(
+            "SELECT {ITEM_COLUMNS}, (SELECT MAX(CASE WHEN length(v.embedding) = "
+        ));
+        qb.push_bind(query_bytes.len() as i64)
+            .push(" THEN COALESCE(1.0 - vec_distance_cosine(v.embedding, ")
+            .push_bind(query_bytes)
+            .push(
+                "), 0.0) ELSE 0.0 END) FROM store_vectors v WHERE v.user_id = store_items.user_id \
+                 AND v.namespace = store_items.namespace AND v.key = store_items.key) AS score \
+                 FROM store_items",
+            );
+        push_where(&mut qb, scope, search, now);
+        // Items without embeddings (a NULL score) sort last, so dropping them from the page
+        // leaves exactly the page of those that have them.
+        qb.push(" ORDER BY score DESC, namespace, key LIMIT ")
+            .push_bind(search.page.limit)
+            .push(" OFFSET ")
+            .push_bind(search.page.offset);
+        let rows = qb.build().fetch_all(&self.read).await?;
+        let mut ranked = Vec::with_capacity(rows.len());
+        for row in &rows {
+            if let Some(score) = row.try_get::<Option<f64>, _>("score")? {
+                ranked.push((ItemRow::from_row(row)?, score));
+            }
+        }
+        Ok(ranked)
     }
 }
 
@@ -270,33 +325,12 @@ impl ItemStore for SqliteStorage {
                 let rows: Vec<ItemRow> = qb.build_query_as().fetch_all(&self.read).await?;
                 rows.into_iter().map(|row| (row, None)).collect()
             }
-            Some(query) => {
-                let mut qb = QueryBuilder::new(format!(
-                    "SELECT {ITEM_COLUMNS}, v.embedding FROM store_items \
-                     JOIN store_vectors v USING (user_id, namespace, key)"
-                ));
-                push_where(&mut qb, scope, &search, now);
-                qb.push(" ORDER BY namespace, key");
-                let rows: Vec<(ItemRow, Vec<u8>)> = qb
-                    .build()
-                    .fetch_all(&self.read)
-                    .await?
-                    .into_iter()
-                    .map(|row| {
-                        use sqlx::{FromRow, Row};
-                        let embedding: Vec<u8> = row.try_get("embedding")?;
-                        Ok((ItemRow::from_row(&row)?, embedding))
-                    })
-                    .collect::<Result<_, sqlx::Error>>()?;
-                let rows = rows
-                    .into_iter()
-                    .map(|(row, bytes)| (row, vector_from_bytes(&bytes)))
-                    .collect();
-                rank(rows, query, &search.page)
-                    .into_iter()
-                    .map(|(row, score)| (row, Some(score)))
-                    .collect()
-            }
+            Some(query) => self
+                .search_by_meaning(scope, &search, query, now)
+                .await?
+                .into_iter()
+                .map(|(row, score)| (row, Some(score)))
+                .collect(),
         };
         if search.refresh_ttl && ranked.iter().any(|(row, _)| row.ttl_minutes.is_some()) {
             let items: Vec<_> = ranked

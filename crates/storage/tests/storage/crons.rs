@@ -292,6 +292,62 @@ async fn a_firing_whose_scheduler_died_is_made_once_by_another() {
 }
 
 #[tokio::test]
+async fn disabling_a_cron_drops_its_firing_in_flight() {
+    for_each_backend(|db| async move {
+        let (s, me) = (db.storage(), Scope::local());
+        let assistant_id = assistant(s).await;
+        let now = Utc::now();
+        let cron = s
+            .create_cron(
+                &me,
+                new_cron(assistant_id, None, fields(Some(now - Duration::seconds(1)))),
+            )
+            .await
+            .unwrap();
+        let claimed = s.claim_due_crons(now, 10, &every_second).await.unwrap();
+        let firing = claimed[0].id();
+        // Disabled after the claim, before (or without) the run: the firing is not made,
+        // neither by its scheduler nor by one that takes over after the lease.
+        s.update_cron(
+            &me,
+            cron.cron_id,
+            CronFields {
+                enabled: false,
+                ..cron.fields.clone()
+            },
+        )
+        .await
+        .unwrap();
+        let later = now + Duration::from_std(FIRING_LEASE).unwrap() + Duration::seconds(1);
+        assert!(s
+            .claim_due_crons(later, 10, &every_second)
+            .await
+            .unwrap()
+            .is_empty());
+        let run = NewRun {
+            run_id: Uuid::now_v7(),
+            thread_id: new_thread_id(),
+            assistant_id,
+            kwargs: obj(json!({"input": {}})),
+            metadata: obj(json!({})),
+            multitask_strategy: MultitaskStrategy::Enqueue,
+            run_after: Utc::now(),
+            if_thread_missing: IfThreadMissing::Create {
+                metadata: obj(json!({})),
+            },
+            claim: None,
+            cron_firing: Some(firing),
+        };
+        let refused = s.create_run(&me, run).await;
+        assert!(
+            matches!(refused, Err(StorageError::Conflict(_))),
+            "{refused:?}"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn concurrent_schedulers_never_take_the_same_due_time() {
     for_each_backend(|db| async move {
         // One process serves a SQLite file; several processes share PostgreSQL.

@@ -271,57 +271,127 @@ async fn items_expire_refresh_and_are_swept() {
 
 #[tokio::test]
 async fn search_by_meaning_ranks_by_cosine_over_fields() {
-    for_each_backend(|db| async move {
-        let (s, me) = (db.storage(), Scope::local());
-        let with = |key: &str, fields: &[(&str, [f32; 3])]| {
-            let mut item = put(&["m"], key, json!({"k": key}));
-            item.vectors = fields
-                .iter()
-                .map(|(field, v)| ItemVector {
-                    field: field.to_string(),
-                    embedding: v.to_vec(),
-                })
-                .collect();
-            item
-        };
-        s.put_item(&me, with("x", &[("$", [1.0, 0.0, 0.0])]))
-            .await
-            .unwrap();
-        s.put_item(
-            &me,
-            with("y", &[("a", [0.0, 1.0, 0.0]), ("b", [0.7, 0.7, 0.0])]),
-        )
+    for_each_backend(|db| async move { ranks_by_cosine_over_fields(db.storage()).await }).await;
+}
+
+/// PostgreSQL with pgvector ranks in the database, with the same order and scores. The
+/// server comes from [`PGVECTOR_URL_ENV`] (`scripts/pgvector-server` starts one); the test
+/// installs the extension through the storage itself, as a first search does.
+#[tokio::test]
+async fn search_by_meaning_ranks_the_same_with_pgvector() {
+    let Some(url) = pgvector_url() else { return };
+    let db = spindle_storage::test_util::TestDatabase::postgres(&url).await;
+    let storage = spindle_storage::postgres::PostgresStorage::connect(db.url())
+        .await
+        .expect("connect to the pgvector server");
+    assert!(
+        storage.ranks_with_pgvector().await,
+        "pgvector is available at {PGVECTOR_URL_ENV} but the storage does not rank with it"
+    );
+    ranks_by_cosine_over_fields(&storage).await;
+    drop(storage);
+    db.remove().await;
+}
+
+const PGVECTOR_URL_ENV: &str = "SPINDLE_TEST_PGVECTOR_URL";
+
+/// The URL of a PostgreSQL server that has pgvector, or `None` after saying loudly that the
+/// test is skipped (a failure when `SPINDLE_TEST_REQUIRE_PGVECTOR` is set, as in CI).
+fn pgvector_url() -> Option<String> {
+    match std::env::var(PGVECTOR_URL_ENV) {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => {
+            let required = std::env::var("SPINDLE_TEST_REQUIRE_PGVECTOR")
+                .is_ok_and(|v| !v.is_empty() && v != "0");
+            assert!(
+                !required,
+                "SPINDLE_TEST_REQUIRE_PGVECTOR is set but {PGVECTOR_URL_ENV} is not"
+            );
+            eprintln!(
+                "\n*** SKIPPED: ranking with pgvector: {PGVECTOR_URL_ENV} is not set \
+                 (scripts/pgvector-server starts a server that has it) ***\n"
+            );
+            None
+        }
+    }
+}
+
+async fn ranks_by_cosine_over_fields(s: &dyn Storage) {
+    let me = Scope::local();
+    let with = |key: &str, fields: &[(&str, &[f32])]| {
+        let mut item = put(&["m"], key, json!({"k": key}));
+        item.vectors = fields
+            .iter()
+            .map(|(field, v)| ItemVector {
+                field: field.to_string(),
+                embedding: v.to_vec(),
+            })
+            .collect();
+        item
+    };
+    s.put_item(&me, with("x", &[("$", &[1.0, 0.0, 0.0])]))
         .await
         .unwrap();
-        s.put_item(&me, with("z", &[("$", [0.0, 0.0, 1.0])]))
-            .await
-            .unwrap();
-        s.put_item(&me, put(&["m"], "plain", json!({"k": "plain"})))
-            .await
-            .unwrap();
-        let mut query = search(&["m"], json!({}));
-        query.query = Some(vec![1.0, 0.1, 0.0]);
-        let found = s.search_items(&me, query.clone()).await.unwrap();
-        let order: Vec<&str> = found.iter().map(|i| i.key.as_str()).collect();
-        assert_eq!(
-            order,
-            ["x", "y", "z"],
-            "items without embeddings are left out"
-        );
-        let scores: Vec<f64> = found.iter().map(|i| i.score.unwrap()).collect();
-        assert!(scores[0] > scores[1] && scores[1] > scores[2], "{scores:?}");
-        assert!((scores[0] - 0.995).abs() < 0.01, "{scores:?}");
-        // The best field counts: y's "b" is close to the query.
-        assert!(scores[1] > 0.7, "{scores:?}");
-        query.page = page(1, 1);
-        assert_eq!(keys(&s.search_items(&me, query).await.unwrap()), ["y"]);
-        // A re-put without embeddings takes the item out of semantic search.
-        s.put_item(&me, put(&["m"], "x", json!({"k": "x"})))
-            .await
-            .unwrap();
-        let mut query = search(&["m"], json!({}));
-        query.query = Some(vec![1.0, 0.0, 0.0]);
-        assert_eq!(keys(&s.search_items(&me, query).await.unwrap()), ["y", "z"]);
-    })
-    .await;
+    s.put_item(
+        &me,
+        with("y", &[("a", &[0.0, 1.0, 0.0]), ("b", &[0.7, 0.7, 0.0])]),
+    )
+    .await
+    .unwrap();
+    s.put_item(&me, with("z", &[("$", &[0.0, 0.1, 1.0])]))
+        .await
+        .unwrap();
+    s.put_item(&me, put(&["m"], "plain", json!({"k": "plain"})))
+        .await
+        .unwrap();
+    // Embeddings that cannot be compared with the query score 0 instead of failing the
+    // search: all zeros, and another length (left by an index whose `dims` changed).
+    s.put_item(&me, with("zeros", &[("$", &[0.0, 0.0, 0.0])]))
+        .await
+        .unwrap();
+    s.put_item(&me, with("longer", &[("$", &[1.0, 0.0, 0.0, 0.0])]))
+        .await
+        .unwrap();
+    let mut query = search(&["m"], json!({}));
+    query.query = Some(vec![1.0, 0.1, 0.0]);
+    let found = s.search_items(&me, query.clone()).await.unwrap();
+    let order: Vec<&str> = found.iter().map(|i| i.key.as_str()).collect();
+    assert_eq!(
+        order,
+        ["x", "y", "z", "longer", "zeros"],
+        "items without embeddings are left out; ties are in namespace and key order"
+    );
+    let scores: Vec<f64> = found.iter().map(|i| i.score.unwrap()).collect();
+    assert!(scores[0] > scores[1] && scores[1] > scores[2], "{scores:?}");
+    assert!((scores[0] - 0.995).abs() < 0.001, "{scores:?}");
+    // The best field counts: y's "b" is close to the query (0.7 + 0.07 over |b| |q|).
+    assert!((scores[1] - 0.7741).abs() < 0.001, "{scores:?}");
+    assert!((scores[2] - 0.0099).abs() < 0.0001, "{scores:?}");
+    assert_eq!(&scores[3..], [0.0, 0.0], "{scores:?}");
+    query.page = page(1, 1);
+    assert_eq!(
+        keys(&s.search_items(&me, query.clone()).await.unwrap()),
+        ["y"]
+    );
+    // Filters apply before the page is cut.
+    let mut filtered = search(&["m"], json!({"k": {"$ne": "x"}}));
+    filtered.query = query.query.clone();
+    filtered.page = page(2, 0);
+    assert_eq!(
+        keys(&s.search_items(&me, filtered).await.unwrap()),
+        ["y", "z"]
+    );
+    // A re-put without embeddings takes the item out of semantic search.
+    s.put_item(&me, put(&["m"], "x", json!({"k": "x"})))
+        .await
+        .unwrap();
+    let mut query = search(&["m"], json!({}));
+    query.query = Some(vec![1.0, 0.0, 0.0]);
+    query.page = page(2, 0);
+    let found = s.search_items(&me, query).await.unwrap();
+    assert_eq!(
+        found.iter().map(|i| i.key.as_str()).collect::<Vec<_>>(),
+        ["y", "longer"],
+        "y's best field, then the first of the items that score 0"
+    );
 }
