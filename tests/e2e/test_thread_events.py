@@ -658,3 +658,135 @@ def test_message_cut_off_by_a_failed_model_ends_with_a_messages_error(cut_off_se
     life = events_of(frames, "lifecycle")
     assert life[-1]["event"] == "failed", life
     assert [f["data"]["method"] for f in frames][-1] == "lifecycle"
+
+
+# ------------------------------------------------------------------------------------------
+# a tool whose output arrives in parts
+# ------------------------------------------------------------------------------------------
+
+JOB_PARTS = ["building...\n", "testing...\n", "done: 42 passed\n"]
+
+
+class ChunkedJobServer:
+    """An HTTP endpoint that answers in parts, 100 ms apart (chunked transfer encoding), as a
+    job runner streaming its log does."""
+
+    def __init__(self):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self):
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; charset=utf-8")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for part in JOB_PARTS:
+                    data = part.encode()
+                    self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                    self.wfile.flush()
+                    time.sleep(0.1)
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def job_server():
+    """A Spindle serving a graph whose model calls an HTTP tool that answers in parts."""
+    import os
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    import harness
+
+    if os.environ.get("SPINDLE_E2E_URL"):
+        pytest.skip("needs a Spindle started with its own graph file")
+    jobs = ChunkedJobServer()
+    workdir = Path(tempfile.mkdtemp(prefix="spindle-e2e-jobs-"))
+    graph = f"""
+state: {{messages: messages}}
+models:
+  m:
+    provider: scripted
+    responses:
+      - content: ""
+        tool_calls: [{{name: run_job, args: {{}}, id: call_job}}]
+      - "The job passed."
+tools:
+  run_job: {{kind: http, method: GET, url: "{jobs.url}/job", parameters: {{type: object}}}}
+nodes:
+  model: {{kind: model, model: m, tools: [run_job]}}
+  tools: {{kind: tools, tools: [run_job]}}
+edges:
+  - {{from: __start__, to: model}}
+  - {{from: model, route: tools_condition, to: [tools, __end__]}}
+  - {{from: tools, to: model}}
+"""
+    (workdir / "jobs.yaml").write_text(graph)
+    (workdir / "spindle.json").write_text('{"graphs": {"jobs": "./jobs.yaml"}}')
+    srv = harness.start(
+        "sqlite",
+        lambda port: ["dev", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(workdir / "data"),
+                      "--config", str(workdir / "spindle.json")],
+        workdir,
+    )
+    try:
+        yield srv
+    finally:
+        harness.stop(srv)
+        jobs.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def test_tool_output_arrives_as_deltas_before_the_tool_finishes(job_server):
+    """A tool whose output arrives in parts is streamed as `tool-output-delta` events between
+    `tool-started` and `tool-finished`: the official client's tool-call handle yields each part
+    while the tool runs, and its output is the whole text."""
+    from langgraph_sdk import get_client
+
+    client = get_client(url=job_server.base_url)
+    async def collect(deltas) -> list[str]:
+        return [d async for d in deltas]
+
+    created = await client.threads.create()
+    async with client.threads.stream(created["thread_id"], assistant_id="jobs") as thread:
+        # The projection feeds its handles while it is iterated: it runs on, apart from the
+        # handle's reader.
+        handles: asyncio.Queue = asyncio.Queue()
+
+        async def watch():
+            async for handle in thread.tool_calls:
+                handles.put_nowait(handle)
+
+        watcher = asyncio.create_task(watch())
+        await asyncio.sleep(0.2)
+        await thread.run.start(input={"messages": [{"role": "human", "content": "run the job"}]})
+        handle = await asyncio.wait_for(handles.get(), 30)
+        deltas = await asyncio.wait_for(collect(handle.deltas), 30)
+        output = await asyncio.wait_for(handle.output, 30)
+        assert (await thread.output.with_timeout(30))["messages"][-1]["content"] == "The job passed."
+        watcher.cancel()
+    assert (handle.tool_call_id, handle.name) == ("call_job", "run_job")
+    assert deltas == JOB_PARTS, deltas
+    assert output["content"] == "".join(JOB_PARTS), output
+
+    # The same events, replayed from the thread's log.
+    frames = EventReader(job_server.base_url, thread.thread_id, {"channels": ["tools"], "since": 0},
+                         until=lambda fs: any(f["data"]["params"]["data"]["event"] == "tool-finished"
+                                              for f in fs)).wait()
+    check_envelopes(frames)
+    assert [f["data"]["params"]["data"]["event"] for f in frames] == (
+        ["tool-started"] + ["tool-output-delta"] * len(JOB_PARTS) + ["tool-finished"]
+    )

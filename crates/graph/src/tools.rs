@@ -101,8 +101,15 @@ fn check_args(schema: &Value, args: &Value) -> Result<(), String> {
 }
 
 impl Tool {
-    /// Run with the call's arguments; the result becomes the tool message's content.
-    pub async fn call(&self, args: &Value, ctx: &TaskContext) -> Result<String, NodeError> {
+    /// Run with the call's arguments; the result becomes the tool message's content. With
+    /// `deltas` (the call's id, when the `tools` stream mode is wanted), output that arrives
+    /// in parts (an HTTP response's body) is also streamed as `tool-output-delta` events.
+    pub async fn call(
+        &self,
+        args: &Value,
+        ctx: &TaskContext,
+        deltas: Option<&str>,
+    ) -> Result<String, NodeError> {
         check_args(&self.schema.parameters, args).map_err(|m| {
             NodeError::new(
                 "ToolException",
@@ -146,17 +153,73 @@ impl Tool {
                     r = req.send() => r.map_err(|e| fail(format!("request failed: {e}")))?,
                 };
                 let status = resp.status();
-                let text = resp.text().await.map_err(|e| fail(e.to_string()))?;
                 if !status.is_success() {
+                    let text = resp.text().await.map_err(|e| fail(e.to_string()))?;
                     return Err(fail(format!("HTTP {status}: {text}")));
                 }
-                Ok(text)
+                read_body(resp, ctx, deltas).await
             }
         }
     }
 }
 
-/// Call a tool, announced in the `tools` stream mode as it starts and ends, and shown in
+/// A successful response's body as text, read as it arrives: each part is streamed as a
+/// `tool-output-delta` of the call `deltas` names, if any.
+async fn read_body(
+    mut resp: reqwest::Response,
+    ctx: &TaskContext,
+    deltas: Option<&str>,
+) -> Result<String, NodeError> {
+    let mut text = String::new();
+    let mut pending = Vec::new();
+    loop {
+        let chunk = tokio::select! {
+            _ = ctx.cancel_token().cancelled() => return Err(NodeError::Cancelled),
+            c = resp.chunk() => c.map_err(|e| NodeError::new("ToolException", e.to_string()))?,
+        };
+        let Some(chunk) = chunk else { break };
+        pending.extend_from_slice(&chunk);
+        let delta = complete_text(&mut pending);
+        if delta.is_empty() {
+            continue;
+        }
+        if let Some(call_id) = deltas {
+            let event = json!({"event": "tool-output-delta", "tool_call_id": call_id,
+                               "delta": delta});
+            ctx.run.emit(&ctx.graph_ns, StreamMode::Tools, event).await;
+        }
+        text.push_str(&delta);
+    }
+    // Bytes of a character the body never completed.
+    text.push_str(&String::from_utf8_lossy(&pending));
+    Ok(text)
+}
+
+/// Takes the text `bytes` start with, leaving a character split at their end for the next
+/// part to complete. Bytes that are not UTF-8 become U+FFFD.
+fn complete_text(bytes: &mut Vec<u8>) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => {
+            let text = text.to_owned();
+            bytes.clear();
+            text
+        }
+        Err(e) if e.error_len().is_none() => {
+            let rest = bytes.split_off(e.valid_up_to());
+            let text = String::from_utf8_lossy(bytes).into_owned();
+            *bytes = rest;
+            text
+        }
+        Err(_) => {
+            let text = String::from_utf8_lossy(bytes).into_owned();
+            bytes.clear();
+            text
+        }
+    }
+}
+
+/// Call a tool, announced in the `tools` stream mode as it starts, as its output arrives (when
+/// it arrives in parts) and as it ends, and shown in
 /// `events` as a tool run below the node. Returns the tool message.
 async fn announced_call(
     tool: &Tool,
@@ -171,7 +234,7 @@ async fn announced_call(
                              "tool_name": tool.schema.name, "input": args});
         ctx.run.emit(ns, StreamMode::Tools, started).await;
     }
-    let result = traced_call(tool, args, call_id, ctx).await;
+    let result = traced_call(tool, args, call_id, announce, ctx).await;
     let ended = match &result {
         Ok(message) => Some(json!({"event": "tool-finished", "tool_call_id": call_id,
                                    "output": message})),
@@ -193,17 +256,19 @@ async fn traced_call(
     tool: &Tool,
     args: &Value,
     call_id: &str,
+    announce: bool,
     ctx: &TaskContext,
 ) -> Result<Value, NodeError> {
     let name = tool.schema.name.as_str();
+    let deltas = announce.then_some(call_id);
     let Some(trace) = ctx.child_trace(name, "seq:step:1", || ctx.inner_metadata()) else {
-        let content = tool.call(args, ctx).await?;
+        let content = tool.call(args, ctx, deltas).await?;
         return Ok(success_message(content, call_id, name));
     };
     trace
         .emit(&ctx.run, "on_tool_start", json!({ "input": args }))
         .await;
-    match tool.call(args, ctx).await {
+    match tool.call(args, ctx, deltas).await {
         Ok(content) => {
             let msg = success_message(content, call_id, name);
             trace
@@ -270,4 +335,24 @@ pub async fn run_tool_calls(
         }
     });
     futures::future::join_all(futs).await.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::complete_text;
+
+    #[test]
+    fn a_character_split_between_parts_waits_for_its_end() {
+        let e_acute = "é".as_bytes();
+        let mut pending = [b"caf".as_slice(), &e_acute[..1]].concat();
+        assert_eq!(complete_text(&mut pending), "caf");
+        assert_eq!(pending, &e_acute[..1]);
+        pending.extend_from_slice(&e_acute[1..]);
+        pending.extend_from_slice(b"!");
+        assert_eq!(complete_text(&mut pending), "é!");
+        assert!(pending.is_empty());
+        let mut invalid = vec![b'a', 0xFF, b'b'];
+        assert_eq!(complete_text(&mut invalid), "a\u{FFFD}b");
+        assert!(invalid.is_empty());
+    }
 }

@@ -292,6 +292,107 @@ edges:
     );
 }
 
+/// Serves one chunked response whose body comes in `parts`, 50 ms apart.
+async fn chunked_server(parts: Vec<Vec<u8>>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let Ok((mut sock, _)) = listener.accept().await else {
+            return;
+        };
+        let mut head = Vec::new();
+        let mut tmp = [0u8; 4096];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = sock.read(&mut tmp).await.unwrap_or(0);
+            if n == 0 {
+                return;
+            }
+            head.extend_from_slice(&tmp[..n]);
+        }
+        let start =
+            "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n";
+        sock.write_all(start.as_bytes()).await.unwrap();
+        for part in parts {
+            sock.write_all(format!("{:x}\r\n", part.len()).as_bytes())
+                .await
+                .unwrap();
+            sock.write_all(&part).await.unwrap();
+            sock.write_all(b"\r\n").await.unwrap();
+            sock.flush().await.unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        sock.write_all(b"0\r\n\r\n").await.unwrap();
+    });
+    format!("http://{addr}")
+}
+
+#[tokio::test]
+async fn an_http_tool_streams_its_output_as_it_arrives() {
+    // "é" is split between two parts: no delta carries half a character.
+    let e_acute = "é".as_bytes();
+    let parts = vec![
+        b"step 1 done\n".to_vec(),
+        [b"caf".as_slice(), &e_acute[..1]].concat(),
+        [&e_acute[1..], b" ready\n".as_slice()].concat(),
+    ];
+    let base = chunked_server(parts).await;
+    let yaml = format!(
+        r#"
+state: {{messages: messages}}
+models:
+  m:
+    provider: scripted
+    responses:
+      - content: ""
+        tool_calls:
+          - {{name: job, args: {{}}, id: c1}}
+      - "done"
+tools:
+  job: {{kind: http, method: GET, url: "{base}/job", parameters: {{type: object}}}}
+nodes:
+  model: {{kind: model, model: m, tools: [job]}}
+  tools: {{kind: tools, tools: [job]}}
+edges:
+  - {{from: __start__, to: model}}
+  - {{from: model, route: tools_condition, to: [tools, __end__]}}
+  - {{from: tools, to: model}}
+"#
+    );
+    let g = Arc::new(load_str(&yaml, "j.yaml", "j", Format::Yaml).unwrap());
+    let (out, events) = Harness::new()
+        .run(
+            &g,
+            None,
+            RunInput::Values(json!({"messages": ["run the job"]})),
+            &[StreamMode::Tools],
+            |_| {},
+        )
+        .await;
+    let whole = "step 1 done\ncafé ready\n";
+    let tool_msg = out.unwrap().values["messages"][2].clone();
+    assert_eq!(tool_msg["content"], whole);
+    let kinds: Vec<&str> = events
+        .iter()
+        .map(|e| e.data["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "tool-started",
+            "tool-output-delta",
+            "tool-output-delta",
+            "tool-output-delta",
+            "tool-finished"
+        ]
+    );
+    let deltas: Vec<&str> = events
+        .iter()
+        .filter_map(|e| e.data.get("delta").and_then(Value::as_str))
+        .collect();
+    assert_eq!(deltas, ["step 1 done\n", "caf", "é ready\n"]);
+    assert!(events.iter().all(|e| e.data["tool_call_id"] == "c1"));
+}
+
 #[tokio::test]
 async fn scripted_model_streams_by_word_or_char_and_picks_by_ai_count() {
     for (chunk, expected) in [
