@@ -18,7 +18,7 @@ import uuid
 import httpx
 import pytest
 from e2e_util import assert_status
-from test_run_streams import parse_frames
+from test_run_streams import StreamReader, parse_frames
 
 ALL_CHANNELS = ["values", "updates", "messages", "tools", "lifecycle", "input", "tasks",
                 "checkpoints", "custom"]
@@ -281,6 +281,37 @@ def test_channel_filters(base_url, http):
     assert [c["payload"] for c in events_of(custom.frames, "custom")] == [{"tick": "a"}, {"tick": "b"}]
     # `custom:NAME` takes only custom events of that name; these have none.
     assert {f["event"] for f in named.wait()} == {"lifecycle"}
+
+
+def test_runs_started_over_plain_http_show_their_lifecycle(base_url, http):
+    """A run created with `POST /threads/{id}/runs` (not through a command) still shows on the
+    thread event stream as running, then completed, named after its graph; its own SSE stream
+    and the thread's join stream announce it with `metadata` and carry no lifecycle events."""
+    tid = new_thread(http)
+    life = EventReader(base_url, tid, {"channels": ["lifecycle"]}, until=ended(2))
+    joined = EventReader(base_url, tid, {"channels": ["lifecycle"]}, until=ended(2))
+    r = http.post(f"/threads/{tid}/runs/wait", json={"assistant_id": "slow", "input": {"delay_ms": 0}})
+    assert_status(r, 200)
+    with http.stream("POST", f"/threads/{tid}/runs/stream",
+                     json={"assistant_id": "slow", "input": {"delay_ms": 0},
+                           "stream_mode": ["values"]}) as s:
+        assert_status(s, 200)
+        run_frames = parse_frames(s.read().decode())
+    frames = life.wait()
+    check_envelopes(frames)
+    assert [e["event"] for e in events_of(frames, "lifecycle")] == \
+        ["running", "completed", "running", "completed"]
+    assert {e["graph_name"] for e in events_of(frames, "lifecycle")} == {"slow"}
+    assert [f["id"] for f in joined.wait()] == [f["id"] for f in frames]
+    assert run_frames[0]["event"] == "metadata"
+    assert "lifecycle" not in {f["event"] for f in run_frames}
+    assert run_frames[-1]["event"] == "values"
+    # The thread's join stream replays both runs, every event of theirs but no lifecycle.
+    replayed = StreamReader(base_url, f"/threads/{tid}/stream", headers={"Last-Event-ID": "-1"},
+                            until=lambda fs: sum(f["data"].get("status") == "run_done"
+                                                 for f in fs) == 2).wait()
+    assert "lifecycle" not in {f["event"] for f in replayed}
+    assert [f["event"] for f in replayed].count("metadata") == 4
 
 
 def test_namespace_prefix_and_depth(base_url, http):

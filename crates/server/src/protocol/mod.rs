@@ -77,3 +77,8 @@ pub fn join_name(method: &str, namespace: &[String]) -> String {
     }
     name
 }
+
+/// Whether a logged event is a lifecycle event of the protocol (of the root or a subgraph).
+pub fn is_lifecycle(name: &str) -> bool {
+    name.split('|').next() == Some("lifecycle")
+}

@@ -20,8 +20,8 @@ use super::join_name;
 pub type Logged = (String, Value);
 
 /// Per-run state of the write side.
+#[derive(Default)]
 pub struct Normalizer {
-    graph_name: String,
     /// The message being streamed in chunks, per namespace (keyed by the joined name).
     open: HashMap<String, OpenMessage>,
     /// Tool calls models made, by id: `(name, args)`, for `tool-started`.
@@ -56,22 +56,6 @@ struct CallBlock {
 }
 
 impl Normalizer {
-    pub fn new(graph_name: impl Into<String>) -> Self {
-        Self {
-            graph_name: graph_name.into(),
-            open: HashMap::new(),
-            tool_calls: HashMap::new(),
-            answered: HashSet::new(),
-            requested: HashSet::new(),
-            subgraphs: Vec::new(),
-        }
-    }
-
-    /// The run's first protocol event: the root graph is running.
-    pub fn start(&self) -> Vec<Logged> {
-        vec![lifecycle(&[], "running", &self.graph_name, None)]
-    }
-
     /// The protocol events one engine event becomes.
     pub fn push(&mut self, event: StreamEvent) -> Vec<Logged> {
         let mut out = Vec::new();
@@ -628,7 +612,7 @@ mod tests {
 
     #[test]
     fn a_whole_ai_message_with_a_tool_call_becomes_blocks_and_then_tool_events() {
-        let mut n = Normalizer::new("agent");
+        let mut n = Normalizer::default();
         let ai = json!({"type": "ai", "id": "m1", "content": "",
             "tool_calls": [{"name": "add", "args": {"a": 2}, "id": "c1"}],
             "usage_metadata": {"input_tokens": 1, "output_tokens": 2, "total_tokens": 3}});
@@ -663,7 +647,7 @@ mod tests {
 
     #[test]
     fn chunks_stream_as_deltas_and_finish_with_the_whole_text() {
-        let mut n = Normalizer::new("chat");
+        let mut n = Normalizer::default();
         let chunk =
             |text: &str| json!([{"type": "AIMessageChunk", "id": "m", "content": text}, {}]);
         let mut out = n.push(ev(StreamMode::Messages, chunk("Hello ")));
@@ -685,7 +669,7 @@ mod tests {
 
     #[test]
     fn a_message_cut_off_by_a_failed_run_ends_with_an_error_event() {
-        let mut n = Normalizer::new("chat");
+        let mut n = Normalizer::default();
         let chunk = json!([{"type": "AIMessageChunk", "id": "m", "content": "Hel"}, {}]);
         let mut out = n.push(ev(StreamMode::Messages, chunk));
         out.extend(n.finish(Some("the model went away")));
@@ -708,7 +692,7 @@ mod tests {
 
     #[test]
     fn an_interrupt_becomes_input_requested_once() {
-        let mut n = Normalizer::new("approval");
+        let mut n = Normalizer::default();
         let update = json!({"__interrupt__": [{"value": {"q": 1}, "id": "i1"}]});
         let out = n.push(ev(StreamMode::Updates, update.clone()));
         assert_eq!(out.len(), 1);
@@ -738,7 +722,7 @@ mod tests {
 
     #[test]
     fn subgraphs_start_when_seen_and_complete_with_their_parents_update() {
-        let mut n = Normalizer::new("nested");
+        let mut n = Normalizer::default();
         let ns = vec!["child:1".to_string()];
         let inner = StreamEvent {
             namespace: ns.clone(),

@@ -21,6 +21,7 @@ use uuid::Uuid;
 
 use super::hub::{EventHub, HubMessage, Subscription};
 use crate::protocol::envelope::Framer;
+use crate::protocol::is_lifecycle;
 use crate::sse;
 
 /// How often a stream re-reads the log in case the run executes in another process.
@@ -76,6 +77,9 @@ impl Target {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .frame(event),
+            // The protocol's lifecycle events are the thread event stream's own: run streams
+            // announce a run's start and end with `metadata` instead.
+            _ if is_lifecycle(&event.event) => None,
             Target::Run(run_id) => (event.run_id == run_id && event.event != RUN_END_EVENT)
                 .then(|| sse::json_frame(&event.event, &event.data, id)),
             Target::Thread(modes) => match event.event.as_str() {

@@ -75,7 +75,7 @@ pub const CLEANUP_BY_WORKER: &str = "worker";
 /// At most this many events (plus a final `error`) are streamed but not logged at any time,
 /// which the storage's [`UNLOGGED_EVENTS_MAX`] must cover.
 const MAX_BATCH: usize = 256;
-/// (The tail may also hold a run's `error` and, for a v2 run, its lifecycle end.)
+/// (The tail may also hold a run's `error` and its lifecycle end.)
 const _: () = assert!((MAX_BATCH as i64) + 2 < UNLOGGED_EVENTS_MAX);
 /// How long a run's event may wait before it is written to the log. Live streams get it at
 /// once through the hub; the log serves resumes, late joiners and other processes, which poll
@@ -271,13 +271,15 @@ impl RunWorkers {
         let checkpointer = self.storage.checkpointer();
         let (sink, events) = mpsc::channel::<StreamEvent>(1024);
         let prepared = self.prepare(run, &scope, assistant).await;
-        // The graph's name when the run was started through the protocol (v2 events).
-        let v2_graph = match &prepared {
-            Ok((assistant, _)) if protocol::is_v2_run(run) => {
-                Some(assistant.fields.graph_id.clone())
-            }
-            _ => None,
-        };
+        // Every run logs its lifecycle (running, then its end) for the thread event stream,
+        // named after its graph; a run started through the protocol logs the protocol's
+        // events for what its graph streams as well (v2 events).
+        let graph_name = prepared
+            .as_ref()
+            .ok()
+            .map(|(assistant, _)| assistant.fields.graph_id.clone());
+        let normalizer =
+            (graph_name.is_some() && protocol::is_v2_run(run)).then(Normalizer::default);
         // Why the run failed, set before the sink closes: the pump ends open messages with it.
         let failed = Arc::new(OnceLock::new());
         let pump = tokio::spawn(pump_events(
@@ -286,7 +288,8 @@ impl RunWorkers {
             run.clone(),
             last_seq,
             events,
-            v2_graph.as_deref().map(Normalizer::new),
+            graph_name.clone(),
+            normalizer,
             failed.clone(),
         ));
         let renewal = tokio::spawn(renew_lease(
@@ -357,7 +360,7 @@ impl RunWorkers {
             .as_ref()
             .map(|s| s.checkpoint.checkpoint_id.clone());
         let mut end = run_end(&outcome, timed_out, snapshot);
-        if let Some(graph) = &v2_graph {
+        if let Some(graph) = &graph_name {
             // The run's lifecycle end, committed with the run's end.
             let (name, data) = normalize::terminal(
                 graph,
@@ -570,6 +573,7 @@ async fn pump_events(
     run: Run,
     mut seq: i64,
     mut events: mpsc::Receiver<StreamEvent>,
+    graph_name: Option<String>,
     mut normalizer: Option<Normalizer>,
     failed: Arc<OnceLock<String>>,
 ) -> Result<EventTail, String> {
@@ -579,8 +583,8 @@ async fn pump_events(
         "metadata".to_owned(),
         json!({"run_id": run.run_id.to_string(), "attempt": run.attempt}),
     )]);
-    if let Some(normalizer) = &normalizer {
-        queue.extend(normalizer.start());
+    if let Some(graph) = &graph_name {
+        queue.push_back(normalize::lifecycle(&[], "running", graph, None));
     }
     let mut closed = false;
     loop {
