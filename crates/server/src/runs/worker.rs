@@ -278,8 +278,10 @@ impl RunWorkers {
             .as_ref()
             .ok()
             .map(|(assistant, _)| assistant.fields.graph_id.clone());
-        let normalizer =
-            (graph_name.is_some() && protocol::is_v2_run(run)).then(Normalizer::default);
+        let protocol_log = graph_name.clone().map(|graph_name| ProtocolLog {
+            graph_name,
+            normalizer: protocol::is_v2_run(run).then(Normalizer::default),
+        });
         // Why the run failed, set before the sink closes: the pump ends open messages with it.
         let failed = Arc::new(OnceLock::new());
         let pump = tokio::spawn(pump_events(
@@ -288,8 +290,7 @@ impl RunWorkers {
             run.clone(),
             last_seq,
             events,
-            graph_name.clone(),
-            normalizer,
+            protocol_log,
             failed.clone(),
         ));
         let renewal = tokio::spawn(renew_lease(
@@ -561,20 +562,28 @@ fn logged(run: &Run, seq: i64, event: String, data: Value) -> LoggedEvent {
     }
 }
 
+/// What a run logs for the thread event stream (agent protocol v2) besides `metadata`.
+struct ProtocolLog {
+    /// The run's graph, which names its lifecycle events.
+    graph_name: String,
+    /// For a run started through the protocol: turns its graph's events into the protocol's.
+    normalizer: Option<Normalizer>,
+}
+
 /// Numbers the run's events after the thread's last logged one (starting with `metadata`)
 /// and hands each to live streams at once. The log gets them in batches: a batch is written
 /// when it is full or its first event has waited [`LOG_LINGER`]; what is left when the run
 /// stops (all of a short run's events) is returned, for the transaction that ends the run.
-/// A v2 run's engine events pass through its `normalizer` first (see `crate::protocol`);
-/// messages still open when the run failed end with the failure set in `failed`.
+/// The protocol's `running` follows `metadata`; a v2 run's engine events pass through its
+/// normalizer first (see `crate::protocol`), and messages still open when the run failed end
+/// with the failure set in `failed`.
 async fn pump_events(
     storage: Arc<dyn Storage>,
     hub: Arc<EventHub>,
     run: Run,
     mut seq: i64,
     mut events: mpsc::Receiver<StreamEvent>,
-    graph_name: Option<String>,
-    mut normalizer: Option<Normalizer>,
+    protocol_log: Option<ProtocolLog>,
     failed: Arc<OnceLock<String>>,
 ) -> Result<EventTail, String> {
     let mut batch = Vec::new();
@@ -583,8 +592,10 @@ async fn pump_events(
         "metadata".to_owned(),
         json!({"run_id": run.run_id.to_string(), "attempt": run.attempt}),
     )]);
-    if let Some(graph) = &graph_name {
-        queue.push_back(normalize::lifecycle(&[], "running", graph, None));
+    let mut normalizer = None;
+    if let Some(log) = protocol_log {
+        queue.push_back(normalize::lifecycle(&[], "running", &log.graph_name, None));
+        normalizer = log.normalizer;
     }
     let mut closed = false;
     loop {
