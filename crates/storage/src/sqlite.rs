@@ -34,6 +34,7 @@ use crate::rows::{
 use crate::sqlite_reader::Readers;
 use crate::sqlite_values::{id, json, ts};
 use crate::sqlite_writer::{WritePermit, Writer};
+use crate::store::sqlite_nearest::NearestIndexes;
 use crate::{
     thread_state, AssistantStore, Backend, Storage, StorageError, StorageResult, ThreadStore,
 };
@@ -48,6 +49,8 @@ pub struct SqliteStorage {
     pub(crate) writer: Arc<Writer>,
     /// For writes not yet moved to the writer thread; used only under a [`Writer::permit`].
     write: SqlitePool,
+    /// The store's nearest-neighbour indexes known to exist (`store::sqlite_nearest`).
+    pub(crate) nearest: NearestIndexes,
 }
 
 fn hyph(id: Uuid) -> Hyphenated {
@@ -119,6 +122,7 @@ impl SqliteStorage {
             readers,
             writer,
             write,
+            nearest: NearestIndexes::default(),
         })
     }
 

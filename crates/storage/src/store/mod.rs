@@ -13,6 +13,7 @@
 
 pub(crate) mod postgres;
 pub(crate) mod sqlite;
+pub(crate) mod sqlite_nearest;
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;

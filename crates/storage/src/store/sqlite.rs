@@ -1,7 +1,10 @@
 //! [`ItemStore`] on SQLite. Filters become `json_type`/`json_extract` tests on the value, with
-//! paths built from bound labels; a search by meaning ranks in SQLite with sqlite-vec's
-//! `vec_distance_cosine` (an exact scan of the matching items' embeddings, see
+//! paths built from bound labels; a search by meaning ranks in SQLite with sqlite-vec: from
+//! the nearest-neighbour index (`sqlite_nearest`) when its answer is provably the exact one,
+//! otherwise comparing every matching item with `vec_distance_cosine` (see
 //! [`SqliteStorage::search_by_meaning`]).
+
+use std::collections::BTreeSet;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -9,10 +12,18 @@ use serde_json::Value;
 use sqlx::types::Json;
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 
+use super::sqlite_nearest::{self as nearest, MAX_K};
 use super::*;
 use crate::json_filter::quoted_label;
 use crate::sqlite::SqliteStorage;
 use crate::StorageError;
+
+/// Up to this many items under a search's prefix, a search by meaning compares them all
+/// rather than asking the nearest-neighbour index first: that is as fast (measured in
+/// `benches/store_search.rs`) and needs no second query when the index cannot decide.
+const SCAN_AT_MOST: i64 = 1_000;
+/// How far items are counted to choose between the index and a scan.
+const COUNT_AT_MOST: i64 = 100_000;
 
 /// `namespace` is `prefix` or lies under it (nothing when `prefix` is empty).
 fn push_under(qb: &mut QueryBuilder<'_, Sqlite>, column: &str, prefix: &[String]) {
@@ -140,15 +151,182 @@ fn push_where(
 }
 
 impl SqliteStorage {
-    /// Items ranked by similarity to `query`, best field per item, and the page asked for.
-    ///
-    /// The ranking runs in SQLite, so only the page's rows leave the database. It compares
-    /// the embeddings of the items that match the prefix and filter, as PostgreSQL does: a
-    /// nearest-neighbour index (sqlite-vec's `vec0`) would answer before the filters apply
-    /// and so return short pages, and in sqlite-vec 0.1 it is itself a full scan. Scores are
+    /// Items ranked by similarity to `query`, best field per item, and the page asked for:
+    /// read from the nearest-neighbour index when its answer is provably the exact one,
+    /// otherwise ranked by comparing every matching item ([`Self::rank_by_scan`]).
+    async fn search_by_meaning(
+        &self,
+        scope: &Scope,
+        search: &ItemSearch,
+        query: &[f32],
+        now: DateTime<Utc>,
+    ) -> StorageResult<Vec<(ItemRow, f64)>> {
+        // A query of zeros is as far from everything: every item scores 0 (see `cosine`).
+        let comparable = query.iter().any(|x| *x != 0.0) && query.iter().all(|x| x.is_finite());
+        if comparable && self.index_is_worth_it(scope, search, query.len()).await? {
+            if let Some(page) = self.rank_by_index(scope, search, query, now).await? {
+                return Ok(page);
+            }
+        }
+        self.rank_by_scan(scope, search, query, now).await
+    }
+
+    /// Whether to ask the index first: for a page it can answer, when comparing the items
+    /// under the prefix would take longer than the index's own scan, which in sqlite-vec 0.1
+    /// reads every embedding of the user (each at about a third of what comparing an item
+    /// costs: see `benches/store_search.rs`).
+    async fn index_is_worth_it(
+        &self,
+        scope: &Scope,
+        search: &ItemSearch,
+        dims: usize,
+    ) -> StorageResult<bool> {
+        let need = search.page.offset + search.page.limit;
+        if dims == 0 || need <= 0 || need > MAX_K / 4 {
+            return Ok(false);
+        }
+        // Both counted from the primary key, and only so far.
+        let count = |prefix: &[String]| {
+            let mut qb = QueryBuilder::new(
+                "SELECT COUNT(*) FROM (SELECT 1 FROM store_items WHERE user_id = ",
+            );
+            qb.push_bind(scope.user_id.clone());
+            push_under(&mut qb, "namespace", prefix);
+            qb.push(" LIMIT ").push_bind(COUNT_AT_MOST).push(")");
+            qb
+        };
+        let under: i64 = count(&search.prefix)
+            .build_query_scalar()
+            .fetch_one(&self.read)
+            .await?;
+        if under <= SCAN_AT_MOST {
+            return Ok(false);
+        }
+        let all: i64 = count(&[])
+            .build_query_scalar()
+            .fetch_one(&self.read)
+            .await?;
+        if under * 3 <= all {
+            return Ok(false);
+        }
+        self.nearest_index(dims).await
+    }
+
+    /// Makes sure the index of `dims`-long embeddings exists; false when it cannot be made
+    /// (the search then scans).
+    pub(crate) async fn nearest_index(&self, dims: usize) -> StorageResult<bool> {
+        if self.nearest.is_ready(dims) {
+            return Ok(true);
+        }
+        if !(1..=nearest::MAX_DIMS).contains(&dims) {
+            return Ok(false);
+        }
+        let made = self
+            .writer
+            .write(move |conn| nearest::create(conn, dims).map_err(StorageError::from))
+            .await;
+        match made {
+            Ok(()) => {
+                self.nearest.mark_ready(dims);
+                Ok(true)
+            }
+            Err(e) => {
+                tracing::warn!(dims, error = %e, "cannot make the store's nearest-neighbour index; searches compare every item");
+                Ok(false)
+            }
+        }
+    }
+
+    /// The page ranked from the embeddings nearest to `query`, or `None` when they do not
+    /// decide it (see [`nearest::decides`]); asks for more neighbours once before giving up.
+    async fn rank_by_index(
+        &self,
+        scope: &Scope,
+        search: &ItemSearch,
+        query: &[f32],
+        now: DateTime<Utc>,
+    ) -> StorageResult<Option<Vec<(ItemRow, f64)>>> {
+        use sqlx::{FromRow, Row};
+        let need = search.page.offset + search.page.limit;
+        let query_bytes = vector_bytes(query);
+        let mut k = (need * 4).clamp(64, MAX_K);
+        loop {
+            let Some(neighbours) = self.neighbours(scope, search, &query_bytes, k).await? else {
+                return Ok(None);
+            };
+            let exhausted = (neighbours.len() as i64) < k;
+            let worst = neighbours.last().map(|(_, distance)| 1.0 - distance);
+            let mut qb = QueryBuilder::new(format!(
+                "SELECT {ITEM_COLUMNS}, hits.score AS score FROM (SELECT v.namespace AS ns, \
+                 v.key AS k, MAX(1.0 - n.value ->> 1) AS score FROM json_each("
+            ));
+            qb.push_bind(serde_json::to_string(&neighbours).unwrap_or_default()).push(
+                ") n JOIN store_vectors v ON v.id = n.value ->> 0 GROUP BY v.namespace, v.key) \
+                 hits JOIN store_items ON store_items.namespace = hits.ns \
+                 AND store_items.key = hits.k",
+            );
+            push_where(&mut qb, scope, search, now);
+            qb.push(" ORDER BY score DESC, namespace, key LIMIT ")
+                .push_bind(need);
+            let rows = qb.build().fetch_all(&self.read).await?;
+            let scores = rows
+                .iter()
+                .map(|row| row.try_get::<f64, _>("score"))
+                .collect::<Result<Vec<_>, _>>()?;
+            if nearest::decides(&scores, need as usize, worst, exhausted) {
+                let page = rows.iter().zip(scores).skip(search.page.offset as usize);
+                return page
+                    .map(|(row, score)| Ok((ItemRow::from_row(row)?, score)))
+                    .collect::<StorageResult<Vec<_>>>()
+                    .map(Some);
+            }
+            if exhausted || k == MAX_K {
+                return Ok(None);
+            }
+            k = MAX_K;
+        }
+    }
+
+    /// The `k` embeddings of the caller nearest to the query, under the search's prefix
+    /// (a range that may hold a few namespaces beside it, which the page's query drops):
+    /// `(id, cosine distance)`, nearest first; `None` if a distance is undefined.
+    async fn neighbours(
+        &self,
+        scope: &Scope,
+        search: &ItemSearch,
+        query: &[u8],
+        k: i64,
+    ) -> StorageResult<Option<Vec<(i64, f64)>>> {
+        let mut qb = QueryBuilder::new(format!(
+            "SELECT rowid, distance FROM {} WHERE embedding MATCH ",
+            nearest::table(query.len() / 4)
+        ));
+        qb.push_bind(query.to_vec())
+            .push(" AND k = ")
+            .push_bind(k)
+            .push(" AND user_id = ")
+            .push_bind(scope.user_id.clone());
+        if !search.prefix.is_empty() {
+            let joined = joined(&search.prefix);
+            let (_, high) = descendants(&joined);
+            qb.push(" AND namespace >= ")
+                .push_bind(joined)
+                .push(" AND namespace < ")
+                .push_bind(high);
+        }
+        qb.push(" ORDER BY distance");
+        let found: Vec<(i64, Option<f64>)> = qb.build_query_as().fetch_all(&self.read).await?;
+        Ok(found
+            .into_iter()
+            .map(|(id, distance)| Some((id, distance?)))
+            .collect())
+    }
+
+    /// The page of the exact ranking: compares the embeddings of every item that matches the
+    /// prefix and filter, in SQLite, so only the page's rows leave the database. Scores are
     /// those of [`cosine`]: an embedding of another length than the query's, or one of
     /// zeros (NaN, which SQLite reads as NULL), scores 0.
-    async fn search_by_meaning(
+    async fn rank_by_scan(
         &self,
         scope: &Scope,
         search: &ItemSearch,
@@ -219,6 +397,16 @@ impl ItemStore for SqliteStorage {
     async fn put_item(&self, scope: &Scope, put: PutItem) -> StorageResult<()> {
         let namespace = joined(&put.namespace);
         let now = Utc::now();
+        // The first embeddings of a length make its index, which triggers keep current from
+        // then on, so that searches find it ready.
+        for dims in put
+            .vectors
+            .iter()
+            .map(|v| v.embedding.len())
+            .collect::<BTreeSet<_>>()
+        {
+            self.nearest_index(dims).await?;
+        }
         let (_permit, mut tx) = self.begin_write().await?;
         // An item whose TTL ran out but that was not swept yet is replaced as a new one.
         sqlx::query(
@@ -373,5 +561,171 @@ impl ItemStore for SqliteStorage {
         .await?;
         tx.commit().await?;
         Ok(done.rows_affected())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// Numbers from a fixed seed (xorshift), so that a failure repeats.
+    struct Numbers(u64);
+
+    impl Numbers {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+
+        fn vector(&mut self, dims: usize) -> Vec<f32> {
+            (0..dims)
+                .map(|_| self.below(2001) as f32 / 1000.0 - 1.0)
+                .collect()
+        }
+    }
+
+    const DIMS: usize = 8;
+    const NAMESPACES: [&[&str]; 5] = [&["a"], &["a", "b"], &["a-b"], &["c"], &["c", "a"]];
+
+    fn labels(namespace: &[&str]) -> Vec<String> {
+        namespace.iter().map(|l| l.to_string()).collect()
+    }
+
+    /// Items of two users with one or two embedded fields, among them exact duplicates (ties),
+    /// embeddings the index leaves out (zeros, another length), items without embeddings
+    /// and expired ones.
+    async fn fill(s: &SqliteStorage, numbers: &mut Numbers, keys: std::ops::Range<u64>) {
+        let mut made: Vec<Vec<f32>> = Vec::new();
+        for n in keys {
+            let user = Scope::new(if n % 7 == 0 { "other" } else { "me" });
+            let namespace = labels(NAMESPACES[numbers.below(5) as usize]);
+            let mut vectors = Vec::new();
+            let embedding = match numbers.below(20) {
+                0 if !made.is_empty() => made[numbers.below(made.len() as u64) as usize].clone(),
+                1 => vec![0.0; DIMS],
+                2 => numbers.vector(DIMS + 1),
+                _ => numbers.vector(DIMS),
+            };
+            made.push(embedding.clone());
+            if numbers.below(10) != 0 {
+                vectors.push(ItemVector {
+                    field: "text".into(),
+                    embedding,
+                });
+            }
+            if numbers.below(3) == 0 {
+                vectors.push(ItemVector {
+                    field: "title".into(),
+                    embedding: numbers.vector(DIMS),
+                });
+            }
+            let put = PutItem {
+                namespace,
+                key: format!("k{n}"),
+                value: json!({"n": n}),
+                ttl_minutes: (numbers.below(25) == 0).then_some(-1.0),
+                vectors,
+            };
+            s.put_item(&user, put).await.unwrap();
+        }
+    }
+
+    /// Every search the index decides, it decides as the exact ranking; and it decides most.
+    async fn check_against_scan(s: &SqliteStorage, numbers: &mut Numbers) -> (usize, usize) {
+        let (mut searches, mut decided) = (0, 0);
+        let filters = [
+            vec![],
+            vec![FilterCondition {
+                path: vec!["n".into()],
+                op: FilterOp::Gt,
+                value: json!(700),
+            }],
+        ];
+        for _ in 0..12 {
+            let query = numbers.vector(DIMS);
+            for prefix in [&[][..], &["a"], &["a", "b"], &["c"]] {
+                for filter in &filters {
+                    for (limit, offset) in [(10, 0), (5, 20), (60, 0)] {
+                        let search = ItemSearch {
+                            prefix: labels(prefix),
+                            filter: filter.clone(),
+                            page: Page { limit, offset },
+                            refresh_ttl: false,
+                            query: Some(query.clone()),
+                        };
+                        let now = Utc::now();
+                        let me = Scope::new("me");
+                        let scan = s.rank_by_scan(&me, &search, &query, now).await.unwrap();
+                        let index = s.rank_by_index(&me, &search, &query, now).await.unwrap();
+                        searches += 1;
+                        let Some(index) = index else { continue };
+                        decided += 1;
+                        let names = |page: &[(ItemRow, f64)]| -> Vec<(String, String)> {
+                            page.iter()
+                                .map(|(row, _)| (row.namespace.clone(), row.key.clone()))
+                                .collect()
+                        };
+                        assert_eq!(names(&index), names(&scan), "{search:?}");
+                        for ((_, a), (_, b)) in index.iter().zip(&scan) {
+                            assert!((a - b).abs() < 1e-6, "{a} vs {b} in {search:?}");
+                        }
+                    }
+                }
+            }
+        }
+        (searches, decided)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_nearest_neighbour_index_ranks_as_the_exact_scan_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("db").display());
+        let s = SqliteStorage::open(&url).await.unwrap();
+        let mut numbers = Numbers(0x5eed_1234_abcd_0042);
+        let me = Scope::new("me");
+        // Embeddings stored before their index existed: it is made with them.
+        fill(&s, &mut numbers, 0..200).await;
+        s.writer
+            .write(|conn| -> StorageResult<()> {
+                Ok(conn.execute_batch(
+                    "DROP TRIGGER store_vec_8_insert; DROP TRIGGER store_vec_8_update; \
+                     DROP TRIGGER store_vec_8_delete; DROP TABLE store_vec_8;",
+                )?)
+            })
+            .await
+            .unwrap();
+        s.nearest.forget();
+        fill(&s, &mut numbers, 200..1_500).await;
+        let (searches, decided) = check_against_scan(&s, &mut numbers).await;
+        assert!(
+            decided * 2 > searches,
+            "the index decided {decided} of {searches}"
+        );
+        // The index follows deletes, replacements and the sweep of expired items.
+        for n in (0..1_500).step_by(3) {
+            for namespace in NAMESPACES {
+                let key = format!("k{n}");
+                s.delete_item(&me, &labels(namespace), &key).await.unwrap();
+            }
+        }
+        fill(&s, &mut numbers, 1_000..1_300).await;
+        s.sweep_expired_items(Utc::now(), 10_000).await.unwrap();
+        let (searches, decided) = check_against_scan(&s, &mut numbers).await;
+        assert!(
+            decided * 2 > searches,
+            "the index decided {decided} of {searches}"
+        );
+        let (indexed, stored): (i64, i64) = sqlx::query_as(
+            "SELECT (SELECT COUNT(*) FROM store_vec_8), (SELECT COUNT(*) FROM store_vectors \
+             WHERE length(embedding) = 32 AND vec_distance_l2(embedding, zeroblob(32)) > 0)",
+        )
+        .fetch_one(&s.read)
+        .await
+        .unwrap();
+        assert_eq!(indexed, stored);
     }
 }
