@@ -680,6 +680,83 @@ mod tests {
         (searches, decided)
     }
 
+    /// A database of the schema before embeddings had an integer key: the migration keeps
+    /// every embedding, and the index made afterwards holds them.
+    #[tokio::test]
+    async fn embeddings_stored_before_the_upgrade_are_searched_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let earlier = dir.path().join("migrations");
+        std::fs::create_dir(&earlier).unwrap();
+        let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/migrations/sqlite");
+        for entry in std::fs::read_dir(shipped).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_str().unwrap().to_owned();
+            if name.as_str() < "0010" {
+                std::fs::copy(&path, earlier.join(name)).unwrap();
+            }
+        }
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("db").display());
+        let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+        sqlx::migrate::Migrator::new(earlier.as_path())
+            .await
+            .unwrap()
+            .run(&pool)
+            .await
+            .unwrap();
+        let mut numbers = Numbers(7);
+        for n in 0..1_200 {
+            let namespace = if n < 1_100 { "old" } else { "other" };
+            sqlx::query(
+                "INSERT INTO store_items (user_id, namespace, key, value, created_at, updated_at) \
+                 VALUES ('me', $1, $2, '{}', '2026-01-01T00:00:00Z', '2026-01-01T00:00:00Z')",
+            )
+            .bind(namespace)
+            .bind(format!("k{n}"))
+            .execute(&pool)
+            .await
+            .unwrap();
+            sqlx::query(
+                "INSERT INTO store_vectors (user_id, namespace, key, field, embedding) \
+                 VALUES ('me', $1, $2, '$', $3)",
+            )
+            .bind(namespace)
+            .bind(format!("k{n}"))
+            .bind(vector_bytes(&numbers.vector(DIMS)))
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+        pool.close().await;
+
+        let s = SqliteStorage::open(&url).await.unwrap();
+        let me = Scope::new("me");
+        let query = numbers.vector(DIMS);
+        let search = ItemSearch {
+            prefix: labels(&["old"]),
+            filter: vec![],
+            page: Page {
+                limit: 10,
+                offset: 0,
+            },
+            refresh_ttl: false,
+            query: Some(query.clone()),
+        };
+        let now = Utc::now();
+        let scan = s.rank_by_scan(&me, &search, &query, now).await.unwrap();
+        assert_eq!(scan.len(), 10);
+        assert!(s.index_is_worth_it(&me, &search, DIMS).await.unwrap());
+        let index = s.rank_by_index(&me, &search, &query, now).await.unwrap();
+        let keys = |page: &[(ItemRow, f64)]| -> Vec<String> {
+            page.iter().map(|(row, _)| row.key.clone()).collect()
+        };
+        assert_eq!(keys(&index.expect("the index decides")), keys(&scan));
+        let indexed: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM store_vec_8")
+            .fetch_one(&s.read)
+            .await
+            .unwrap();
+        assert_eq!(indexed, 1_200);
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_nearest_neighbour_index_ranks_as_the_exact_scan_does() {
         let dir = tempfile::tempdir().unwrap();
