@@ -285,10 +285,11 @@ def test_channel_filters(base_url, http):
 
 def test_runs_started_over_plain_http_show_their_lifecycle(base_url, http):
     """A run created with `POST /threads/{id}/runs` (not through a command) still shows on the
-    thread event stream as running, then completed, named after its graph; its own SSE stream
-    and the thread's join stream announce it with `metadata` and carry no lifecycle events."""
+    thread event stream, as the reference shows it: running, the values it streamed, then
+    completed, named after its graph. Its own SSE stream and the thread's join stream
+    announce it with `metadata` and carry no lifecycle events."""
     tid = new_thread(http)
-    life = EventReader(base_url, tid, {"channels": ["lifecycle"]}, until=ended(2))
+    life = EventReader(base_url, tid, {"channels": ["lifecycle", "values"]}, until=ended(2))
     joined = EventReader(base_url, tid, {"channels": ["lifecycle"]}, until=ended(2))
     r = http.post(f"/threads/{tid}/runs/wait", json={"assistant_id": "slow", "input": {"delay_ms": 0}})
     assert_status(r, 200)
@@ -299,10 +300,13 @@ def test_runs_started_over_plain_http_show_their_lifecycle(base_url, http):
         run_frames = parse_frames(s.read().decode())
     frames = life.wait()
     check_envelopes(frames)
-    assert [e["event"] for e in events_of(frames, "lifecycle")] == \
-        ["running", "completed", "running", "completed"]
+    steps = [f["event"] if f["event"] == "values" else f["data"]["params"]["data"]["event"]
+             for f in frames]
+    assert steps == ["running", "values", "values", "values", "completed"] * 2, steps
     assert {e["graph_name"] for e in events_of(frames, "lifecycle")} == {"slow"}
-    assert [f["id"] for f in joined.wait()] == [f["id"] for f in frames]
+    assert events_of(frames, "values")[-1] == {"delay_ms": 0, "ticks": 4}
+    lifecycle = [f["id"] for f in frames if f["event"] == "lifecycle"]
+    assert [f["id"] for f in joined.wait()] == lifecycle
     assert run_frames[0]["event"] == "metadata"
     assert "lifecycle" not in {f["event"] for f in run_frames}
     assert run_frames[-1]["event"] == "values"
