@@ -585,6 +585,39 @@ async def test_websocket_subscription_added_later_replays_then_continues_in_orde
         assert sorted(seqs) == [f["data"]["seq"] for f in reader.wait()]
 
 
+async def test_websocket_reconnect_restores_a_dropped_sockets_subscription(base_url, http):
+    """`subscription.reconnect` on a new socket, with the subscription id and the last seq the
+    dropped socket handled, restores that subscription: the two sockets together carry what
+    one uninterrupted stream carries, once each and in order."""
+    from websockets.asyncio.client import connect
+
+    tid = new_thread(http)
+    full = EventReader(base_url, tid, {"channels": ["lifecycle", "custom"]}, until=ended())
+    async with connect(ws_url(base_url, tid)) as ws:
+        first = WebSocketSession(ws)
+        sub = await first.call("subscription.subscribe", {"channels": ["lifecycle", "custom"]})
+        sub_id = sub["result"]["subscription_id"]
+        started = await first.call("run.start", {"assistant_id": "slow", "input": {"delay_ms": 300}})
+        assert started["type"] == "success"
+        while len(first.events) < 2:
+            first.events.append(json.loads(await asyncio.wait_for(ws.recv(), 20)))
+    assert terminals([{"data": e} for e in first.events]) == 0, "the run ended too soon"
+    async with connect(ws_url(base_url, tid)) as ws:
+        second = WebSocketSession(ws)
+        answer = await second.call("subscription.reconnect", {
+            "run_id": started["result"]["run_id"],
+            "last_event_id": str(first.seqs()[-1]),
+            "subscriptions": [sub_id],
+        })
+        assert answer["type"] == "success", answer
+        assert answer["result"]["restored"] is True
+        await second.until_terminals(1)
+        unknown = await second.call("subscription.reconnect", {
+            "run_id": started["result"]["run_id"], "subscriptions": ["not-an-id"]})
+        assert unknown["result"]["restored"] is False
+    assert first.seqs() + second.seqs() == [f["id"] for f in full.wait()]
+
+
 async def test_official_client_over_websocket(client):
     """`transport="websocket"`: the client's events arrive over the socket."""
     created = await client.threads.create()

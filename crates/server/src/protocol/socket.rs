@@ -12,6 +12,8 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use axum::extract::ws::{Message, WebSocket};
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use serde_json::{json, Map, Value};
@@ -21,7 +23,7 @@ use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 use super::commands::{self, Failure};
-use super::envelope::{Framer, Selector};
+use super::envelope::{Filter, Framer, Selector};
 use crate::routes::thread_events::{parse_request, protocol_follow, Refusal, StreamRequest};
 use crate::runs::stream::follow_stream;
 use crate::state::AppState;
@@ -142,7 +144,7 @@ impl Socket {
 
     async fn subscribe(&mut self, params: &Map<String, Value>) -> Result<Value, Failure> {
         let StreamRequest { filter, since } = request(&Value::Object(params.clone()))?;
-        let id = Uuid::new_v4().to_string();
+        let id = subscription_id(params);
         self.change(|subscriptions| {
             subscriptions.insert(id.clone(), Selector { filter, since });
         })
@@ -170,8 +172,9 @@ impl Socket {
         Ok(json!({}))
     }
 
-    /// Replays the named subscriptions (all when none are named) from after
-    /// `last_event_id`, a seq: the client gets what it missed, from the log.
+    /// Replays the named subscriptions (all of this socket's when none are named) from after
+    /// `last_event_id`, a seq: the client gets what it missed, from the log. A subscription
+    /// of an earlier socket is restored from its id.
     async fn reconnect(&mut self, params: &Map<String, Value>) -> Result<Value, Failure> {
         let since = match params.get("last_event_id") {
             None | Some(Value::Null) => 0,
@@ -188,11 +191,28 @@ impl Socket {
                 .collect(),
             _ => self.subscriptions.keys().cloned().collect(),
         };
-        let restored = !ids.is_empty() && ids.iter().all(|id| self.subscriptions.contains_key(id));
+        // This socket's own subscriptions, and those of an earlier socket, named by their ids.
+        let mut restorable = Vec::new();
+        for id in &ids {
+            if self.subscriptions.contains_key(id) {
+                restorable.push((id.clone(), None));
+            } else if let Some(filter) = filter_of(id) {
+                restorable.push((id.clone(), Some(filter)));
+            }
+        }
+        let restored = !ids.is_empty() && restorable.len() == ids.len();
+        let since = since.max(0);
         self.change(|subscriptions| {
-            for id in &ids {
-                if let Some(selector) = subscriptions.get_mut(id) {
-                    selector.since = since.max(0);
+            for (id, filter) in restorable {
+                match filter {
+                    Some(filter) => {
+                        subscriptions.insert(id, Selector { filter, since });
+                    }
+                    None => {
+                        if let Some(selector) = subscriptions.get_mut(&id) {
+                            selector.since = since;
+                        }
+                    }
                 }
             }
         })
@@ -283,6 +303,29 @@ fn invalid(message: &str) -> Failure {
     }
 }
 
+/// A subscription's id: what it selects (its channels, namespaces and depth, as base64 of
+/// their JSON) and a random part. A later socket, in any process, restores the subscription
+/// from its id alone (`subscription.reconnect` after a dropped connection).
+fn subscription_id(params: &Map<String, Value>) -> String {
+    let selects: Map<String, Value> = params
+        .iter()
+        .filter(|(name, _)| matches!(name.as_str(), "channels" | "namespaces" | "depth"))
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect();
+    let selects = URL_SAFE_NO_PAD.encode(Value::Object(selects).to_string());
+    format!("{selects}.{}", Uuid::new_v4().simple())
+}
+
+/// What the subscription of a [`subscription_id`] selects; `None` for any other text.
+fn filter_of(id: &str) -> Option<Filter> {
+    let (selects, _) = id.split_once('.')?;
+    let selects: Value = serde_json::from_slice(&URL_SAFE_NO_PAD.decode(selects).ok()?).ok()?;
+    if !selects.is_object() {
+        return None;
+    }
+    request(&selects).ok().map(|request| request.filter)
+}
+
 fn request(body: &Value) -> Result<StreamRequest, Failure> {
     parse_request(body).map_err(|refusal| match refusal {
         Refusal::BadRequest(message) => invalid(&message),
@@ -293,6 +336,29 @@ fn request(body: &Value) -> Result<StreamRequest, Failure> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_subscription_id_names_what_it_selects() {
+        let params = json!({"channels": ["values", "custom:x"], "namespaces": [["a"]], "depth": 1,
+                            "since": 9});
+        let id = subscription_id(params.as_object().unwrap());
+        let filter = filter_of(&id).expect("an id of ours");
+        assert_eq!(
+            filter.channels,
+            HashSet::from(["values".into(), "custom:x".into()])
+        );
+        assert_eq!(filter.namespaces, vec![vec!["a".to_string()]]);
+        assert_eq!(filter.depth, Some(1));
+        assert_ne!(
+            id,
+            subscription_id(params.as_object().unwrap()),
+            "ids are unique"
+        );
+        assert!(filter_of("nope").is_none());
+        assert!(filter_of(&format!("{}.x", URL_SAFE_NO_PAD.encode("[1]"))).is_none());
+        let bad = URL_SAFE_NO_PAD.encode(r#"{"channels": ["bogus"]}"#);
+        assert!(filter_of(&format!("{bad}.x")).is_none());
+    }
 
     #[test]
     fn an_event_is_sent_once_across_subscriptions() {
