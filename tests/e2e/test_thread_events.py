@@ -10,10 +10,15 @@ also when it reconnects with `since`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import shutil
+import tempfile
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import httpx
 import pytest
@@ -638,6 +643,29 @@ async def test_official_client_over_websocket(client):
 # ------------------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def spindle_serving(name: str, graph: str):
+    """A `spindle dev` of its own, serving `graph` (YAML) as `name`, stopped afterwards."""
+    import harness
+
+    if os.environ.get("SPINDLE_E2E_URL"):
+        pytest.skip("needs a Spindle started with its own graph file")
+    workdir = Path(tempfile.mkdtemp(prefix=f"spindle-e2e-{name}-"))
+    (workdir / f"{name}.yaml").write_text(graph)
+    (workdir / "spindle.json").write_text(json.dumps({"graphs": {name: f"./{name}.yaml"}}))
+    srv = harness.start(
+        "sqlite",
+        lambda port: ["dev", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(workdir / "data"),
+                      "--config", str(workdir / "spindle.json")],
+        workdir,
+    )
+    try:
+        yield srv
+    finally:
+        harness.stop(srv)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 class CutOffModel:
     """An OpenAI-compatible `/chat/completions` that streams one token and then drops the
     connection, as a model server that crashes mid-answer does."""
@@ -671,17 +699,7 @@ class CutOffModel:
 @pytest.fixture(scope="module")
 def cut_off_server():
     """A Spindle serving a graph whose streaming model is cut off mid-answer."""
-    import os
-    import shutil
-    import tempfile
-    from pathlib import Path
-
-    import harness
-
-    if os.environ.get("SPINDLE_E2E_URL"):
-        pytest.skip("needs a Spindle started with its own graph file")
     model = CutOffModel()
-    workdir = Path(tempfile.mkdtemp(prefix="spindle-e2e-cutoff-"))
     graph = f"""
 state: {{messages: messages}}
 models:
@@ -692,20 +710,11 @@ edges:
   - {{from: __start__, to: model}}
   - {{from: model, to: __end__}}
 """
-    (workdir / "cutoff.yaml").write_text(graph)
-    (workdir / "spindle.json").write_text('{"graphs": {"cutoff": "./cutoff.yaml"}}')
-    srv = harness.start(
-        "sqlite",
-        lambda port: ["dev", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(workdir / "data"),
-                      "--config", str(workdir / "spindle.json")],
-        workdir,
-    )
     try:
-        yield srv
+        with spindle_serving("cutoff", graph) as srv:
+            yield srv
     finally:
-        harness.stop(srv)
         model.close()
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def test_message_cut_off_by_a_failed_model_ends_with_a_messages_error(cut_off_server):
@@ -772,17 +781,7 @@ class ChunkedJobServer:
 @pytest.fixture(scope="module")
 def job_server():
     """A Spindle serving a graph whose model calls an HTTP tool that answers in parts."""
-    import os
-    import shutil
-    import tempfile
-    from pathlib import Path
-
-    import harness
-
-    if os.environ.get("SPINDLE_E2E_URL"):
-        pytest.skip("needs a Spindle started with its own graph file")
     jobs = ChunkedJobServer()
-    workdir = Path(tempfile.mkdtemp(prefix="spindle-e2e-jobs-"))
     graph = f"""
 state: {{messages: messages}}
 models:
@@ -802,20 +801,11 @@ edges:
   - {{from: model, route: tools_condition, to: [tools, __end__]}}
   - {{from: tools, to: model}}
 """
-    (workdir / "jobs.yaml").write_text(graph)
-    (workdir / "spindle.json").write_text('{"graphs": {"jobs": "./jobs.yaml"}}')
-    srv = harness.start(
-        "sqlite",
-        lambda port: ["dev", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(workdir / "data"),
-                      "--config", str(workdir / "spindle.json")],
-        workdir,
-    )
     try:
-        yield srv
+        with spindle_serving("jobs", graph) as srv:
+            yield srv
     finally:
-        harness.stop(srv)
         jobs.close()
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 async def test_tool_output_arrives_as_deltas_before_the_tool_finishes(job_server):

@@ -223,14 +223,10 @@ async fn openai_errors_fail_the_node_with_api_error() {
     assert!(e.message().contains("500"), "{}", e.message());
 }
 
-#[tokio::test]
-async fn http_tools_fill_the_url_and_failures_become_error_messages() {
-    let (base, seen) = fake_server(vec![
-        (200, "text/plain".into(), "sunny".into()),
-        (500, "text/plain".into(), "boom".into()),
-    ])
-    .await;
-    let yaml = format!(
+/// A graph whose scripted model makes the tool `calls` (a YAML list) to the HTTP tool `tool`
+/// (a GET of `url`), then answers "done".
+fn http_tool_agent(tool: &str, url: &str, calls: &str) -> String {
+    format!(
         r#"
 state: {{messages: messages}}
 models:
@@ -238,21 +234,31 @@ models:
     provider: scripted
     responses:
       - content: ""
-        tool_calls:
-          - {{name: weather, args: {{city: "New York", units: metric}}, id: c1}}
-          - {{name: weather, args: {{city: Paris}}, id: c2}}
+        tool_calls: {calls}
       - "done"
 tools:
-  weather: {{kind: http, method: GET, url: "{base}/w/{{city}}", parameters: {{type: object}}}}
+  {tool}: {{kind: http, method: GET, url: "{url}", parameters: {{type: object}}}}
 nodes:
-  model: {{kind: model, model: m, tools: [weather]}}
-  tools: {{kind: tools, tools: [weather]}}
+  model: {{kind: model, model: m, tools: [{tool}]}}
+  tools: {{kind: tools, tools: [{tool}]}}
 edges:
   - {{from: __start__, to: model}}
   - {{from: model, route: tools_condition, to: [tools, __end__]}}
   - {{from: tools, to: model}}
 "#
-    );
+    )
+}
+
+#[tokio::test]
+async fn http_tools_fill_the_url_and_failures_become_error_messages() {
+    let (base, seen) = fake_server(vec![
+        (200, "text/plain".into(), "sunny".into()),
+        (500, "text/plain".into(), "boom".into()),
+    ])
+    .await;
+    let calls = r#"[{name: weather, args: {city: "New York", units: metric}, id: c1},
+                    {name: weather, args: {city: Paris}, id: c2}]"#;
+    let yaml = http_tool_agent("weather", &format!("{base}/w/{{city}}"), calls);
     let g = Arc::new(load_str(&yaml, "w.yaml", "w", Format::Yaml).unwrap());
     let (out, _) = Harness::new()
         .run(
@@ -336,27 +342,10 @@ async fn an_http_tool_streams_its_output_as_it_arrives() {
         [&e_acute[1..], b" ready\n".as_slice()].concat(),
     ];
     let base = chunked_server(parts).await;
-    let yaml = format!(
-        r#"
-state: {{messages: messages}}
-models:
-  m:
-    provider: scripted
-    responses:
-      - content: ""
-        tool_calls:
-          - {{name: job, args: {{}}, id: c1}}
-      - "done"
-tools:
-  job: {{kind: http, method: GET, url: "{base}/job", parameters: {{type: object}}}}
-nodes:
-  model: {{kind: model, model: m, tools: [job]}}
-  tools: {{kind: tools, tools: [job]}}
-edges:
-  - {{from: __start__, to: model}}
-  - {{from: model, route: tools_condition, to: [tools, __end__]}}
-  - {{from: tools, to: model}}
-"#
+    let yaml = http_tool_agent(
+        "job",
+        &format!("{base}/job"),
+        "[{name: job, args: {}, id: c1}]",
     );
     let g = Arc::new(load_str(&yaml, "j.yaml", "j", Format::Yaml).unwrap());
     let (out, events) = Harness::new()
