@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import shutil
+import tempfile
 import uuid
+from pathlib import Path
 
 import httpx
+import pytest
 
 # The namespace of api-facts: default assistant id = uuid5(NAMESPACE, graph_id).
 ASSISTANT_NAMESPACE = uuid.UUID("6ba7b821-9dad-11d1-80b4-00c04fd430c8")
@@ -87,3 +94,26 @@ def execute_sql(server, statement: str, params: tuple = ()) -> list:
     data_dir = server.argv[server.argv.index("--data-dir") + 1]
     with sqlite3.connect(os.path.join(data_dir, "spindle.db"), timeout=10) as conn:
         return conn.execute(statement, params).fetchall()
+
+
+@contextlib.contextmanager
+def spindle_serving(name: str, graph: str):
+    """A `spindle dev` of its own, serving `graph` (YAML) as `name`, stopped afterwards."""
+    import harness
+
+    if os.environ.get("SPINDLE_E2E_URL"):
+        pytest.skip("needs a Spindle started with its own graph file")
+    workdir = Path(tempfile.mkdtemp(prefix=f"spindle-e2e-{name}-"))
+    (workdir / f"{name}.yaml").write_text(graph)
+    (workdir / "spindle.json").write_text(json.dumps({"graphs": {name: f"./{name}.yaml"}}))
+    srv = harness.start(
+        "sqlite",
+        lambda port: ["dev", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(workdir / "data"),
+                      "--config", str(workdir / "spindle.json")],
+        workdir,
+    )
+    try:
+        yield srv
+    finally:
+        harness.stop(srv)
+        shutil.rmtree(workdir, ignore_errors=True)

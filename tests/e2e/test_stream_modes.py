@@ -8,13 +8,8 @@ or `messages/complete` (a whole message a node returned). `events` sends LangCha
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-from pathlib import Path
-
-import harness
 import pytest
+from e2e_util import spindle_serving
 from langgraph_sdk import get_client
 
 AGENT_INPUT = {"messages": [{"role": "user", "content": "add 2 and 3"}]}
@@ -121,22 +116,8 @@ async def test_events_mode_shows_routers_tools_and_models(client, tag, backend):
 @pytest.fixture(scope="module")
 def streaming_server():
     """A Spindle serving a graph whose model streams tokens (not among the examples)."""
-    if os.environ.get("SPINDLE_E2E_URL"):
-        pytest.skip("needs a Spindle started with its own graph file")
-    workdir = Path(tempfile.mkdtemp(prefix="spindle-e2e-modes-"))
-    (workdir / "graphs").mkdir()
-    (workdir / "graphs" / "streamer.yaml").write_text(STREAMER)
-    (workdir / "spindle.json").write_text('{"graphs": {"streamer": "./graphs/streamer.yaml"}}')
-    srv = harness.start(
-        "sqlite",
-        lambda port: ["dev", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(workdir / "data")],
-        workdir,
-    )
-    try:
+    with spindle_serving("streamer", STREAMER) as srv:
         yield srv
-    finally:
-        harness.stop(srv)
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 async def test_messages_mode_sends_the_message_so_far_while_a_model_streams(streaming_server):

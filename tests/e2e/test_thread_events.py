@@ -10,19 +10,14 @@ also when it reconnects with `since`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
-import shutil
-import tempfile
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import httpx
 import pytest
-from e2e_util import assert_status
+from e2e_util import assert_status, spindle_serving
 from test_run_streams import StreamReader, parse_frames
 
 ALL_CHANNELS = ["values", "updates", "messages", "tools", "lifecycle", "input", "tasks",
@@ -641,29 +636,6 @@ async def test_official_client_over_websocket(client):
 # ------------------------------------------------------------------------------------------
 # a model cut off mid-stream
 # ------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def spindle_serving(name: str, graph: str):
-    """A `spindle dev` of its own, serving `graph` (YAML) as `name`, stopped afterwards."""
-    import harness
-
-    if os.environ.get("SPINDLE_E2E_URL"):
-        pytest.skip("needs a Spindle started with its own graph file")
-    workdir = Path(tempfile.mkdtemp(prefix=f"spindle-e2e-{name}-"))
-    (workdir / f"{name}.yaml").write_text(graph)
-    (workdir / "spindle.json").write_text(json.dumps({"graphs": {name: f"./{name}.yaml"}}))
-    srv = harness.start(
-        "sqlite",
-        lambda port: ["dev", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(workdir / "data"),
-                      "--config", str(workdir / "spindle.json")],
-        workdir,
-    )
-    try:
-        yield srv
-    finally:
-        harness.stop(srv)
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 class CutOffModel:

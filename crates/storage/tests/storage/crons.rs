@@ -228,19 +228,21 @@ async fn due_times_are_claimed_once_and_missed_ones_fire_once() {
     .await;
 }
 
+/// A cron without a thread whose first run was due a second before `now`.
+async fn due_cron(s: &dyn Storage, me: &Scope, now: DateTime<Utc>) -> Cron {
+    let assistant_id = assistant(s).await;
+    let fields = fields(Some(now - Duration::seconds(1)));
+    s.create_cron(me, new_cron(assistant_id, None, fields))
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 async fn a_firing_whose_scheduler_died_is_made_once_by_another() {
     for_each_backend(|db| async move {
         let (s, me) = (db.storage(), Scope::local());
-        let assistant_id = assistant(s).await;
         let now = Utc::now();
-        let cron = s
-            .create_cron(
-                &me,
-                new_cron(assistant_id, None, fields(Some(now - Duration::seconds(1)))),
-            )
-            .await
-            .unwrap();
+        let cron = due_cron(s, &me, now).await;
         // Claimed by a scheduler that dies before creating the run.
         let claimed = s.claim_due_crons(now, 10, &every_second).await.unwrap();
         assert_eq!(claimed.len(), 1);
@@ -260,7 +262,7 @@ async fn a_firing_whose_scheduler_died_is_made_once_by_another() {
         let run_for = |thread_id: Uuid| NewRun {
             run_id: Uuid::now_v7(),
             thread_id,
-            assistant_id,
+            assistant_id: cron.assistant_id,
             kwargs: obj(json!({"input": {}})),
             metadata: obj(json!({})),
             multitask_strategy: MultitaskStrategy::Enqueue,
@@ -295,15 +297,8 @@ async fn a_firing_whose_scheduler_died_is_made_once_by_another() {
 async fn disabling_a_cron_drops_its_firing_in_flight() {
     for_each_backend(|db| async move {
         let (s, me) = (db.storage(), Scope::local());
-        let assistant_id = assistant(s).await;
         let now = Utc::now();
-        let cron = s
-            .create_cron(
-                &me,
-                new_cron(assistant_id, None, fields(Some(now - Duration::seconds(1)))),
-            )
-            .await
-            .unwrap();
+        let cron = due_cron(s, &me, now).await;
         let claimed = s.claim_due_crons(now, 10, &every_second).await.unwrap();
         let firing = claimed[0].id();
         // Disabled after the claim, before (or without) the run: the firing is not made,
@@ -327,7 +322,7 @@ async fn disabling_a_cron_drops_its_firing_in_flight() {
         let run = NewRun {
             run_id: Uuid::now_v7(),
             thread_id: new_thread_id(),
-            assistant_id,
+            assistant_id: cron.assistant_id,
             kwargs: obj(json!({"input": {}})),
             metadata: obj(json!({})),
             multitask_strategy: MultitaskStrategy::Enqueue,
