@@ -115,8 +115,8 @@ impl WriteRow {
 }
 
 /// A blob ready to insert.
-struct EncodedBlob<'a> {
-    channel: &'a str,
+struct EncodedBlob {
+    channel: String,
     version: i64,
     /// The version a delta applies to; `None` for full and empty values.
     base: Option<i64>,
@@ -148,7 +148,7 @@ fn version_to_db(version: ChannelVersion) -> Result<i64, CheckpointError> {
         .map_err(|_| CheckpointError::Backend(format!("channel version {version} is too large")))
 }
 
-fn encode_blobs(blobs: &[ChannelBlob]) -> Result<Vec<EncodedBlob<'_>>, CheckpointError> {
+fn encode_blobs(blobs: &[ChannelBlob]) -> Result<Vec<EncodedBlob>, CheckpointError> {
     blobs
         .iter()
         .map(|b| {
@@ -159,7 +159,7 @@ fn encode_blobs(blobs: &[ChannelBlob]) -> Result<Vec<EncodedBlob<'_>>, Checkpoin
                 BlobValue::Full { .. } | BlobValue::Empty => None,
             };
             Ok(EncodedBlob {
-                channel: &b.channel,
+                channel: b.channel.clone(),
                 version: version_to_db(b.version)?,
                 base,
                 value: serde_json::to_vec(&b.value).map_err(|e| encode_error("blob", e))?,

@@ -156,7 +156,7 @@ pub(crate) async fn insert_checkpoint(
 ) -> Result<(), CheckpointError> {
     let stored = stored_checkpoint(put.checkpoint);
     let blobs = encode_blobs(put.blobs)?;
-    let channels: Vec<&str> = blobs.iter().map(|b| b.channel).collect();
+    let channels: Vec<&str> = blobs.iter().map(|b| b.channel.as_str()).collect();
     let versions: Vec<i64> = blobs.iter().map(|b| b.version).collect();
     let bases: Vec<Option<i64>> = blobs.iter().map(|b| b.base).collect();
     let values: Vec<&[u8]> = blobs.iter().map(|b| b.value.as_slice()).collect();

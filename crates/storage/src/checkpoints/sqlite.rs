@@ -16,8 +16,8 @@ use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 
 use super::{
     assemble, backend, encode_blobs, encode_write, limit_to_db, metadata_filter, plan_writes,
-    stored_checkpoint, wanted_blobs, BlobRow, Blobs, CheckpointRow, Put, WritePlan, WriteRow,
-    CHECKPOINT_COLUMNS,
+    stored_checkpoint, wanted_blobs, BlobRow, Blobs, CheckpointRow, EncodedBlob, Put, WritePlan,
+    WriteRow, CHECKPOINT_COLUMNS,
 };
 use crate::json_filter::push_sqlite_contains;
 use crate::sqlite_reader::Readers;
@@ -183,12 +183,42 @@ async fn load(
     assemble(thread_id, rows, blobs, writes, shared_blobs)
 }
 
+/// A checkpoint's rows, encoded on the caller's thread: the writer thread, which only
+/// inserts them, is the bottleneck.
+pub(crate) struct EncodedCheckpoint {
+    thread_id: String,
+    checkpoint_ns: String,
+    checkpoint_id: String,
+    parent_id: Option<String>,
+    checkpoint: String,
+    metadata: String,
+    blobs: Vec<EncodedBlob>,
+}
+
+impl EncodedCheckpoint {
+    pub(crate) fn new(put: &Put<'_>) -> Result<Self, CheckpointError> {
+        let stored = stored_checkpoint(put.checkpoint);
+        Ok(Self {
+            thread_id: put.thread_id.to_owned(),
+            checkpoint_ns: put.checkpoint_ns.to_owned(),
+            checkpoint: serde_json::to_string(&stored).map_err(encoding)?,
+            checkpoint_id: stored.id,
+            parent_id: put.parent_id.map(str::to_owned),
+            metadata: serde_json::to_string(put.metadata).map_err(encoding)?,
+            blobs: encode_blobs(put.blobs)?,
+        })
+    }
+}
+
 /// Saves one checkpoint with its blobs on the write connection (inside the caller's write),
 /// so it can be part of a larger change (a state update saves it with the thread's new
 /// columns).
 pub(crate) fn insert_checkpoint(conn: &Connection, put: &Put<'_>) -> Result<(), CheckpointError> {
-    let stored = stored_checkpoint(put.checkpoint);
-    let blobs = encode_blobs(put.blobs)?;
+    insert_encoded(conn, &EncodedCheckpoint::new(put)?)
+}
+
+fn insert_encoded(conn: &Connection, put: &EncodedCheckpoint) -> Result<(), CheckpointError> {
+    let key = (&put.thread_id, &put.checkpoint_ns, &put.checkpoint_id);
     let mut insert_blob = conn
         .prepare_cached(
             "INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, base, value) \
@@ -196,20 +226,18 @@ pub(crate) fn insert_checkpoint(conn: &Connection, put: &Put<'_>) -> Result<(), 
         )
         .map_err(backend)?;
     // Versions are immutable: an existing blob already holds this content.
-    for b in &blobs {
+    for b in &put.blobs {
         insert_blob
             .execute((
-                put.thread_id,
-                put.checkpoint_ns,
-                b.channel,
+                key.0,
+                key.1,
+                &b.channel,
                 b.version,
                 b.base,
                 b.value.as_slice(),
             ))
             .map_err(backend)?;
     }
-    let checkpoint = serde_json::to_string(&stored).map_err(encoding)?;
-    let metadata = serde_json::to_string(put.metadata).map_err(encoding)?;
     let inserted = conn
         .prepare_cached(
             "INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, \
@@ -219,24 +247,30 @@ pub(crate) fn insert_checkpoint(conn: &Connection, put: &Put<'_>) -> Result<(), 
         )
         .map_err(backend)?
         .execute((
-            put.thread_id,
-            put.checkpoint_ns,
-            &stored.id,
-            put.parent_id,
-            &checkpoint,
-            &metadata,
+            key.0,
+            key.1,
+            key.2,
+            &put.parent_id,
+            &put.checkpoint,
+            &put.metadata,
             ts(Utc::now()),
         ))
         .map_err(backend)?;
     if inserted == 0 {
         // Saved again under the same id: it replaces the earlier one, writes included.
-        let key = (put.thread_id, put.checkpoint_ns, &stored.id);
         conn.prepare_cached(
             "UPDATE checkpoints SET parent_checkpoint_id = ?4, checkpoint = ?5, metadata = ?6 \
              WHERE thread_id = ?1 AND checkpoint_ns = ?2 AND checkpoint_id = ?3",
         )
         .map_err(backend)?
-        .execute((key.0, key.1, key.2, put.parent_id, &checkpoint, &metadata))
+        .execute((
+            key.0,
+            key.1,
+            key.2,
+            &put.parent_id,
+            &put.checkpoint,
+            &put.metadata,
+        ))
         .map_err(backend)?;
         conn.prepare_cached(
             "DELETE FROM checkpoint_writes \
@@ -338,7 +372,7 @@ impl SqliteCheckpointer {
                 metadata,
                 parent_id,
                 blobs,
-            } => Box::pin(self.writer.submit(move |conn| {
+            } => {
                 let put = Put {
                     thread_id: &thread_id,
                     checkpoint_ns: &checkpoint_ns,
@@ -347,8 +381,15 @@ impl SqliteCheckpointer {
                     parent_id: parent_id.as_deref(),
                     blobs: &blobs,
                 };
-                insert_checkpoint(conn, &put)
-            })),
+                // Encoded here, on the caller's thread: the writer thread is the bottleneck.
+                match EncodedCheckpoint::new(&put) {
+                    Ok(encoded) => Box::pin(
+                        self.writer
+                            .submit(move |conn| insert_encoded(conn, &encoded)),
+                    ),
+                    Err(e) => Box::pin(std::future::ready(Err(e))),
+                }
+            }
             QueuedWrite::Writes {
                 thread_id,
                 checkpoint_ns,
@@ -570,5 +611,184 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(rows.len(), 100, "the whole chain, 1981 back to 1");
+    }
+
+    /// A database at migration 0010, where checkpoints, blobs, writes and the event log are
+    /// rowid tables.
+    async fn database_before_0011(dir: &std::path::Path) -> String {
+        let earlier = dir.join("migrations");
+        std::fs::create_dir(&earlier).unwrap();
+        let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/migrations/sqlite");
+        for entry in std::fs::read_dir(shipped).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_str().unwrap().to_owned();
+            if name.as_str() < "0011" {
+                std::fs::copy(&path, earlier.join(name)).unwrap();
+            }
+        }
+        let url = format!("sqlite://{}?mode=rwc", dir.join("db").display());
+        let pool = SqlitePool::connect(&url).await.unwrap();
+        sqlx::migrate::Migrator::new(earlier.as_path())
+            .await
+            .unwrap()
+            .run(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+        url
+    }
+
+    /// Checkpoints (with delta chains and pending writes) and logged events saved before the
+    /// run tables became WITHOUT ROWID (0011) are read after the upgrade as they were saved,
+    /// and the event log is still pruned.
+    #[tokio::test]
+    async fn checkpoints_and_events_saved_before_0011_are_read_after_it() {
+        use spindle_graph::checkpoint::{BlobValue, ChannelBlob};
+
+        let dir = tempfile::tempdir().unwrap();
+        let url = database_before_0011(dir.path()).await;
+        let thread = "0190a9e4-0000-7000-8000-000000000001";
+        let run = "0190a9e4-0000-7000-8000-000000000002";
+        let conn = Connection::open(dir.path().join("db")).unwrap();
+        conn.execute_batch(&format!(
+            "INSERT INTO threads (thread_id, created_at, updated_at, state_updated_at, event_seq) \
+             VALUES ('{thread}', '2026-01-01T00:00:00Z', '2026-01-01T00:00:00Z', \
+                     '2026-01-01T00:00:00Z', 30); \
+             INSERT INTO runs (run_id, thread_id, assistant_id, status, run_after, created_at, \
+                               updated_at) \
+             VALUES ('{run}', '{thread}', '{run}', 'success', '2026-01-01T00:00:00Z', \
+                     '2026-01-01T00:00:00Z', '2026-01-01T00:00:00Z');"
+        ))
+        .unwrap();
+        for seq in 1..=30_i64 {
+            conn.execute(
+                "INSERT INTO run_events (thread_id, seq, run_id, event, data, created_at) \
+                 VALUES (?1, ?2, ?3, 'values', ?4, ?5)",
+                (
+                    thread,
+                    seq,
+                    run,
+                    format!(r#"{{"n":{seq}}}"#),
+                    if seq <= 10 {
+                        "2026-01-01T00:00:00Z"
+                    } else {
+                        "2026-06-01T00:00:00Z"
+                    },
+                ),
+            )
+            .unwrap();
+        }
+        // Ten checkpoints, each appending a message to a list stored as deltas.
+        let mut ids = Vec::new();
+        let mut parent: Option<String> = None;
+        for step in 1..=10_u64 {
+            let id = spindle_graph::checkpoint::new_checkpoint_id();
+            let checkpoint = Checkpoint {
+                v: 1,
+                id: id.clone(),
+                ts: "2026-01-01T00:00:00Z".into(),
+                channel_values: Default::default(),
+                channel_versions: [("messages".to_owned(), step)].into(),
+                versions_seen: Default::default(),
+                updated_channels: vec!["messages".into()],
+                delta_depths: Default::default(),
+            };
+            let value = if step == 1 {
+                BlobValue::Full {
+                    value: serde_json::json!(["m1"]),
+                }
+            } else {
+                BlobValue::Append {
+                    base: step - 1,
+                    depth: (step - 1) as u32,
+                    items: vec![serde_json::json!(format!("m{step}"))],
+                }
+            };
+            let blobs = [ChannelBlob {
+                channel: "messages".into(),
+                version: step,
+                value,
+            }];
+            let metadata = serde_json::json!({"step": step});
+            let put = Put {
+                thread_id: thread,
+                checkpoint_ns: "",
+                checkpoint: &checkpoint,
+                metadata: &metadata,
+                parent_id: parent.as_deref(),
+                blobs: &blobs,
+            };
+            insert_checkpoint(&conn, &put).unwrap();
+            let writes = [PendingWrite {
+                task_id: format!("task{step}"),
+                channel: "messages".into(),
+                value: serde_json::json!(format!("w{step}")),
+            }];
+            let plan = plan_writes(&writes);
+            let values: Vec<Vec<u8>> = plan
+                .insert
+                .iter()
+                .map(|w| encode_write(w).unwrap())
+                .collect();
+            insert_writes(&conn, thread, "", &id, &plan, &values).unwrap();
+            parent = Some(id.clone());
+            ids.push(id);
+        }
+        drop(conn);
+
+        let storage = crate::sqlite::SqliteStorage::open(&url).await.unwrap();
+        let kinds: Vec<(String, String)> = sqlx::query_as(
+            "SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name IN \
+             ('checkpoints', 'checkpoint_blobs', 'checkpoint_writes', 'run_events')",
+        )
+        .fetch_all(storage.write_pool())
+        .await
+        .unwrap();
+        assert_eq!(kinds.len(), 4, "{kinds:?}");
+        for (name, sql) in &kinds {
+            assert!(sql.contains("WITHOUT ROWID"), "{name}: {sql}");
+        }
+
+        let saver = crate::Storage::checkpointer(&storage);
+        let latest = saver.get_tuple(thread, "", None).await.unwrap().unwrap();
+        assert_eq!(latest.checkpoint.id, ids[9]);
+        let messages: Vec<String> = (1..=10).map(|i| format!("m{i}")).collect();
+        assert_eq!(
+            latest.checkpoint.channel_values["messages"],
+            serde_json::json!(messages)
+        );
+        assert_eq!(latest.metadata["step"], 10);
+        assert_eq!(latest.parent_id.as_deref(), Some(ids[8].as_str()));
+        assert_eq!(latest.pending_writes.len(), 1);
+        assert_eq!(latest.pending_writes[0].value, "w10");
+        let history = saver
+            .list(thread, Some(""), &Default::default())
+            .await
+            .unwrap();
+        let listed: Vec<&str> = history.iter().map(|t| t.checkpoint.id.as_str()).collect();
+        let newest_first: Vec<&str> = ids.iter().rev().map(String::as_str).collect();
+        assert_eq!(listed, newest_first);
+        assert_eq!(
+            history[9].checkpoint.channel_values["messages"],
+            serde_json::json!(["m1"])
+        );
+
+        let thread_id = uuid::Uuid::parse_str(thread).unwrap();
+        let events = crate::RunStore::read_events(&storage, thread_id, 0, None, 100)
+            .await
+            .unwrap();
+        let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, (1..=30).collect::<Vec<_>>());
+        assert_eq!(events[29].data, serde_json::json!({"n": 30}));
+        let cutoff = "2026-03-01T00:00:00Z".parse().unwrap();
+        let pruned = crate::RunStore::prune_events(&storage, cutoff, 100)
+            .await
+            .unwrap();
+        assert_eq!(pruned, 10);
+        let left = crate::RunStore::read_events(&storage, thread_id, 0, None, 100)
+            .await
+            .unwrap();
+        assert_eq!(left.first().map(|e| e.seq), Some(11));
+        assert_eq!(left.len(), 20);
     }
 }

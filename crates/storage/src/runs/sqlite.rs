@@ -203,30 +203,68 @@ fn last_seq(conn: &Connection, thread_id: Uuid) -> StorageResult<i64> {
     Ok(seq.unwrap_or(0))
 }
 
-/// Appends events to their threads' logs and moves the threads' counters past them.
-pub(crate) fn insert_events(conn: &Connection, events: &[LoggedEvent]) -> StorageResult<()> {
-    let mut insert = conn.prepare_cached(INSERT_EVENT)?;
-    for event in events {
-        // The nil id marks an event no run made (a state update).
-        let run_id = (!event.run_id.is_nil()).then(|| id(event.run_id));
-        insert
-            .execute((
-                id(event.thread_id),
-                event.seq,
-                run_id,
-                &event.event,
-                event.data.to_string(),
-                ts(event.created_at),
-            ))
-            .map_err(event_insert_error)?;
-    }
-    advance_event_seq(conn, events)
+/// Logged events as their rows, encoded on the caller's thread: the writer thread, which
+/// only inserts them, is the bottleneck.
+struct EventRows {
+    rows: Vec<EncodedEvent>,
+    /// `(thread_id, lowest seq, highest seq)` of each thread the events are for.
+    ranges: Vec<(Uuid, i64, i64)>,
 }
 
-/// Moves each thread's event counter past a batch just inserted; a batch that does not
-/// continue the counter reuses a seq (`Conflict`).
-fn advance_event_seq(conn: &Connection, events: &[LoggedEvent]) -> StorageResult<()> {
-    for (thread_id, low, high) in seq_ranges(events) {
+struct EncodedEvent {
+    thread_id: String,
+    seq: i64,
+    /// `None` for an event no run made (a state update).
+    run_id: Option<String>,
+    event: String,
+    data: String,
+    created_at: String,
+}
+
+impl EventRows {
+    fn new(events: &[LoggedEvent]) -> Self {
+        let rows = events
+            .iter()
+            .map(|event| EncodedEvent {
+                thread_id: id(event.thread_id),
+                seq: event.seq,
+                // The nil id marks an event no run made.
+                run_id: (!event.run_id.is_nil()).then(|| id(event.run_id)),
+                event: event.event.clone(),
+                data: event.data.to_string(),
+                created_at: ts(event.created_at),
+            })
+            .collect();
+        Self {
+            rows,
+            ranges: seq_ranges(events),
+        }
+    }
+
+    /// Inserts the rows, without moving the threads' counters.
+    fn insert(&self, conn: &Connection) -> StorageResult<()> {
+        let mut insert = conn.prepare_cached(INSERT_EVENT)?;
+        for e in &self.rows {
+            insert
+                .execute((
+                    &e.thread_id,
+                    e.seq,
+                    &e.run_id,
+                    &e.event,
+                    &e.data,
+                    &e.created_at,
+                ))
+                .map_err(event_insert_error)?;
+        }
+        Ok(())
+    }
+}
+
+/// Appends events to their threads' logs and moves the threads' counters past them; a batch
+/// that does not continue a counter reuses a seq (`Conflict`).
+fn insert_events(conn: &Connection, events: &EventRows) -> StorageResult<()> {
+    events.insert(conn)?;
+    for &(thread_id, low, high) in &events.ranges {
         let moved = exec(
             conn,
             "UPDATE threads SET event_seq = ?2 WHERE thread_id = ?1 AND event_seq < ?3",
@@ -445,54 +483,102 @@ fn claim_run(
     }
 }
 
+/// A run's end, encoded on the caller's thread.
+struct EncodedEnd {
+    status: RunStatus,
+    error: Option<String>,
+    thread_status: ThreadStatus,
+    thread_values: Option<String>,
+    thread_interrupts: String,
+    events: EventRows,
+}
+
+impl EncodedEnd {
+    fn new(end: &RunEnd) -> StorageResult<Self> {
+        Ok(Self {
+            status: end.status,
+            error: end.error.as_ref().map(json).transpose()?,
+            thread_status: end.thread_status,
+            thread_values: end.thread_values.as_ref().map(json).transpose()?,
+            thread_interrupts: json(&end.thread_interrupts)?,
+            events: EventRows::new(&end.events),
+        })
+    }
+}
+
+/// Ends a run and sets its thread's state, status and event counter, with one write of the
+/// thread's row: the run's last events and its end event continue the counter read with
+/// the run.
 fn finish_run(
     conn: &Connection,
     run_id: Uuid,
     worker_id: &str,
-    end: RunEnd,
+    end: EncodedEnd,
 ) -> StorageResult<Option<Run>> {
-    let held: Option<(Uuid, Option<String>)> = conn
+    let held: Option<(Uuid, Option<String>, i64)> = conn
         .prepare_cached(
-            "SELECT thread_id, cancel FROM runs WHERE run_id = ?1 AND status = 'running' \
-             AND lease_owner = ?2",
+            "SELECT r.thread_id, r.cancel, t.event_seq FROM runs r \
+             JOIN threads t ON t.thread_id = r.thread_id \
+             WHERE r.run_id = ?1 AND r.status = 'running' AND r.lease_owner = ?2",
         )?
         .query_row((id(run_id), worker_id), |r| {
-            Ok((r.uuid("thread_id")?, r.get("cancel")?))
+            Ok((r.uuid("thread_id")?, r.get("cancel")?, r.get("event_seq")?))
         })
         .optional()?;
-    let (thread_id, cancel) = held.ok_or(StorageError::NotFound("run"))?;
+    let (thread_id, cancel, logged) = held.ok_or(StorageError::NotFound("run"))?;
     let now = Utc::now();
-    let ended = if cancel.as_deref() == Some(CancelAction::Rollback.as_str()) {
+    let (ended, event_seq) = if cancel.as_deref() == Some(CancelAction::Rollback.as_str()) {
         exec(conn, "DELETE FROM runs WHERE run_id = ?1", [id(run_id)])?;
-        None
+        (None, logged)
     } else {
         let sql = format!(
             "UPDATE runs SET status = ?2, error = ?3, lease_expires_at = NULL, updated_at = ?4, \
              ended_at = ?4 WHERE run_id = ?1 RETURNING {RUN_COLUMNS}"
         );
-        let error = end.error.as_ref().map(json).transpose()?;
         let run = run_row(
             conn,
             &sql,
-            (id(run_id), end.status.as_str(), error, ts(now)),
+            (id(run_id), end.status.as_str(), &end.error, ts(now)),
         )?;
-        insert_events(conn, &end.events)?;
-        log_run_end(conn, thread_id, run_id, end.status, now)?;
-        run
+        // The run's own events: all of its thread, after what the thread has logged.
+        let mut last = logged;
+        for &(_, low, high) in &end.events.ranges {
+            if low <= logged {
+                return Err(seq_taken(thread_id));
+            }
+            last = last.max(high);
+        }
+        end.events.insert(conn)?;
+        let end_seq = last + 1;
+        let data = serde_json::json!({"run_id": run_id.to_string(), "status": end.status.as_str()});
+        exec(
+            conn,
+            INSERT_EVENT,
+            (
+                id(thread_id),
+                end_seq,
+                id(run_id),
+                RUN_END_EVENT,
+                data.to_string(),
+                ts(now),
+            ),
+        )?;
+        (run, end_seq)
     };
     let status = thread_status_after(conn, thread_id, end.thread_status)?;
-    let error = end.error.as_ref().filter(|_| status == ThreadStatus::Error);
+    let error = end.error.filter(|_| status == ThreadStatus::Error);
     exec(
         conn,
         "UPDATE threads SET status = ?2, state_values = ?3, interrupts = ?4, error = ?5, \
-         state_updated_at = ?6, updated_at = ?6 WHERE thread_id = ?1",
+         state_updated_at = ?6, updated_at = ?6, event_seq = ?7 WHERE thread_id = ?1",
         (
             id(thread_id),
             status.as_str(),
-            end.thread_values.as_ref().map(json).transpose()?,
-            json(&end.thread_interrupts)?,
-            error.map(json).transpose()?,
+            end.thread_values,
+            end.thread_interrupts,
+            error,
             ts(now),
+            event_seq,
         ),
     )?;
     Ok(ended)
@@ -661,6 +747,7 @@ impl RunStore for SqliteStorage {
             )));
         }
         let worker_id = worker_id.to_owned();
+        let end = EncodedEnd::new(&end)?;
         self.writer
             .write(move |conn| finish_run(conn, run_id, &worker_id, end))
             .await
@@ -670,7 +757,7 @@ impl RunStore for SqliteStorage {
         if events.is_empty() {
             return Ok(());
         }
-        let events = events.to_vec();
+        let events = EventRows::new(events);
         self.writer
             .write(move |conn| insert_events(conn, &events))
             .await
@@ -711,8 +798,8 @@ impl RunStore for SqliteStorage {
             .write(move |conn| {
                 let done = exec(
                     conn,
-                    "DELETE FROM run_events WHERE rowid IN (SELECT e.rowid FROM run_events e \
-                     WHERE e.created_at < ?1 \
+                    "DELETE FROM run_events WHERE (thread_id, seq) IN (SELECT e.thread_id, e.seq \
+                     FROM run_events e WHERE e.created_at < ?1 \
                      AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = e.run_id \
                                      AND r.status IN ('pending', 'running')) \
                      LIMIT ?2)",

@@ -4,11 +4,12 @@ use spindle_storage::*;
 
 use crate::common::*;
 
-/// How many migrations a backend ships (SQLite has one PostgreSQL does not need: an integer
-/// key for embeddings, which its nearest-neighbour indexes refer to).
+/// How many migrations a backend ships (SQLite has two PostgreSQL does not need: an integer
+/// key for embeddings, which its nearest-neighbour indexes refer to, and the run tables made
+/// WITHOUT ROWID).
 fn migrations(backend: Backend) -> usize {
     match backend {
-        Backend::Sqlite => 10,
+        Backend::Sqlite => 11,
         Backend::Postgres => 9,
     }
 }
