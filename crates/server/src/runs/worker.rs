@@ -18,7 +18,7 @@ use spindle_graph::stream::StreamEvent;
 use spindle_graph::{Graph, RunEnv, RunError, RunOutcome};
 use spindle_storage::{
     Assistant, Claim, ClaimedRun, LoggedEvent, Run, RunEnd, RunStatus, Scope, Storage,
-    ThreadStatus, UNLOGGED_EVENTS_MAX,
+    ThreadStateColumns, ThreadStatus, UNLOGGED_EVENTS_MAX,
 };
 use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -353,14 +353,20 @@ impl RunWorkers {
             tail.events.push(event);
         }
 
-        let snapshot = match &prepared {
-            Ok((_, graph)) => latest_state(graph, checkpointer.as_ref(), run).await,
-            Err(_) => None,
+        let (columns, checkpoint) = match (&prepared, &outcome) {
+            (_, Ok(done)) if done.next.is_empty() && done.interrupts.is_empty() => {
+                finished_state(done)
+            }
+            (Ok((_, graph)), _) => {
+                let snapshot = latest_state(graph, checkpointer.as_ref(), run).await;
+                let checkpoint = snapshot
+                    .as_ref()
+                    .map(|s| s.checkpoint.checkpoint_id.clone());
+                (snapshot.as_ref().map(super::state_columns), checkpoint)
+            }
+            (Err(_), _) => (None, None),
         };
-        let checkpoint = snapshot
-            .as_ref()
-            .map(|s| s.checkpoint.checkpoint_id.clone());
-        let mut end = run_end(&outcome, timed_out, snapshot);
+        let mut end = run_end(&outcome, timed_out, columns);
         if let Some(graph) = &graph_name {
             // The run's lifecycle end, committed with the run's end.
             let (name, data) = normalize::terminal(
@@ -488,9 +494,8 @@ impl Failure {
 fn run_end(
     outcome: &Result<RunOutcome, Failure>,
     timed_out: bool,
-    snapshot: Option<StateSnapshot>,
+    columns: Option<ThreadStateColumns>,
 ) -> RunEnd {
-    let columns = snapshot.as_ref().map(super::state_columns);
     let idle_or_interrupted = columns.as_ref().map_or(ThreadStatus::Idle, |c| c.status);
     let (thread_values, thread_interrupts) = columns
         .map(|c| (c.values, c.interrupts))
@@ -535,6 +540,19 @@ async fn resumed_from(checkpointer: &dyn Checkpointer, run: &Run) -> Resumed {
             Resumed::FromItsCheckpoint
         }
     }
+}
+
+/// The thread's columns after a run that went to its end, from the engine's final state:
+/// what a read of the latest checkpoint would give (nothing is next, so no task and no
+/// interrupt; the values are the output channels), without that read.
+fn finished_state(done: &RunOutcome) -> (Option<ThreadStateColumns>, Option<String>) {
+    let columns = ThreadStateColumns {
+        status: ThreadStatus::Idle,
+        values: Some(done.values.clone()),
+        interrupts: Default::default(),
+    };
+    let checkpoint = done.checkpoint.as_ref().map(|c| c.checkpoint_id.clone());
+    (Some(columns), checkpoint)
 }
 
 async fn latest_state(
@@ -676,6 +694,73 @@ async fn renew_lease(
                 return;
             }
             Err(err) => tracing::warn!(%run_id, error = %err, "cannot renew the run's lease"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use serde_json::json;
+    use spindle_graph::checkpoint::InMemoryCheckpointer;
+    use spindle_graph::{examples, Durability, RunConfig, RunEnv, RunInput};
+
+    use super::*;
+
+    /// A run that went to its end sets its thread's columns from the engine's final state;
+    /// they must be what reading the thread's latest checkpoint gives, for every durability,
+    /// with fan-out, subgraphs and list channels.
+    #[tokio::test]
+    async fn a_finished_runs_state_is_what_its_latest_checkpoint_reads() {
+        let cases = [
+            ("chain", json!({"n": 1})),
+            ("fanout", json!({"items": ["a", "b", "c"]})),
+            (
+                "nested",
+                json!({"messages": [{"type": "human", "content": "hi"}]}),
+            ),
+            (
+                "echo",
+                json!({"messages": [{"type": "human", "content": "hi"}]}),
+            ),
+        ];
+        for (graph_id, input) in cases {
+            for durability in [Durability::Sync, Durability::Async, Durability::Exit] {
+                let graph = Arc::new(examples::get(graph_id).unwrap().unwrap());
+                let saver = Arc::new(InMemoryCheckpointer::new());
+                let thread = "thread";
+                for turn in 0..2 {
+                    let config = RunConfig {
+                        thread_id: Some(thread.to_owned()),
+                        durability,
+                        ..Default::default()
+                    };
+                    let env = RunEnv {
+                        checkpointer: Some(saver.clone()),
+                        ..Default::default()
+                    };
+                    let input = RunInput::Values(input.clone());
+                    let done = pregel::run(&graph, input, config, env).await.unwrap();
+                    let case = format!("{graph_id}, {durability:?}, turn {turn}");
+                    assert!(done.next.is_empty() && done.interrupts.is_empty(), "{case}");
+                    let snapshot = pregel::get_state(&graph, saver.as_ref(), thread, "", None)
+                        .await
+                        .unwrap()
+                        .unwrap();
+                    let (columns, checkpoint) = finished_state(&done);
+                    assert_eq!(
+                        columns,
+                        Some(crate::runs::state_columns(&snapshot)),
+                        "{case}"
+                    );
+                    assert_eq!(
+                        checkpoint,
+                        Some(snapshot.checkpoint.checkpoint_id),
+                        "{case}"
+                    );
+                }
+            }
         }
     }
 }
