@@ -176,6 +176,18 @@ fn log_run_end(
             "UPDATE threads SET event_seq = event_seq + 1 WHERE thread_id = ?1 RETURNING event_seq",
         )?
         .query_row([id(thread_id)], |r| r.get(0))?;
+    insert_run_end(conn, thread_id, seq, run_id, status, now)
+}
+
+/// Inserts a run's [`RUN_END_EVENT`] at `seq` (the caller moves the thread's counter).
+fn insert_run_end(
+    conn: &Connection,
+    thread_id: Uuid,
+    seq: i64,
+    run_id: Uuid,
+    status: RunStatus,
+    now: DateTime<Utc>,
+) -> StorageResult<()> {
     let data = serde_json::json!({"run_id": run_id.to_string(), "status": status.as_str()});
     exec(
         conn,
@@ -550,19 +562,7 @@ fn finish_run(
         }
         end.events.insert(conn)?;
         let end_seq = last + 1;
-        let data = serde_json::json!({"run_id": run_id.to_string(), "status": end.status.as_str()});
-        exec(
-            conn,
-            INSERT_EVENT,
-            (
-                id(thread_id),
-                end_seq,
-                id(run_id),
-                RUN_END_EVENT,
-                data.to_string(),
-                ts(now),
-            ),
-        )?;
+        insert_run_end(conn, thread_id, end_seq, run_id, end.status, now)?;
         (run, end_seq)
     };
     let status = thread_status_after(conn, thread_id, end.thread_status)?;
