@@ -748,3 +748,29 @@ impl Storage for SqliteStorage {
         ))
     }
 }
+
+/// A database file `db` in `dir` with only the shipped migrations numbered below `first_missing`
+/// applied, as an older Spindle left it; its URL. For tests of a migration's upgrade.
+#[cfg(test)]
+pub(crate) async fn database_before(dir: &std::path::Path, first_missing: &str) -> String {
+    let earlier = dir.join("migrations");
+    std::fs::create_dir(&earlier).unwrap();
+    let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/migrations/sqlite");
+    for entry in std::fs::read_dir(shipped).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_owned();
+        if name.as_str() < first_missing {
+            std::fs::copy(&path, earlier.join(name)).unwrap();
+        }
+    }
+    let url = format!("sqlite://{}?mode=rwc", dir.join("db").display());
+    let pool = SqlitePool::connect(&url).await.unwrap();
+    sqlx::migrate::Migrator::new(earlier.as_path())
+        .await
+        .unwrap()
+        .run(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    url
+}

@@ -613,31 +613,6 @@ mod tests {
         assert_eq!(rows.len(), 100, "the whole chain, 1981 back to 1");
     }
 
-    /// A database at migration 0010, where checkpoints, blobs, writes and the event log are
-    /// rowid tables.
-    async fn database_before_0011(dir: &std::path::Path) -> String {
-        let earlier = dir.join("migrations");
-        std::fs::create_dir(&earlier).unwrap();
-        let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/migrations/sqlite");
-        for entry in std::fs::read_dir(shipped).unwrap() {
-            let path = entry.unwrap().path();
-            let name = path.file_name().unwrap().to_str().unwrap().to_owned();
-            if name.as_str() < "0011" {
-                std::fs::copy(&path, earlier.join(name)).unwrap();
-            }
-        }
-        let url = format!("sqlite://{}?mode=rwc", dir.join("db").display());
-        let pool = SqlitePool::connect(&url).await.unwrap();
-        sqlx::migrate::Migrator::new(earlier.as_path())
-            .await
-            .unwrap()
-            .run(&pool)
-            .await
-            .unwrap();
-        pool.close().await;
-        url
-    }
-
     /// Checkpoints (with delta chains and pending writes) and logged events saved before the
     /// run tables became WITHOUT ROWID (0011) are read after the upgrade as they were saved,
     /// and the event log is still pruned.
@@ -646,7 +621,8 @@ mod tests {
         use spindle_graph::checkpoint::{BlobValue, ChannelBlob};
 
         let dir = tempfile::tempdir().unwrap();
-        let url = database_before_0011(dir.path()).await;
+        // At 0010, checkpoints, blobs, writes and the event log are rowid tables.
+        let url = crate::sqlite::database_before(dir.path(), "0011").await;
         let thread = "0190a9e4-0000-7000-8000-000000000001";
         let run = "0190a9e4-0000-7000-8000-000000000002";
         let conn = Connection::open(dir.path().join("db")).unwrap();

@@ -685,24 +685,8 @@ mod tests {
     #[tokio::test]
     async fn embeddings_stored_before_the_upgrade_are_searched_after_it() {
         let dir = tempfile::tempdir().unwrap();
-        let earlier = dir.path().join("migrations");
-        std::fs::create_dir(&earlier).unwrap();
-        let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/migrations/sqlite");
-        for entry in std::fs::read_dir(shipped).unwrap() {
-            let path = entry.unwrap().path();
-            let name = path.file_name().unwrap().to_str().unwrap().to_owned();
-            if name.as_str() < "0010" {
-                std::fs::copy(&path, earlier.join(name)).unwrap();
-            }
-        }
-        let url = format!("sqlite://{}?mode=rwc", dir.path().join("db").display());
+        let url = crate::sqlite::database_before(dir.path(), "0010").await;
         let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
-        sqlx::migrate::Migrator::new(earlier.as_path())
-            .await
-            .unwrap()
-            .run(&pool)
-            .await
-            .unwrap();
         let mut numbers = Numbers(7);
         for n in 0..1_200 {
             let namespace = if n < 1_100 { "old" } else { "other" };
