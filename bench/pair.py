@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""Compare two Spindle binaries under the same load, alternated, and print medians.
+
+    bench/pair.py BEFORE AFTER [--scenario wait|stream] [--clients 16] [--pairs 3] [--duration 5]
+
+The machine's speed drifts over minutes (by up to 2x on this kind of machine), so two
+`bench/run` tables taken at different times cannot tell a 10 % change. This runs BEFORE and
+AFTER one after the other, `--pairs` times, each on a fresh `spindle dev` (SQLite) driven by
+`spindle-loadgen`, and reports per run and as medians: runs/s, p50/p99 latency, the first SSE
+event's p99 (stream), and the CPU time per run of the whole process and of its SQLite writer
+thread (`sqlite-writer`, which bounds the write rate), read from /proc around the measured load.
+Only the standard library and `bench/servers.py`; build both binaries first.
+"""
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from servers import CLK_TCK, _read_stat, make_workdir, spindle_server
+
+BENCH = Path(__file__).resolve().parent
+LOADGEN = BENCH.parent / "target" / "release" / "spindle-loadgen"
+
+
+def thread_ticks(pid: int, name: str) -> int:
+    """CPU ticks of the process's thread called `name` (0 when it has none)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            comm = (task / "comm").read_text().strip()
+        except OSError:
+            continue
+        stat = _read_stat(f"{pid}/task/{task.name}")
+        if comm == name and stat:
+            return int(stat[11]) + int(stat[12])
+    return 0
+
+
+def loadgen(url: str, args, duration: float) -> dict:
+    out = subprocess.run(
+        [str(args.loadgen), "--url", url, "--scenario", args.scenario,
+         "--clients", str(args.clients), "--duration", str(duration)],
+        check=True, capture_output=True, text=True,
+    ).stdout
+    return json.loads(out)
+
+
+def measure(binary: Path, args, workdir: Path, label: str) -> dict:
+    """One measurement of `binary` on a fresh server."""
+    server = spindle_server(binary, workdir / label, None)
+    server.start(ready_timeout=30)
+    try:
+        loadgen(server.url, args, 1.0)  # warm-up, not counted
+        pid = server.proc.pid
+        cpu0, writer0 = server.cpu_seconds(), thread_ticks(pid, "sqlite-writer")
+        result = loadgen(server.url, args, args.duration)
+        cpu1, writer1 = server.cpu_seconds(), thread_ticks(pid, "sqlite-writer")
+    finally:
+        server.stop()
+    # The load generator warms up for 1 s inside its run too; CPU covers that second as well.
+    runs = result["runs_per_s"] * (args.duration + 1.0)
+    first = result.get("first_event_ms") or {}
+    return {
+        "runs_per_s": result["runs_per_s"],
+        "p50_ms": result["latency_ms"]["p50"],
+        "p99_ms": result["latency_ms"]["p99"],
+        "first_p99_ms": first.get("p99"),
+        "cpu_us_per_run": (cpu1 - cpu0) * 1e6 / runs,
+        "writer_us_per_run": (writer1 - writer0) / CLK_TCK * 1e6 / runs,
+        "errors": result["errors"],
+    }
+
+
+def show(label: str, m: dict) -> str:
+    first = f" first-event p99 {m['first_p99_ms']:.1f} ms" if m.get("first_p99_ms") else ""
+    return (f"{label:>6}: {m['runs_per_s']:7.0f} runs/s  p50 {m['p50_ms']:6.2f}  "
+            f"p99 {m['p99_ms']:6.1f} ms{first}  cpu {m['cpu_us_per_run']:6.0f} us/run  "
+            f"writer {m['writer_us_per_run']:5.0f} us/run  errors {m['errors']}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("before", type=Path)
+    p.add_argument("after", type=Path)
+    p.add_argument("--scenario", choices=["wait", "stream"], default="wait")
+    p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--pairs", type=int, default=3)
+    p.add_argument("--duration", type=float, default=5.0, help="seconds measured per run [5]")
+    p.add_argument("--loadgen", type=Path, default=LOADGEN)
+    args = p.parse_args()
+    workdir = make_workdir()
+    results = {"before": [], "after": []}
+    for i in range(args.pairs):
+        for label, binary in (("before", args.before), ("after", args.after)):
+            m = measure(binary, args, workdir, f"{label}-{i}")
+            results[label].append(m)
+            print(show(label, m), flush=True)
+    shutil.rmtree(workdir)  # kept when a run failed: the servers' logs are in it
+    print(f"\nmedians over {args.pairs} pairs ({args.scenario}, {args.clients} clients):")
+    medians = {}
+    for label, ms in results.items():
+        medians[label] = {k: statistics.median(m[k] for m in ms)
+                          for k in ms[0] if ms[0][k] is not None}
+        print(show(label, medians[label]))
+    ratio = medians["after"]["runs_per_s"] / medians["before"]["runs_per_s"]
+    print(f"after / before: {ratio:.2f}x runs/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
