@@ -185,7 +185,7 @@ async fn load(
 
 /// A checkpoint's rows, encoded on the caller's thread: the writer thread, which only
 /// inserts them, is the bottleneck.
-pub(crate) struct EncodedCheckpoint {
+struct EncodedCheckpoint {
     thread_id: String,
     checkpoint_ns: String,
     checkpoint_id: String,
@@ -196,7 +196,7 @@ pub(crate) struct EncodedCheckpoint {
 }
 
 impl EncodedCheckpoint {
-    pub(crate) fn new(put: &Put<'_>) -> Result<Self, CheckpointError> {
+    fn new(put: &Put<'_>) -> Result<Self, CheckpointError> {
         let stored = stored_checkpoint(put.checkpoint);
         Ok(Self {
             thread_id: put.thread_id.to_owned(),
