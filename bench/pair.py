@@ -19,29 +19,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from servers import CLK_TCK, _read_stat, make_workdir, spindle_server
+from servers import make_workdir, spindle_server, thread_cpu_seconds
 
 BENCH = Path(__file__).resolve().parent
 LOADGEN = BENCH.parent / "target" / "release" / "spindle-loadgen"
 
 
-def thread_ticks(pid: int, name: str) -> int:
-    """CPU ticks of the process's thread called `name` (0 when it has none)."""
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            comm = (task / "comm").read_text().strip()
-        except OSError:
-            continue
-        stat = _read_stat(f"{pid}/task/{task.name}")
-        if comm == name and stat:
-            return int(stat[11]) + int(stat[12])
-    return 0
-
-
-def loadgen(url: str, args, duration: float) -> dict:
+def loadgen(url: str, args, duration: float, warmup: float) -> dict:
     out = subprocess.run(
         [str(args.loadgen), "--url", url, "--scenario", args.scenario,
-         "--clients", str(args.clients), "--duration", str(duration)],
+         "--clients", str(args.clients), "--duration", str(duration), "--warmup", str(warmup)],
         check=True, capture_output=True, text=True,
     ).stdout
     return json.loads(out)
@@ -52,15 +39,16 @@ def measure(binary: Path, args, workdir: Path, label: str) -> dict:
     server = spindle_server(binary, workdir / label, None)
     server.start(ready_timeout=30)
     try:
-        loadgen(server.url, args, 1.0)  # warm-up, not counted
+        loadgen(server.url, args, 1.0, 1.0)  # warm-up, not counted
         pid = server.proc.pid
-        cpu0, writer0 = server.cpu_seconds(), thread_ticks(pid, "sqlite-writer")
-        result = loadgen(server.url, args, args.duration)
-        cpu1, writer1 = server.cpu_seconds(), thread_ticks(pid, "sqlite-writer")
+        cpu0, writer0 = server.cpu_seconds(), thread_cpu_seconds(pid, "sqlite-writer")
+        # No warm-up inside the measured run, so the CPU read around it is the runs' own
+        # (and the few in flight when the window closes).
+        result = loadgen(server.url, args, args.duration, 0.0)
+        cpu1, writer1 = server.cpu_seconds(), thread_cpu_seconds(pid, "sqlite-writer")
     finally:
         server.stop()
-    # The load generator warms up for 1 s inside its run too; CPU covers that second as well.
-    runs = result["runs_per_s"] * (args.duration + 1.0)
+    runs = max(result["runs"], 1)
     first = result.get("first_event_ms") or {}
     return {
         "runs_per_s": result["runs_per_s"],
@@ -68,7 +56,7 @@ def measure(binary: Path, args, workdir: Path, label: str) -> dict:
         "p99_ms": result["latency_ms"]["p99"],
         "first_p99_ms": first.get("p99"),
         "cpu_us_per_run": (cpu1 - cpu0) * 1e6 / runs,
-        "writer_us_per_run": (writer1 - writer0) / CLK_TCK * 1e6 / runs,
+        "writer_us_per_run": (writer1 - writer0) * 1e6 / runs,
         "errors": result["errors"],
     }
 
@@ -82,8 +70,9 @@ def show(label: str, m: dict) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("before", type=Path)
-    p.add_argument("after", type=Path)
+    # Absolute: each server runs in a folder of its own.
+    p.add_argument("before", type=lambda path: Path(path).resolve())
+    p.add_argument("after", type=lambda path: Path(path).resolve())
     p.add_argument("--scenario", choices=["wait", "stream"], default="wait")
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--pairs", type=int, default=3)

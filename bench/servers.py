@@ -115,6 +115,19 @@ class Server:
             self.after_stop.pop()()
 
 
+def thread_cpu_seconds(pid: int, name: str) -> float:
+    """User + system CPU time of the process's thread called `name` (0 when it has none)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            comm = (task / "comm").read_text().strip()
+        except OSError:
+            continue
+        stat = _read_stat(f"{pid}/task/{task.name}")
+        if comm == name and stat:
+            return (int(stat[11]) + int(stat[12])) / CLK_TCK
+    return 0.0
+
+
 def _signal_group(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
