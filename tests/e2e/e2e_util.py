@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -22,6 +23,14 @@ EXAMPLE_GRAPHS = ["echo", "chain", "approval", "agent", "fanout", "nested", "slo
 
 def default_assistant_id(graph_id: str) -> str:
     return str(uuid.uuid5(ASSISTANT_NAMESPACE, graph_id))
+
+
+def wait_until(predicate, timeout: float = 10.0, what: str = "the condition") -> None:
+    """Polls `predicate` every 20 ms until it holds; fails the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(0.02)
 
 
 def describe(r: httpx.Response) -> str:

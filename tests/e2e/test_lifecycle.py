@@ -16,7 +16,7 @@ from pathlib import Path
 import harness
 import httpx
 import pytest
-from e2e_util import EXAMPLE_GRAPHS, default_assistant_id
+from e2e_util import EXAMPLE_GRAPHS, default_assistant_id, wait_until
 from langgraph_sdk import get_sync_client
 
 pytestmark = pytest.mark.skipif(
@@ -138,10 +138,13 @@ def test_dev_reuses_its_data_dir(tmp_path):
         assert r.json()["metadata"] == {"k": 1}
 
 
-def test_run_survives_sigkill(storage):
+@pytest.mark.parametrize("durability", ["async", "sync"])
+def test_run_survives_sigkill(storage, durability):
     """A server killed with SIGKILL during a `slow` run and started again finishes that run from
-    its last checkpoint (attempt 2; the node that had finished does not run again), and the
-    run's stream replays every event of both attempts."""
+    its last checkpoint (attempt 2; the node that had finished and been saved does not run
+    again), and the run's stream replays every event of both attempts. With `sync`, a step
+    starts only once the one before is saved; with `async` (the default) it is saved while the
+    next step runs, so the test waits until the thread's state shows it."""
     import signal
 
     serve = short_lease(storage)
@@ -150,14 +153,18 @@ def test_run_survives_sigkill(storage):
         with get_sync_client(url=srv.base_url, api_key=None, timeout=30) as c:
             tid = c.threads.create()["thread_id"]
             run = c.runs.create(
-                tid, "slow", input={"delay_ms": 1500, "ticks": 0}, stream_mode=["values", "custom"]
+                tid, "slow", input={"delay_ms": 1500, "ticks": 0}, stream_mode=["values", "custom"],
+                durability=durability,
             )
-        # Follow the run until node `b` has started (node `a` has checkpointed), then kill.
-        url = f"{srv.base_url}/threads/{tid}/runs/{run['run_id']}/stream"
-        with httpx.stream("GET", url, timeout=30) as r:
-            for line in r.iter_lines():
-                if '"tick":"b"' in line.replace(" ", ""):
-                    break
+            # Follow the run until node `b` has started, then kill.
+            url = f"{srv.base_url}/threads/{tid}/runs/{run['run_id']}/stream"
+            with httpx.stream("GET", url, timeout=30) as r:
+                for line in r.iter_lines():
+                    if '"tick":"b"' in line.replace(" ", ""):
+                        break
+            if durability == "async":
+                saved = lambda: c.threads.get_state(tid)["values"].get("ticks") == 1  # noqa: E731
+                wait_until(saved, what="node a's checkpoint")
     finally:
         srv.proc.send_signal(signal.SIGKILL)
         srv.proc.wait(timeout=10)

@@ -906,3 +906,247 @@ async fn async_durability_saves_every_checkpoint_in_order() {
     }
     assert!(hist[4].parent_id.is_none());
 }
+
+/// A checkpointer whose queued saves are applied in order, by one task, once `open` is set:
+/// until then every queued save of a run waits.
+struct GatedSaver {
+    inner: Arc<spindle_graph::checkpoint::InMemoryCheckpointer>,
+    queue: tokio::sync::mpsc::UnboundedSender<(
+        spindle_graph::checkpoint::QueuedWrite,
+        tokio::sync::oneshot::Sender<Result<(), spindle_graph::checkpoint::CheckpointError>>,
+    )>,
+}
+
+impl GatedSaver {
+    fn new() -> (Arc<Self>, tokio::sync::watch::Sender<bool>) {
+        let inner = Arc::new(spindle_graph::checkpoint::InMemoryCheckpointer::new());
+        let (open, mut gate) = tokio::sync::watch::channel(false);
+        let (queue, mut queued) = tokio::sync::mpsc::unbounded_channel::<(
+            spindle_graph::checkpoint::QueuedWrite,
+            tokio::sync::oneshot::Sender<_>,
+        )>();
+        let saver = inner.clone();
+        tokio::spawn(async move {
+            let _ = gate.wait_for(|open| *open).await;
+            while let Some((write, done)) = queued.recv().await {
+                let _ = done.send(write.apply(saver.as_ref()).await);
+            }
+        });
+        (Arc::new(Self { inner, queue }), open)
+    }
+}
+
+#[async_trait]
+impl Checkpointer for GatedSaver {
+    async fn put(
+        &self,
+        thread_id: &str,
+        checkpoint_ns: &str,
+        checkpoint: &spindle_graph::checkpoint::Checkpoint,
+        metadata: &Value,
+        parent_id: Option<&str>,
+        blobs: &[spindle_graph::checkpoint::ChannelBlob],
+    ) -> Result<(), spindle_graph::checkpoint::CheckpointError> {
+        let inner = &self.inner;
+        inner
+            .put(
+                thread_id,
+                checkpoint_ns,
+                checkpoint,
+                metadata,
+                parent_id,
+                blobs,
+            )
+            .await
+    }
+
+    async fn put_writes(
+        &self,
+        thread_id: &str,
+        checkpoint_ns: &str,
+        checkpoint_id: &str,
+        writes: &[spindle_graph::checkpoint::PendingWrite],
+    ) -> Result<(), spindle_graph::checkpoint::CheckpointError> {
+        let inner = &self.inner;
+        inner
+            .put_writes(thread_id, checkpoint_ns, checkpoint_id, writes)
+            .await
+    }
+
+    async fn get_tuple(
+        &self,
+        thread_id: &str,
+        checkpoint_ns: &str,
+        checkpoint_id: Option<&str>,
+    ) -> Result<
+        Option<spindle_graph::checkpoint::CheckpointTuple>,
+        spindle_graph::checkpoint::CheckpointError,
+    > {
+        self.inner
+            .get_tuple(thread_id, checkpoint_ns, checkpoint_id)
+            .await
+    }
+
+    async fn list(
+        &self,
+        thread_id: &str,
+        checkpoint_ns: Option<&str>,
+        filter: &ListFilter,
+    ) -> Result<
+        Vec<spindle_graph::checkpoint::CheckpointTuple>,
+        spindle_graph::checkpoint::CheckpointError,
+    > {
+        self.inner.list(thread_id, checkpoint_ns, filter).await
+    }
+
+    async fn delete_thread(
+        &self,
+        thread_id: &str,
+    ) -> Result<(), spindle_graph::checkpoint::CheckpointError> {
+        self.inner.delete_thread(thread_id).await
+    }
+
+    async fn copy_thread(
+        &self,
+        from: &str,
+        to: &str,
+    ) -> Result<(), spindle_graph::checkpoint::CheckpointError> {
+        self.inner.copy_thread(from, to).await
+    }
+
+    fn queue(
+        &self,
+        write: spindle_graph::checkpoint::QueuedWrite,
+    ) -> Result<spindle_graph::checkpoint::WriteReceipt, Box<spindle_graph::checkpoint::QueuedWrite>>
+    {
+        let (done, receipt) = tokio::sync::oneshot::channel();
+        self.queue
+            .send((write, done))
+            .map_err(|refused| Box::new(refused.0 .0))?;
+        Ok(Box::pin(async move {
+            receipt.await.unwrap_or_else(|_| {
+                Err(spindle_graph::checkpoint::CheckpointError::Backend(
+                    "the gated saver stopped".into(),
+                ))
+            })
+        }))
+    }
+}
+
+/// Runs `graph` under `Durability::Async` on a saver whose saves wait until the gate opens;
+/// returns the run and the `n` of each `values` event as it comes.
+fn gated_async_run(
+    graph: Arc<Graph>,
+    saver: Arc<GatedSaver>,
+    input: Value,
+) -> (
+    tokio::task::JoinHandle<Result<spindle_graph::RunOutcome, spindle_graph::RunError>>,
+    tokio::sync::mpsc::Receiver<spindle_graph::StreamEvent>,
+) {
+    let (sink, events) = tokio::sync::mpsc::channel(10_000);
+    let cfg = spindle_graph::RunConfig {
+        thread_id: Some("t".into()),
+        stream_modes: vec![StreamMode::Values],
+        durability: Durability::Async,
+        ..Default::default()
+    };
+    let env = spindle_graph::RunEnv {
+        checkpointer: Some(saver),
+        sink: Some(sink),
+        ..Default::default()
+    };
+    let run =
+        tokio::spawn(
+            async move { spindle_graph::pregel::run(&graph, values(input), cfg, env).await },
+        );
+    (run, events)
+}
+
+/// The `n` of the next `values` event, or `None` when none comes within `wait`.
+async fn next_n(
+    events: &mut tokio::sync::mpsc::Receiver<spindle_graph::StreamEvent>,
+    wait: Duration,
+) -> Option<i64> {
+    let event = tokio::time::timeout(wait, events.recv()).await.ok()??;
+    event.data["n"].as_i64()
+}
+
+#[tokio::test]
+async fn async_durability_runs_the_next_steps_while_earlier_ones_are_saved() {
+    let (saver, open) = GatedSaver::new();
+    let (run, mut events) =
+        gated_async_run(common::example("chain"), saver.clone(), json!({"n": 0}));
+    // Every step runs (the values after a, b and c) while not one save has been applied.
+    for n in 0..=3 {
+        assert_eq!(next_n(&mut events, Duration::from_secs(10)).await, Some(n));
+    }
+    let saved = saver
+        .inner
+        .list("t", None, &ListFilter::default())
+        .await
+        .unwrap();
+    assert!(
+        saved.is_empty(),
+        "saves were applied before the gate opened"
+    );
+    // The run ends only once its saves are done, and they went in in order.
+    assert!(!run.is_finished());
+    open.send(true).unwrap();
+    assert_eq!(run.await.unwrap().unwrap().values, json!({"n": 3}));
+    let hist = saver
+        .inner
+        .list("t", Some(""), &ListFilter::default())
+        .await
+        .unwrap();
+    assert_eq!(hist.len(), 5);
+    for pair in hist.windows(2) {
+        assert_eq!(
+            pair[0].parent_id.as_deref(),
+            Some(pair[1].at.checkpoint_id.as_str())
+        );
+    }
+}
+
+#[tokio::test]
+async fn async_durability_lets_a_run_go_only_so_far_ahead_of_its_saves() {
+    let graph = list_graph(
+        GraphBuilder::new("loop")
+            .channel(ChannelSpec::new("n", ChannelKind::LastValue))
+            .node(
+                "inc",
+                node_fn(|s| {
+                    Ok(Command::update(
+                        json!({"n": s["n"].as_i64().unwrap_or(0) + 1}),
+                    ))
+                }),
+            )
+            .edge(START, "inc")
+            .branch(
+                "inc",
+                router_fn(|s| {
+                    let next = if s["n"].as_i64() < Some(20) {
+                        "inc"
+                    } else {
+                        END
+                    };
+                    Ok(vec![Goto::Node(next.into())])
+                }),
+                None,
+                None,
+            ),
+    );
+    let (saver, open) = GatedSaver::new();
+    let (run, mut events) = gated_async_run(graph, saver, json!({"n": 0}));
+    let mut seen = Vec::new();
+    while let Some(n) = next_n(&mut events, Duration::from_millis(500)).await {
+        seen.push(n);
+    }
+    // The input's values, then at most 16 steps ahead of the first save.
+    assert!(
+        (2..=18).contains(&seen.len()),
+        "the run went {} steps ahead of its saves",
+        seen.len()
+    );
+    open.send(true).unwrap();
+    assert_eq!(run.await.unwrap().unwrap().values, json!({"n": 20}));
+}

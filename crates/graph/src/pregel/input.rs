@@ -36,7 +36,6 @@ impl Loop {
                 }
                 self.input_checkpoint(v).await?;
                 self.start_step().await?;
-                self.only_input_behind = true;
             }
             RunInput::Command {
                 resume,

@@ -98,7 +98,7 @@ pub async fn run(
         recursion_limit: cfg.recursion_limit,
         durability: cfg.durability,
         behind: None,
-        only_input_behind: false,
+        steps_behind: 0,
         exit: Default::default(),
         events: trace.as_ref().map(|t| t.scope.clone()),
     };
@@ -173,7 +173,7 @@ pub(crate) async fn run_subgraph(
         recursion_limit: 10_000,
         durability: Durability::Sync,
         behind: None,
-        only_input_behind: false,
+        steps_behind: 0,
         exit: Default::default(),
         events: trace.as_ref().map(|t| t.scope.clone()),
     };
@@ -270,9 +270,8 @@ pub(crate) struct Loop {
     pub durability: Durability,
     /// Under `Durability::Async`, resolves when every save queued so far is done.
     pub behind: Option<WriteReceipt>,
-    /// What `behind` waits for is only the run's new input (its input and start
-    /// checkpoints): no task of this run has finished yet.
-    pub only_input_behind: bool,
+    /// Steps whose saves were queued since `behind` was last waited for.
+    pub steps_behind: usize,
     /// What `Durability::Exit` holds back until the run ends.
     pub exit: persist::ExitBuffer,
     /// This graph's run in `events`, when the run streams them.
@@ -447,15 +446,11 @@ impl Loop {
                 return self.finish(Vec::new()).await;
             }
             skip_interrupt_before = false;
-            // What the steps before saved is durable before a task runs, so a run resumed
-            // after a crash never runs a finished task again. Saves of one step (its writes and
-            // its checkpoint) still go together, and wait while the next step is prepared.
-            // A run's new input alone may still be on its way while the first step runs: no
-            // task has finished, and a run that died before its input checkpoint was saved
-            // starts over with its input (`RunInput::Continue` says who checks).
-            if !std::mem::take(&mut self.only_input_behind) {
-                self.flush().await?;
-            }
+            // Under `Durability::Async` the steps before may still be saving (in order) while
+            // this one runs, as LangGraph does: a run of quick steps waits for its saves once,
+            // at its end, instead of once per step. A crash loses at most the steps whose saves
+            // were still queued, and the run resumes from the last one saved.
+            self.bound_saves_behind().await?;
             let result = self.run_step(&tasks).await?;
             if let Some((ti, err)) = result.error {
                 let t = &tasks[ti];

@@ -12,6 +12,9 @@ use crate::checkpoint::{
     WriteReceipt,
 };
 
+/// Steps a run may go ahead of its saves under `Durability::Async`.
+const MAX_STEPS_BEHIND: usize = 16;
+
 impl Loop {
     pub(super) async fn save_writes(&mut self, writes: Vec<PendingWrite>) -> Result<(), LoopError> {
         if writes.is_empty() {
@@ -71,8 +74,22 @@ impl Loop {
 
     /// Waits until every queued save is done.
     pub(super) async fn flush(&mut self) -> Result<(), LoopError> {
+        self.steps_behind = 0;
         if let Some(receipt) = self.behind.take() {
             receipt.await.map_err(RunError::Checkpoint)?;
+        }
+        Ok(())
+    }
+
+    /// Before a step runs: lets the saves of at most [`MAX_STEPS_BEHIND`] steps wait in the
+    /// queue, so a long run of quick steps cannot queue its whole history in memory.
+    pub(super) async fn bound_saves_behind(&mut self) -> Result<(), LoopError> {
+        if self.behind.is_none() {
+            return Ok(());
+        }
+        self.steps_behind += 1;
+        if self.steps_behind > MAX_STEPS_BEHIND {
+            self.flush().await?;
         }
         Ok(())
     }

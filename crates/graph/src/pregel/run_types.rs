@@ -17,7 +17,8 @@ use crate::stream::{StreamEvent, StreamMode};
 pub enum Durability {
     /// Each checkpoint is saved before the next step starts.
     Sync,
-    /// Each checkpoint is saved while the next step runs.
+    /// Checkpoints are saved in order, in the background, while the next steps run; the run
+    /// waits for them at its end.
     #[default]
     Async,
     /// Only the last checkpoint of the run is saved.
@@ -52,10 +53,10 @@ pub enum RunInput {
         goto: Vec<Goto>,
     },
     /// No input: continue from the checkpoint (e.g. after `interrupt_before`, or a run
-    /// resumed after a crash). Under `Durability::Async` a run's first step runs while its
-    /// input checkpoint is still being saved, so whoever resumes a run that had new input
-    /// continues only if the thread's latest checkpoint is that run's (its metadata's
-    /// `run_id`), and otherwise starts it again with its input.
+    /// resumed after a crash). Under `Durability::Async` a run's steps run while its
+    /// checkpoints, its input's first, are still being saved, so whoever resumes a run that
+    /// had new input continues only if the thread's latest checkpoint is that run's (its
+    /// metadata's `run_id`), and otherwise starts it again with its input.
     Continue,
 }
 

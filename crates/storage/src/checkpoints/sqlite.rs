@@ -210,6 +210,30 @@ impl EncodedCheckpoint {
     }
 }
 
+/// Refuses a queued checkpoint whose parent is not stored. Saves are queued while the run goes
+/// on, so the one before may have failed after this one was queued: storing this one would
+/// leave a checkpoint whose history, and the blobs its deltas build on, are missing.
+fn require_parent(conn: &Connection, put: &EncodedCheckpoint) -> Result<(), CheckpointError> {
+    let Some(parent) = &put.parent_id else {
+        return Ok(());
+    };
+    let stored = conn
+        .prepare_cached(
+            "SELECT 1 FROM checkpoints WHERE thread_id = ?1 AND checkpoint_ns = ?2 \
+             AND checkpoint_id = ?3",
+        )
+        .map_err(backend)?
+        .exists((&put.thread_id, &put.checkpoint_ns, parent))
+        .map_err(backend)?;
+    if !stored {
+        return Err(CheckpointError::Missing(format!(
+            "checkpoint {parent} of {}, the parent of {}",
+            put.thread_id, put.checkpoint_id
+        )));
+    }
+    Ok(())
+}
+
 /// Saves one checkpoint with its blobs on the write connection (inside the caller's write),
 /// so it can be part of a larger change (a state update saves it with the thread's new
 /// columns).
@@ -383,10 +407,10 @@ impl SqliteCheckpointer {
                 };
                 // Encoded here, on the caller's thread: the writer thread is the bottleneck.
                 match EncodedCheckpoint::new(&put) {
-                    Ok(encoded) => Box::pin(
-                        self.writer
-                            .submit(move |conn| insert_encoded(conn, &encoded)),
-                    ),
+                    Ok(encoded) => Box::pin(self.writer.submit(move |conn| {
+                        require_parent(conn, &encoded)?;
+                        insert_encoded(conn, &encoded)
+                    })),
                     Err(e) => Box::pin(std::future::ready(Err(e))),
                 }
             }

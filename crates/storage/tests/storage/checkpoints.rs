@@ -9,6 +9,7 @@ use spindle_graph::checkpoint::blob::FULL_EVERY;
 use spindle_graph::checkpoint::{
     conformance, new_checkpoint_id, now_rfc3339, BlobValue, ChannelBlob, Checkpoint,
     CheckpointError, CheckpointTuple, Checkpointer, InMemoryCheckpointer, ListFilter, PendingWrite,
+    QueuedWrite,
 };
 use spindle_graph::{Durability, RunConfig, RunEnv, RunInput};
 use spindle_storage::test_util::{for_each_backend, CheckpointFootprint};
@@ -765,6 +766,50 @@ async fn nul_characters_survive_in_values_and_do_not_fail_a_step() {
             Backend::Postgres => json!("a\u{fffd}b"),
         };
         assert_eq!(got.metadata["writes"]["node"], kept);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_queued_checkpoint_is_not_stored_without_its_parent() {
+    for_each_backend(|db| async move {
+        let saver = db.storage().checkpointer();
+        let t = thread();
+        let queued = |parent: Option<String>| QueuedWrite::Checkpoint {
+            thread_id: t.clone(),
+            checkpoint_ns: String::new(),
+            checkpoint: Box::new(checkpoint(&[("n", 1)])),
+            metadata: json!({"source": "loop", "step": 0}),
+            parent_id: parent,
+            blobs: vec![full("n", 1, json!(1))],
+        };
+        // A backend without a queue has the engine wait for each save before the next.
+        let Ok(receipt) = saver.queue(queued(Some(new_checkpoint_id()))) else {
+            return;
+        };
+        // Its parent's save failed (or never came): storing it would leave a checkpoint whose
+        // history and delta bases are missing.
+        let refused = receipt.await;
+        assert!(
+            matches!(refused, Err(CheckpointError::Missing(_))),
+            "{refused:?}"
+        );
+        assert!(saver.get_tuple(&t, "", None).await.unwrap().is_none());
+
+        let first = queued(None);
+        let QueuedWrite::Checkpoint { checkpoint: c, .. } = &first else {
+            unreachable!()
+        };
+        let first_id = c.id.clone();
+        let first = saver.queue(first).map_err(|_| "queued before").unwrap();
+        let second = saver
+            .queue(queued(Some(first_id.clone())))
+            .map_err(|_| "queued before")
+            .unwrap();
+        first.await.unwrap();
+        second.await.unwrap();
+        let latest = saver.get_tuple(&t, "", None).await.unwrap().unwrap();
+        assert_eq!(latest.parent_id.as_deref(), Some(first_id.as_str()));
     })
     .await;
 }
