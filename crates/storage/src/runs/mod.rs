@@ -200,6 +200,28 @@ struct Start {
 }
 
 impl Start {
+    /// The run `new` becomes when its row is inserted with these columns at `now`.
+    fn run(self, new: NewRun, scope: &Scope, now: DateTime<Utc>) -> Run {
+        Run {
+            run_id: new.run_id,
+            thread_id: new.thread_id,
+            assistant_id: new.assistant_id,
+            user_id: Some(scope.user_id.clone()),
+            status: self.status,
+            kwargs: new.kwargs,
+            metadata: new.metadata,
+            multitask_strategy: new.multitask_strategy,
+            attempt: self.attempt,
+            run_after: new.run_after,
+            cancel: None,
+            error: None,
+            created_at: now,
+            updated_at: now,
+            started_at: self.started_at,
+            ended_at: None,
+        }
+    }
+
     fn of(claim: Option<&Claim>, now: DateTime<Utc>) -> Self {
         match claim {
             Some(claim) => Start {

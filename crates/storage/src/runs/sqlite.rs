@@ -338,13 +338,40 @@ fn claimed(conn: &Connection, run: Run) -> StorageResult<ClaimedRun> {
     Ok(ClaimedRun { run, last_seq })
 }
 
-fn create_run(conn: &Connection, scope: &Scope, new: NewRun) -> StorageResult<CreatedRun> {
+/// A new run's JSON columns, encoded on the caller's thread: the writer thread, which only
+/// inserts them, is the bottleneck.
+struct EncodedNewRun {
+    kwargs: String,
+    metadata: String,
+    /// The metadata of the thread to create when it is missing.
+    thread_metadata: Option<String>,
+}
+
+impl EncodedNewRun {
+    fn new(new: &NewRun) -> StorageResult<Self> {
+        Ok(Self {
+            kwargs: json(&new.kwargs)?,
+            metadata: json(&new.metadata)?,
+            thread_metadata: match &new.if_thread_missing {
+                IfThreadMissing::Create { metadata } => Some(json(metadata)?),
+                IfThreadMissing::Reject => None,
+            },
+        })
+    }
+}
+
+fn create_run(
+    conn: &Connection,
+    scope: &Scope,
+    new: NewRun,
+    encoded: EncodedNewRun,
+) -> StorageResult<CreatedRun> {
     let now = Utc::now();
     if let Some(firing) = &new.cron_firing {
         end_firing(conn, firing)?;
     }
     if !thread_visible(conn, scope, new.thread_id)? {
-        let IfThreadMissing::Create { metadata } = &new.if_thread_missing else {
+        let Some(metadata) = &encoded.thread_metadata else {
             return Err(StorageError::NotFound("thread"));
         };
         // Another user's thread of that id is not found, not taken.
@@ -352,7 +379,7 @@ fn create_run(conn: &Connection, scope: &Scope, new: NewRun) -> StorageResult<Cr
             conn,
             "INSERT INTO threads (thread_id, user_id, metadata, created_at, updated_at, \
              state_updated_at) VALUES (?1, ?2, ?3, ?4, ?4, ?4) ON CONFLICT (thread_id) DO NOTHING",
-            (id(new.thread_id), &scope.user_id, json(metadata)?, ts(now)),
+            (id(new.thread_id), &scope.user_id, metadata, ts(now)),
         )?;
         if inserted == 0 {
             return Err(StorageError::NotFound("thread"));
@@ -377,32 +404,30 @@ fn create_run(conn: &Connection, scope: &Scope, new: NewRun) -> StorageResult<Cr
     };
 
     let start = Start::of(new.claim_now(&active, now), now);
-    let sql = format!(
+    exec(
+        conn,
         "INSERT INTO runs (run_id, thread_id, assistant_id, user_id, status, kwargs, metadata, \
          multitask_strategy, attempt, run_after, created_at, updated_at, lease_owner, \
          lease_expires_at, started_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?11, ?12, ?13, ?14) \
-         RETURNING {RUN_COLUMNS}"
-    );
-    let params = (
-        id(new.run_id),
-        id(new.thread_id),
-        id(new.assistant_id),
-        &scope.user_id,
-        start.status.as_str(),
-        json(&new.kwargs)?,
-        json(&new.metadata)?,
-        new.multitask_strategy.as_str(),
-        start.attempt,
-        ts(new.run_after),
-        ts(now),
-        &start.lease_owner,
-        start.lease_expires_at.map(ts),
-        start.started_at.map(ts),
-    );
-    let run = run_row(conn, &sql, params)
-        .map_err(|e| taken(e, || format!("run {} already exists", new.run_id)))?
-        .ok_or(StorageError::NotFound("run"))?;
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?11, ?12, ?13, ?14)",
+        (
+            id(new.run_id),
+            id(new.thread_id),
+            id(new.assistant_id),
+            &scope.user_id,
+            start.status.as_str(),
+            &encoded.kwargs,
+            &encoded.metadata,
+            new.multitask_strategy.as_str(),
+            start.attempt,
+            ts(new.run_after),
+            ts(now),
+            &start.lease_owner,
+            start.lease_expires_at.map(ts),
+            start.started_at.map(ts),
+        ),
+    )
+    .map_err(|e| taken(e, || format!("run {} already exists", new.run_id)))?;
     exec(
         conn,
         "UPDATE threads SET status = 'busy', updated_at = ?2 WHERE thread_id = ?1",
@@ -412,6 +437,8 @@ fn create_run(conn: &Connection, scope: &Scope, new: NewRun) -> StorageResult<Cr
         RunStatus::Running => Some(last_seq(conn, new.thread_id)?),
         _ => None,
     };
+    // The row as inserted, without reading it back (timestamps are stored at full precision).
+    let run = start.run(new, scope, now);
     Ok(CreatedRun {
         run,
         cancelled,
@@ -609,8 +636,9 @@ impl SqliteStorage {
 impl RunStore for SqliteStorage {
     async fn create_run(&self, scope: &Scope, new: NewRun) -> StorageResult<CreatedRun> {
         let scope = scope.clone();
+        let encoded = EncodedNewRun::new(&new)?;
         self.writer
-            .write(move |conn| create_run(conn, &scope, new))
+            .write(move |conn| create_run(conn, &scope, new, encoded))
             .await
     }
 

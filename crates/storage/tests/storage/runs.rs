@@ -166,6 +166,11 @@ async fn a_run_created_with_a_claim_starts_claimed_only_when_it_can_start_now() 
         assert_eq!(first.run.status, RunStatus::Running);
         assert_eq!(first.run.attempt, 1);
         assert!(first.run.started_at.is_some());
+        // What creation answers is what a read gives.
+        assert_eq!(
+            s.get_run(&alice, thread, first.run.run_id).await.unwrap(),
+            first.run
+        );
         let after_seq = first.claimed_after_seq.expect("created claimed");
         assert_eq!(thread_status(s, &alice, thread).await, ThreadStatus::Busy);
         // Claimed for w1: no other worker takes it, and w1 holds its lease.
