@@ -892,19 +892,23 @@ async fn async_durability_saves_every_checkpoint_in_order() {
     .await
     .0
     .unwrap();
-    let hist = h
-        .saver
+    assert_one_chain_of(h.saver.as_ref(), 5).await;
+}
+
+/// Thread `t` holds `len` checkpoints, each the child of the one saved before it.
+async fn assert_one_chain_of(saver: &dyn Checkpointer, len: usize) {
+    let hist = saver
         .list("t", Some(""), &ListFilter::default())
         .await
         .unwrap();
-    assert_eq!(hist.len(), 5);
+    assert_eq!(hist.len(), len);
     for pair in hist.windows(2) {
         assert_eq!(
             pair[0].parent_id.as_deref(),
             Some(pair[1].at.checkpoint_id.as_str())
         );
     }
-    assert!(hist[4].parent_id.is_none());
+    assert!(hist[len - 1].parent_id.is_none());
 }
 
 /// A checkpointer whose queued saves are applied in order, by one task, once `open` is set:
@@ -1093,18 +1097,7 @@ async fn async_durability_runs_the_next_steps_while_earlier_ones_are_saved() {
     assert!(!run.is_finished());
     open.send(true).unwrap();
     assert_eq!(run.await.unwrap().unwrap().values, json!({"n": 3}));
-    let hist = saver
-        .inner
-        .list("t", Some(""), &ListFilter::default())
-        .await
-        .unwrap();
-    assert_eq!(hist.len(), 5);
-    for pair in hist.windows(2) {
-        assert_eq!(
-            pair[0].parent_id.as_deref(),
-            Some(pair[1].at.checkpoint_id.as_str())
-        );
-    }
+    assert_one_chain_of(saver.inner.as_ref(), 5).await;
 }
 
 #[tokio::test]
