@@ -11,11 +11,15 @@ use common::Harness;
 use serde_json::{json, Value};
 use spindle_graph::builder::{node_fn, router_fn, GraphBuilder, NodeOptions};
 use spindle_graph::channels::{ChannelKind, ChannelSpec};
-use spindle_graph::checkpoint::{Checkpointer, ListFilter};
+use spindle_graph::checkpoint::{
+    ChannelBlob, Checkpoint, CheckpointError, CheckpointTuple, Checkpointer, InMemoryCheckpointer,
+    ListFilter, PendingWrite, QueuedWrite, WriteReceipt,
+};
 use spindle_graph::context::TaskContext;
 use spindle_graph::node::{Command, CommandGraph, Goto, Node, NodeError, RetryPolicy};
 use spindle_graph::pregel::{fork, get_state, get_state_history, update_state};
 use spindle_graph::{Durability, Graph, NodeSet, RunInput, StreamMode, END, START};
+use tokio::sync::{mpsc, oneshot, watch};
 
 fn push(key: &'static str, v: &'static str) -> Arc<dyn Node> {
     node_fn(move |_| Ok(Command::update(json!({ key: [v] }))))
@@ -914,21 +918,18 @@ async fn assert_one_chain_of(saver: &dyn Checkpointer, len: usize) {
 /// A checkpointer whose queued saves are applied in order, by one task, once `open` is set:
 /// until then every queued save of a run waits.
 struct GatedSaver {
-    inner: Arc<spindle_graph::checkpoint::InMemoryCheckpointer>,
-    queue: tokio::sync::mpsc::UnboundedSender<(
-        spindle_graph::checkpoint::QueuedWrite,
-        tokio::sync::oneshot::Sender<Result<(), spindle_graph::checkpoint::CheckpointError>>,
-    )>,
+    inner: Arc<InMemoryCheckpointer>,
+    queue: mpsc::UnboundedSender<GatedWrite>,
 }
 
+/// A queued save and where to say it is done.
+type GatedWrite = (QueuedWrite, oneshot::Sender<Result<(), CheckpointError>>);
+
 impl GatedSaver {
-    fn new() -> (Arc<Self>, tokio::sync::watch::Sender<bool>) {
-        let inner = Arc::new(spindle_graph::checkpoint::InMemoryCheckpointer::new());
-        let (open, mut gate) = tokio::sync::watch::channel(false);
-        let (queue, mut queued) = tokio::sync::mpsc::unbounded_channel::<(
-            spindle_graph::checkpoint::QueuedWrite,
-            tokio::sync::oneshot::Sender<_>,
-        )>();
+    fn new() -> (Arc<Self>, watch::Sender<bool>) {
+        let inner = Arc::new(InMemoryCheckpointer::new());
+        let (open, mut gate) = watch::channel(false);
+        let (queue, mut queued) = mpsc::unbounded_channel::<GatedWrite>();
         let saver = inner.clone();
         tokio::spawn(async move {
             let _ = gate.wait_for(|open| *open).await;
@@ -946,11 +947,11 @@ impl Checkpointer for GatedSaver {
         &self,
         thread_id: &str,
         checkpoint_ns: &str,
-        checkpoint: &spindle_graph::checkpoint::Checkpoint,
+        checkpoint: &Checkpoint,
         metadata: &Value,
         parent_id: Option<&str>,
-        blobs: &[spindle_graph::checkpoint::ChannelBlob],
-    ) -> Result<(), spindle_graph::checkpoint::CheckpointError> {
+        blobs: &[ChannelBlob],
+    ) -> Result<(), CheckpointError> {
         let inner = &self.inner;
         inner
             .put(
@@ -969,8 +970,8 @@ impl Checkpointer for GatedSaver {
         thread_id: &str,
         checkpoint_ns: &str,
         checkpoint_id: &str,
-        writes: &[spindle_graph::checkpoint::PendingWrite],
-    ) -> Result<(), spindle_graph::checkpoint::CheckpointError> {
+        writes: &[PendingWrite],
+    ) -> Result<(), CheckpointError> {
         let inner = &self.inner;
         inner
             .put_writes(thread_id, checkpoint_ns, checkpoint_id, writes)
@@ -982,10 +983,7 @@ impl Checkpointer for GatedSaver {
         thread_id: &str,
         checkpoint_ns: &str,
         checkpoint_id: Option<&str>,
-    ) -> Result<
-        Option<spindle_graph::checkpoint::CheckpointTuple>,
-        spindle_graph::checkpoint::CheckpointError,
-    > {
+    ) -> Result<Option<CheckpointTuple>, CheckpointError> {
         self.inner
             .get_tuple(thread_id, checkpoint_ns, checkpoint_id)
             .await
@@ -996,43 +994,27 @@ impl Checkpointer for GatedSaver {
         thread_id: &str,
         checkpoint_ns: Option<&str>,
         filter: &ListFilter,
-    ) -> Result<
-        Vec<spindle_graph::checkpoint::CheckpointTuple>,
-        spindle_graph::checkpoint::CheckpointError,
-    > {
+    ) -> Result<Vec<CheckpointTuple>, CheckpointError> {
         self.inner.list(thread_id, checkpoint_ns, filter).await
     }
 
-    async fn delete_thread(
-        &self,
-        thread_id: &str,
-    ) -> Result<(), spindle_graph::checkpoint::CheckpointError> {
+    async fn delete_thread(&self, thread_id: &str) -> Result<(), CheckpointError> {
         self.inner.delete_thread(thread_id).await
     }
 
-    async fn copy_thread(
-        &self,
-        from: &str,
-        to: &str,
-    ) -> Result<(), spindle_graph::checkpoint::CheckpointError> {
+    async fn copy_thread(&self, from: &str, to: &str) -> Result<(), CheckpointError> {
         self.inner.copy_thread(from, to).await
     }
 
-    fn queue(
-        &self,
-        write: spindle_graph::checkpoint::QueuedWrite,
-    ) -> Result<spindle_graph::checkpoint::WriteReceipt, Box<spindle_graph::checkpoint::QueuedWrite>>
-    {
-        let (done, receipt) = tokio::sync::oneshot::channel();
+    fn queue(&self, write: QueuedWrite) -> Result<WriteReceipt, Box<QueuedWrite>> {
+        let (done, receipt) = oneshot::channel();
         self.queue
             .send((write, done))
             .map_err(|refused| Box::new(refused.0 .0))?;
         Ok(Box::pin(async move {
-            receipt.await.unwrap_or_else(|_| {
-                Err(spindle_graph::checkpoint::CheckpointError::Backend(
-                    "the gated saver stopped".into(),
-                ))
-            })
+            receipt
+                .await
+                .unwrap_or_else(|_| Err(CheckpointError::Backend("the gated saver stopped".into())))
         }))
     }
 }
@@ -1045,9 +1027,9 @@ fn gated_async_run(
     input: Value,
 ) -> (
     tokio::task::JoinHandle<Result<spindle_graph::RunOutcome, spindle_graph::RunError>>,
-    tokio::sync::mpsc::Receiver<spindle_graph::StreamEvent>,
+    mpsc::Receiver<spindle_graph::StreamEvent>,
 ) {
-    let (sink, events) = tokio::sync::mpsc::channel(10_000);
+    let (sink, events) = mpsc::channel(10_000);
     let cfg = spindle_graph::RunConfig {
         thread_id: Some("t".into()),
         stream_modes: vec![StreamMode::Values],
@@ -1068,7 +1050,7 @@ fn gated_async_run(
 
 /// The `n` of the next `values` event, or `None` when none comes within `wait`.
 async fn next_n(
-    events: &mut tokio::sync::mpsc::Receiver<spindle_graph::StreamEvent>,
+    events: &mut mpsc::Receiver<spindle_graph::StreamEvent>,
     wait: Duration,
 ) -> Option<i64> {
     let event = tokio::time::timeout(wait, events.recv()).await.ok()??;
