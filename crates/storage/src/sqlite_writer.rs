@@ -12,11 +12,13 @@
 //! take the [`WritePermit`], which parks the writer thread between transactions, so there is
 //! still one writer at a time and nobody waits on SQLite's lock.
 //!
-//! Group commit: the thread takes every write queued while it was busy (up to
-//! [`MAX_GROUP`]) and runs them in one transaction, each inside its own savepoint. A write that
-//! fails is rolled back alone and its caller gets its error; the others' callers get their
-//! results only after the shared `COMMIT` succeeded, so an answer is never given for a change
-//! that was not committed.
+//! Group commit: the thread runs every write queued while it was busy, and those that come
+//! while the group runs, in one transaction (up to [`MAX_GROUP`]), each after the first inside
+//! its own savepoint. A write that fails is rolled back alone and its caller gets its error;
+//! the others' callers get their results only after the shared `COMMIT` succeeded, so an
+//! answer is never given for a change that was not committed. Taking in the late comers
+//! (rather than only what was queued when the group began) spares each of them a wait for
+//! this commit before its own, and shares one commit among more writes.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
@@ -290,8 +292,8 @@ fn checkpoint(conn: &Connection) -> rusqlite::Result<()> {
     Ok(())
 }
 
-/// The writer thread: waits for a write, takes the ones queued behind it, runs them all in
-/// one transaction and answers each caller after the commit.
+/// The writer thread: waits for a write, runs it and every write queued meanwhile in one
+/// transaction, and answers each caller after the commit.
 fn serve(conn: Connection, queue: mpsc::Receiver<Request>, checkpoints: mpsc::SyncSender<()>) {
     let mut commits = 0_u32;
     let mut next = queue.recv().ok();
@@ -308,19 +310,7 @@ fn serve(conn: Connection, queue: mpsc::Receiver<Request>, checkpoints: mpsc::Sy
                 continue;
             }
         };
-        let mut group = vec![first];
-        while group.len() < MAX_GROUP {
-            match queue.try_recv() {
-                Ok(Request::Write(job)) => group.push(job),
-                // Served after this group commits.
-                Ok(yielding) => {
-                    next = Some(yielding);
-                    break;
-                }
-                Err(_) => break,
-            }
-        }
-        let commit = run_group(&conn, &mut group);
+        let (group, commit) = run_group(&conn, first, &queue, &mut next);
         let commit = commit.as_ref().map(|_| ()).map_err(|e| e.as_str());
         for job in group {
             job.answer(commit);
@@ -337,27 +327,47 @@ fn serve(conn: Connection, queue: mpsc::Receiver<Request>, checkpoints: mpsc::Sy
     }
 }
 
-/// Runs a group of writes in one transaction; `Err` says why it did not commit.
-fn run_group(conn: &Connection, group: &mut [Box<dyn Job>]) -> Result<(), String> {
-    control(conn, "BEGIN IMMEDIATE").map_err(|e| format!("cannot begin a write: {e}"))?;
-    if let [alone] = group {
-        // No neighbour to protect: a savepoint would only cost page copies. A failed write
-        // rolls the transaction back and its caller gets its own error.
-        if !alone.run(conn, false) {
-            let _ = control(conn, "ROLLBACK");
-            return Ok(());
-        }
-    } else {
-        for job in group.iter_mut() {
-            job.run(conn, true);
+/// Runs `first` and the writes queued behind it, including those that come while the group
+/// runs (up to [`MAX_GROUP`]), in one transaction; returns them with the commit's outcome
+/// (`Err` says why it did not commit). A write that arrives mid-group joins it instead of
+/// waiting for this commit and then its own. A permit request ends the group and is left in
+/// `next`, to be served after the commit.
+fn run_group(
+    conn: &Connection,
+    mut first: Box<dyn Job>,
+    queue: &mpsc::Receiver<Request>,
+    next: &mut Option<Request>,
+) -> (Vec<Box<dyn Job>>, Result<(), String>) {
+    if let Err(e) = control(conn, "BEGIN IMMEDIATE") {
+        return (vec![first], Err(format!("cannot begin a write: {e}")));
+    }
+    // The first write has no neighbour to protect: a savepoint would only cost page copies.
+    // If it fails, the transaction holds nothing else, so it is rolled back whole and its
+    // caller gets its own error.
+    if !first.run(conn, false) {
+        let _ = control(conn, "ROLLBACK");
+        return (vec![first], Ok(()));
+    }
+    let mut group = vec![first];
+    while group.len() < MAX_GROUP {
+        match queue.try_recv() {
+            Ok(Request::Write(mut job)) => {
+                job.run(conn, true);
+                group.push(job);
+            }
+            Ok(yielding) => {
+                *next = Some(yielding);
+                break;
+            }
+            Err(_) => break,
         }
     }
     if let Err(e) = control(conn, "COMMIT") {
         let _ = control(conn, "ROLLBACK");
         tracing::error!(error = %e, writes = group.len(), "a database commit failed");
-        return Err(format!("the commit failed: {e}"));
+        return (group, Err(format!("the commit failed: {e}")));
     }
-    Ok(())
+    (group, Ok(()))
 }
 
 #[cfg(test)]
@@ -458,6 +468,40 @@ mod tests {
         assert_eq!(count(&dir), 1);
         drop(permit);
         queued.await.unwrap().unwrap();
+        assert_eq!(count(&dir), 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_queued_while_a_group_runs_commits_with_it() {
+        let (dir, writer) = writer().await;
+        let path = dir.path().join("db");
+        let (started, first_started) = mpsc::channel::<()>();
+        let (release, released) = mpsc::channel::<()>();
+        let first = writer.submit(move |conn| -> StorageResult<()> {
+            conn.execute("INSERT INTO t (k, v) VALUES (1, 'first')", [])?;
+            let _ = started.send(());
+            // Holds the group open until the second write is in the queue.
+            let _ = released.recv_timeout(Duration::from_secs(10));
+            Ok(())
+        });
+        first_started
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the first write runs");
+        // Queued while the first write's group is running.
+        let second = writer.submit(move |conn| -> StorageResult<i64> {
+            conn.execute("INSERT INTO t (k, v) VALUES (2, 'second')", [])?;
+            // Another connection sees only what was committed: the first write is not, when
+            // both are in one transaction.
+            let other = Connection::open(&path).map_err(StorageError::from)?;
+            Ok(other.query_row("SELECT COUNT(*) FROM t", [], |r| r.get(0))?)
+        });
+        release.send(()).unwrap();
+        first.await.unwrap();
+        assert_eq!(
+            second.await.unwrap(),
+            0,
+            "the second write ran after a commit"
+        );
         assert_eq!(count(&dir), 2);
     }
 
