@@ -1,10 +1,13 @@
 //! Checkpoints in SQLite: writes run on the storage's writer thread (`sqlite_writer`), reads
 //! through its read-only pool, each read in one transaction so its queries see one snapshot.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use chrono::Utc;
+use futures::future::{BoxFuture, Shared};
+use futures::FutureExt;
 use rusqlite::{Connection, OptionalExtension};
 use serde_json::Value;
 use spindle_graph::checkpoint::{
@@ -30,6 +33,7 @@ pub struct SqliteCheckpointer {
     read: SqlitePool,
     readers: Arc<Readers>,
     writer: Arc<Writer>,
+    open: Arc<OpenBatches>,
 }
 
 impl SqliteCheckpointer {
@@ -38,6 +42,7 @@ impl SqliteCheckpointer {
             read,
             readers,
             writer,
+            open: Arc::default(),
         }
     }
 }
@@ -385,9 +390,22 @@ pub(crate) fn delete_checkpoints(conn: &Connection, thread_id: &str) -> rusqlite
     Ok(())
 }
 
-impl SqliteCheckpointer {
-    /// Queues a save on the writer thread, which applies saves in the order they come.
-    fn submit(&self, write: QueuedWrite) -> WriteReceipt {
+/// A save encoded on the caller's thread (the writer thread, which only inserts it, is the
+/// bottleneck), ready to be applied there.
+enum EncodedSave {
+    Checkpoint(EncodedCheckpoint),
+    Writes {
+        thread_id: String,
+        checkpoint_ns: String,
+        checkpoint_id: String,
+        writes: Vec<PendingWrite>,
+        /// The encoded values of `plan_writes(&writes).insert`, in its order.
+        values: Vec<Vec<u8>>,
+    },
+}
+
+impl EncodedSave {
+    fn new(write: QueuedWrite) -> Result<Self, CheckpointError> {
         match write {
             QueuedWrite::Checkpoint {
                 thread_id,
@@ -396,53 +414,127 @@ impl SqliteCheckpointer {
                 metadata,
                 parent_id,
                 blobs,
-            } => {
-                let put = Put {
-                    thread_id: &thread_id,
-                    checkpoint_ns: &checkpoint_ns,
-                    checkpoint: &checkpoint,
-                    metadata: &metadata,
-                    parent_id: parent_id.as_deref(),
-                    blobs: &blobs,
-                };
-                // Encoded here, on the caller's thread: the writer thread is the bottleneck.
-                match EncodedCheckpoint::new(&put) {
-                    Ok(encoded) => Box::pin(self.writer.submit(move |conn| {
-                        require_parent(conn, &encoded)?;
-                        insert_encoded(conn, &encoded)
-                    })),
-                    Err(e) => Box::pin(std::future::ready(Err(e))),
-                }
-            }
+            } => EncodedCheckpoint::new(&Put {
+                thread_id: &thread_id,
+                checkpoint_ns: &checkpoint_ns,
+                checkpoint: &checkpoint,
+                metadata: &metadata,
+                parent_id: parent_id.as_deref(),
+                blobs: &blobs,
+            })
+            .map(Self::Checkpoint),
             QueuedWrite::Writes {
                 thread_id,
                 checkpoint_ns,
                 checkpoint_id,
                 writes,
             } => {
-                // Encoded here, on the caller's thread: the writer thread is the bottleneck.
-                let values = match plan_writes(&writes)
+                let values = plan_writes(&writes)
                     .insert
                     .iter()
                     .map(|w| encode_write(w))
-                    .collect::<Result<Vec<_>, _>>()
-                {
-                    Ok(values) => values,
-                    Err(e) => return Box::pin(std::future::ready(Err(e))),
-                };
-                Box::pin(self.writer.submit(move |conn| {
-                    let plan = plan_writes(&writes);
-                    insert_writes(
-                        conn,
-                        &thread_id,
-                        &checkpoint_ns,
-                        &checkpoint_id,
-                        &plan,
-                        &values,
-                    )
-                }))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(Self::Writes {
+                    thread_id,
+                    checkpoint_ns,
+                    checkpoint_id,
+                    writes,
+                    values,
+                })
             }
         }
+    }
+
+    fn thread_id(&self) -> &str {
+        match self {
+            Self::Checkpoint(put) => &put.thread_id,
+            Self::Writes { thread_id, .. } => thread_id,
+        }
+    }
+
+    /// Applies the save on the write connection.
+    fn apply(&self, conn: &Connection) -> Result<(), CheckpointError> {
+        match self {
+            Self::Checkpoint(put) => {
+                require_parent(conn, put)?;
+                insert_encoded(conn, put)
+            }
+            Self::Writes {
+                thread_id,
+                checkpoint_ns,
+                checkpoint_id,
+                writes,
+                values,
+            } => insert_writes(
+                conn,
+                thread_id,
+                checkpoint_ns,
+                checkpoint_id,
+                &plan_writes(writes),
+                values,
+            ),
+        }
+    }
+}
+
+/// Resolves when a batch of saves is committed (or failed), for every save in it.
+type BatchDone = Shared<BoxFuture<'static, Result<(), CheckpointError>>>;
+
+/// Saves of a thread queued on the writer thread whose write has not started yet.
+struct OpenBatch {
+    saves: Vec<EncodedSave>,
+    done: BatchDone,
+}
+
+/// Per thread, the batch of saves still waiting for the writer thread. A run queues a save
+/// per step and per task's writes, and each write on the writer thread costs a savepoint,
+/// a hand-off and a wake on top of its inserts: a save queued while the thread's previous
+/// ones still wait joins them, so a quick run's saves take one or two writes, not nine.
+#[derive(Default)]
+struct OpenBatches(Mutex<HashMap<String, OpenBatch>>);
+
+impl OpenBatches {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, OpenBatch>> {
+        // The map is consistent between statements: a panic elsewhere cannot break it.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl SqliteCheckpointer {
+    /// Queues a save on the writer thread. A thread's saves are applied in the order they
+    /// come; a save joins its thread's batch when one is still waiting (so it is applied
+    /// earlier than writes queued between the two, which never depend on it), and then
+    /// shares that batch's outcome: if any save of a batch fails, none of it is stored.
+    fn submit(&self, write: QueuedWrite) -> WriteReceipt {
+        let save = match EncodedSave::new(write) {
+            Ok(save) => save,
+            Err(e) => return Box::pin(std::future::ready(Err(e))),
+        };
+        let thread_id = save.thread_id().to_owned();
+        let mut open = self.open.lock();
+        if let Some(batch) = open.get_mut(&thread_id) {
+            batch.saves.push(save);
+            return Box::pin(batch.done.clone());
+        }
+        let batches = self.open.clone();
+        let key = thread_id.clone();
+        // Queued while the map is locked, so the write cannot take the batch before it is in.
+        let done = self
+            .writer
+            .submit(move |conn| {
+                let saves = batches.lock().remove(&key).map(|b| b.saves);
+                saves.iter().flatten().try_for_each(|save| save.apply(conn))
+            })
+            .boxed()
+            .shared();
+        open.insert(
+            thread_id,
+            OpenBatch {
+                saves: vec![save],
+                done: done.clone(),
+            },
+        );
+        Box::pin(done)
     }
 }
 
@@ -598,6 +690,132 @@ const COPY_SQL: [&str; 3] = [
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A checkpointer over a fresh database, with the storage it writes through.
+    async fn saver() -> (
+        tempfile::TempDir,
+        crate::sqlite::SqliteStorage,
+        SqliteCheckpointer,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = crate::sqlite::SqliteStorage::open(dir.path().join("db").to_str().unwrap())
+            .await
+            .unwrap();
+        let saver = SqliteCheckpointer::new(
+            storage.read.clone(),
+            storage.readers.clone(),
+            storage.writer.clone(),
+        );
+        (dir, storage, saver)
+    }
+
+    /// A checkpoint save of `thread` (channel `n` at `version`) below `parent`; its id.
+    fn save(thread: &str, parent: Option<&str>, version: u64) -> (QueuedWrite, String) {
+        let id = spindle_graph::checkpoint::new_checkpoint_id();
+        let checkpoint = Checkpoint {
+            v: 1,
+            id: id.clone(),
+            ts: Utc::now().to_rfc3339(),
+            channel_values: Default::default(),
+            channel_versions: [("n".to_owned(), version)].into(),
+            versions_seen: Default::default(),
+            updated_channels: Vec::new(),
+            delta_depths: Default::default(),
+        };
+        let write = QueuedWrite::Checkpoint {
+            thread_id: thread.to_owned(),
+            checkpoint_ns: String::new(),
+            checkpoint: Box::new(checkpoint),
+            metadata: serde_json::json!({"step": version}),
+            parent_id: parent.map(str::to_owned),
+            blobs: vec![ChannelBlob {
+                channel: "n".into(),
+                version,
+                value: spindle_graph::checkpoint::BlobValue::Full {
+                    value: serde_json::json!(version),
+                },
+            }],
+        };
+        (write, id)
+    }
+
+    fn writes(thread: &str, checkpoint_id: &str) -> QueuedWrite {
+        QueuedWrite::Writes {
+            thread_id: thread.to_owned(),
+            checkpoint_ns: String::new(),
+            checkpoint_id: checkpoint_id.to_owned(),
+            writes: vec![PendingWrite {
+                task_id: "task".into(),
+                channel: "n".into(),
+                value: serde_json::json!(1),
+            }],
+        }
+    }
+
+    /// Saves queued while the writer is busy are written as one write, in the order they
+    /// came, and each is told once they are committed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn saves_queued_while_the_writer_is_busy_are_written_together() {
+        let (_dir, storage, saver) = saver().await;
+        let thread = "0190a9e4-0000-7000-8000-000000000001";
+        let busy = storage.writer.permit().await.unwrap();
+        let (first, first_id) = save(thread, None, 1);
+        let (second, second_id) = save(thread, Some(&first_id), 2);
+        let receipts = vec![
+            saver.submit(first),
+            saver.submit(writes(thread, &first_id)),
+            saver.submit(second),
+        ];
+        assert_eq!(
+            saver.open.lock().get(thread).map(|b| b.saves.len()),
+            Some(3),
+            "one batch holds all three"
+        );
+        drop(busy);
+        for receipt in receipts {
+            receipt.await.unwrap();
+        }
+        assert!(saver.open.lock().is_empty());
+        let history = saver
+            .list(thread, Some(""), &ListFilter::default())
+            .await
+            .unwrap();
+        let ids: Vec<&str> = history.iter().map(|t| t.checkpoint.id.as_str()).collect();
+        assert_eq!(ids, [second_id.as_str(), first_id.as_str()]);
+        assert_eq!(history[0].parent_id.as_deref(), Some(first_id.as_str()));
+        assert_eq!(history[1].pending_writes.len(), 1);
+    }
+
+    /// A batch is one write: when one of its saves fails, none is stored and every one of
+    /// them hears of it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_batch_with_a_failed_save_stores_none_of_it() {
+        let (_dir, storage, saver) = saver().await;
+        let thread = "0190a9e4-0000-7000-8000-000000000002";
+        let busy = storage.writer.permit().await.unwrap();
+        let (first, first_id) = save(thread, None, 1);
+        let (orphan, _) = save(thread, Some("missing"), 2);
+        let (third, _) = save(thread, Some(&first_id), 3);
+        let receipts = vec![
+            saver.submit(first),
+            saver.submit(orphan),
+            saver.submit(third),
+        ];
+        drop(busy);
+        for receipt in receipts {
+            let result = receipt.await;
+            assert!(
+                matches!(result, Err(CheckpointError::Missing(_))),
+                "{result:?}"
+            );
+        }
+        assert!(saver.get_tuple(thread, "", None).await.unwrap().is_none());
+        // The next save of the thread starts a batch of its own.
+        let (fresh, fresh_id) = save(thread, None, 1);
+        saver.submit(fresh).await.unwrap();
+        let latest = saver.get_tuple(thread, "", None).await.unwrap().unwrap();
+        assert_eq!(latest.checkpoint.id, fresh_id);
+    }
 
     /// With table statistics, SQLite must still walk a delta chain by index lookups, without
     /// a Bloom filter (which scans the table) or a scan of the blobs.
