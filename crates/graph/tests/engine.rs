@@ -361,6 +361,52 @@ async fn cancellation_stops_a_sleeping_node() {
     assert!(s.tasks[0].error.is_none());
 }
 
+/// A run told its thread is new starts from nothing without reading the thread (the
+/// server knows a thread's first run from its storage); a checkpoint to start from still wins.
+#[tokio::test]
+async fn a_run_on_a_thread_known_to_be_new_does_not_read_it() {
+    let g = list_graph(
+        GraphBuilder::new("s")
+            .channel(log_channel())
+            .node("a", push("log", "a"))
+            .edge(START, "a"),
+    );
+    let h = Harness::new();
+    let run = |new_thread: bool, checkpoint_id: Option<String>| {
+        let env = spindle_graph::RunEnv {
+            checkpointer: Some(h.saver.clone()),
+            ..Default::default()
+        };
+        let cfg = spindle_graph::RunConfig {
+            thread_id: Some("t".into()),
+            checkpoint_id,
+            new_thread,
+            ..Default::default()
+        };
+        spindle_graph::pregel::run(&g, values(json!({})), cfg, env)
+    };
+    let first = run(false, None).await.unwrap();
+    assert_eq!(first.values["log"], json!(["a"]));
+    let first_id = first.checkpoint.unwrap().checkpoint_id;
+    // Read: the log goes on from the first run's state.
+    let read = run(false, None).await.unwrap();
+    assert_eq!(read.values["log"], json!(["a", "a"]));
+    // Not read: the thread is taken to be empty.
+    let fresh = run(true, None).await.unwrap();
+    assert_eq!(fresh.values["log"], json!(["a"]));
+    let history = get_state_history(&g, h.saver.as_ref(), "t", "", &Default::default())
+        .await
+        .unwrap();
+    let roots = history
+        .iter()
+        .filter(|s| s.parent_checkpoint.is_none())
+        .count();
+    assert_eq!(roots, 2, "the fresh run's first checkpoint has no parent");
+    // Time travel reads the checkpoint it names, new thread or not.
+    let forked = run(true, Some(first_id)).await.unwrap();
+    assert_eq!(forked.values["log"], json!(["a", "a"]));
+}
+
 #[tokio::test]
 async fn static_interrupts_pause_and_continue() {
     let b = || {

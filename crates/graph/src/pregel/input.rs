@@ -4,7 +4,7 @@
 use serde_json::{json, Value};
 
 use super::state::{START_INPUT, TASKS};
-use super::{task, Loop, LoopError, RunError, RunInput, RunOutcome, W_INTERRUPT, W_RESUME};
+use super::{task, Loop, LoopError, Origin, RunError, RunInput, RunOutcome, W_INTERRUPT, W_RESUME};
 use crate::checkpoint::PendingWrite;
 use crate::graph::START;
 use crate::node::Goto;
@@ -14,12 +14,12 @@ impl Loop {
     pub(super) async fn start(
         &mut self,
         input: RunInput,
-        checkpoint_id: Option<&str>,
+        origin: Origin<'_>,
     ) -> Result<RunOutcome, LoopError> {
-        let loaded = self.load(checkpoint_id).await?;
+        let loaded = self.load(origin).await?;
         // Forking from an older checkpoint: new checkpoints hang below it, and writes saved
         // against it belong to the old branch.
-        let forked = checkpoint_id.is_some();
+        let forked = matches!(origin, Origin::Checkpoint(_));
         let mut skip_interrupt_before = false;
         match input {
             RunInput::Values(v) => {

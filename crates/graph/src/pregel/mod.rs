@@ -44,6 +44,28 @@ pub(crate) const W_INTERRUPT: &str = "__interrupt__";
 pub(crate) const W_RESUME: &str = "__resume__";
 pub(crate) const W_DONE: &str = "__done__";
 
+/// The checkpoint a loop starts from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Origin<'a> {
+    /// The thread's latest, if it has one.
+    Latest,
+    /// This one (time travel); it must exist.
+    Checkpoint(&'a str),
+    /// None: the thread is known to have no checkpoint, so it is not read.
+    Fresh,
+}
+
+impl<'a> Origin<'a> {
+    /// From [`RunConfig::checkpoint_id`] and [`RunConfig::new_thread`].
+    fn of(checkpoint_id: Option<&'a str>, new_thread: bool) -> Self {
+        match (checkpoint_id, new_thread) {
+            (Some(id), _) => Origin::Checkpoint(id),
+            (None, true) => Origin::Fresh,
+            (None, false) => Origin::Latest,
+        }
+    }
+}
+
 /// Run a graph.
 pub async fn run(
     graph: &Arc<Graph>,
@@ -76,6 +98,7 @@ pub async fn run(
     });
     let trace = shared.wants_events().then(|| root_trace(graph, &shared));
     let saver = cfg.thread_id.as_ref().and(env.checkpointer);
+    let origin = Origin::of(cfg.checkpoint_id.as_deref(), cfg.new_thread);
     let mut lp = Loop {
         graph: graph.clone(),
         run: shared,
@@ -106,13 +129,10 @@ pub async fn run(
         let data = json!({"input": run_input_json(&input)});
         t.emit(&lp.run, "on_chain_start", data).await;
     }
-    let out = lp
-        .start(input, cfg.checkpoint_id.as_deref())
-        .await
-        .map_err(|e| match e {
-            LoopError::Run(r) => r,
-            LoopError::Node(n) => RunError::from_node(n),
-        })?;
+    let out = lp.start(input, origin).await.map_err(|e| match e {
+        LoopError::Run(r) => r,
+        LoopError::Node(n) => RunError::from_node(n),
+    })?;
     // An interrupted run ends normally too; a failed one has no end event, as in LangGraph.
     if let Some(t) = &trace {
         let data = json!({"output": out.values});
@@ -209,7 +229,7 @@ pub(crate) async fn run_subgraph(
         }
         None => RunInput::Values(input),
     };
-    match lp.start(input, None).await {
+    match lp.start(input, Origin::Latest).await {
         Ok(out) if out.interrupts.is_empty() && out.next.is_empty() => {
             if let (Some(t), Some(i)) = (trace, traced_input) {
                 t.end(&ctx.run, "on_chain_end", out.values.clone(), i).await;
@@ -291,7 +311,12 @@ impl Loop {
         self.thread_id.as_deref().unwrap_or_default()
     }
 
-    async fn load(&mut self, checkpoint_id: Option<&str>) -> Result<bool, LoopError> {
+    async fn load(&mut self, origin: Origin<'_>) -> Result<bool, LoopError> {
+        let checkpoint_id = match origin {
+            Origin::Latest => None,
+            Origin::Checkpoint(id) => Some(id),
+            Origin::Fresh => return Ok(false),
+        };
         let Some(saver) = self.saver.clone() else {
             return Ok(false);
         };

@@ -84,6 +84,10 @@ pub struct RunConfig {
     pub interrupt_after: Option<NodeSet>,
     /// When checkpoints are written.
     pub durability: Durability,
+    /// The caller knows the thread has no checkpoint yet (its storage said so when the run
+    /// was created): the run starts fresh without looking for one. Ignored with
+    /// `checkpoint_id`.
+    pub new_thread: bool,
 }
 
 impl Default for RunConfig {
@@ -99,6 +103,7 @@ impl Default for RunConfig {
             interrupt_before: None,
             interrupt_after: None,
             durability: Durability::Async,
+            new_thread: false,
         }
     }
 }

@@ -528,6 +528,7 @@ pub(crate) async fn start_run(
             let claimed = ClaimedRun {
                 run: created.run.clone(),
                 last_seq,
+                thread_is_new: created.thread_is_new,
             };
             state.workers.execute_now(slot, claimed, assistant);
         }

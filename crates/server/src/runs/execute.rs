@@ -175,6 +175,8 @@ pub fn run_config(run: &Run, assistant: &Assistant) -> RunConfig {
             .and_then(Value::as_str)
             .and_then(Durability::parse)
             .unwrap_or(Durability::Async),
+        // Only its worker knows (from the claim).
+        new_thread: false,
     }
 }
 

@@ -213,25 +213,23 @@ impl RunWorkers {
     }
 
     async fn execute(&self, claimed: ClaimedRun, assistant: Option<Assistant>) {
-        let run = &claimed.run;
         // Instrumented, not entered: a span guard held across `.await` would be entered on one
         // thread and left on another.
-        let span = super::trace::run_span(run);
-        self.execute_in_span(run, claimed.last_seq, assistant)
+        let span = super::trace::run_span(&claimed.run);
+        self.execute_in_span(&claimed, assistant)
             .instrument(span)
             .await;
     }
 
-    async fn execute_in_span(&self, run: &Run, last_seq: i64, assistant: Option<Assistant>) {
+    async fn execute_in_span(&self, claimed: &ClaimedRun, assistant: Option<Assistant>) {
+        let run = &claimed.run;
         let cancel = CancellationToken::new();
         self.executing
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(run.run_id, cancel.clone());
         let started = std::time::Instant::now();
-        let result = self
-            .execute_claimed(run, last_seq, assistant, &cancel)
-            .await;
+        let result = self.execute_claimed(claimed, assistant, &cancel).await;
         self.executing
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -262,11 +260,11 @@ impl RunWorkers {
 
     async fn execute_claimed(
         &self,
-        run: &Run,
-        last_seq: i64,
+        claimed: &ClaimedRun,
         assistant: Option<Assistant>,
         cancel: &CancellationToken,
     ) -> Result<(RunStatus, Option<Arc<EndedRun>>), String> {
+        let run = &claimed.run;
         let scope = Scope::new(run.user_id.clone().unwrap_or_default());
         let checkpointer = self.storage.checkpointer();
         let (sink, events) = mpsc::channel::<StreamEvent>(1024);
@@ -288,7 +286,7 @@ impl RunWorkers {
             self.storage.clone(),
             self.hub.clone(),
             run.clone(),
-            last_seq,
+            claimed.last_seq,
             events,
             protocol_log,
             failed.clone(),
@@ -316,6 +314,7 @@ impl RunWorkers {
                 let resumed = resumed_from(checkpointer.as_ref(), run).await;
                 let input = run_input(&run.kwargs, resumed);
                 let mut config = run_config(run, assistant);
+                config.new_thread = claimed.thread_is_new;
                 if resumed == Resumed::FromItsCheckpoint {
                     // A fork was made by the first attempt; go on from where it got to.
                     config.checkpoint_id = None;

@@ -252,6 +252,8 @@ pub struct CreatedRun {
     /// Set when the run was created claimed ([`NewRun::claim`]): the seq of the thread's last
     /// logged event, as [`ClaimedRun::last_seq`].
     pub claimed_after_seq: Option<i64>,
+    /// Set with `claimed_after_seq`, as [`ClaimedRun::thread_is_new`].
+    pub thread_is_new: bool,
 }
 
 /// A run a worker now holds.
@@ -260,6 +262,9 @@ pub struct ClaimedRun {
     pub run: Run,
     /// The seq of the thread's last logged event; the worker numbers new events after it.
     pub last_seq: i64,
+    /// The thread had no checkpoint when the run was claimed, so the run need not look for
+    /// one (a thread's first run spares a read). `false` when the claim did not look.
+    pub thread_is_new: bool,
 }
 
 /// How a run ended, written in one transaction with its thread's new state.

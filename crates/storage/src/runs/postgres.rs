@@ -215,6 +215,20 @@ async fn last_seq(conn: &mut PgConnection, thread_id: Uuid) -> StorageResult<i64
     Ok(seq.unwrap_or(0))
 }
 
+/// For a run claimed as it is created: the thread's last event seq, and whether it has no
+/// checkpoint yet, in one round trip.
+async fn claim_start(conn: &mut PgConnection, thread_id: Uuid) -> StorageResult<(i64, bool)> {
+    let (seq, new_thread): (Option<i64>, bool) = sqlx::query_as(
+        "SELECT (SELECT event_seq FROM threads WHERE thread_id = $1), \
+         NOT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = $2)",
+    )
+    .bind(thread_id)
+    .bind(thread_id.to_string())
+    .fetch_one(conn)
+    .await?;
+    Ok((seq.unwrap_or(0), new_thread))
+}
+
 /// Appends events to their threads' logs and moves the threads' counters past them.
 async fn insert_events(conn: &mut PgConnection, events: &[LoggedEvent]) -> StorageResult<()> {
     if events.is_empty() {
@@ -332,7 +346,11 @@ async fn skip_unlogged(conn: &mut PgConnection, thread_id: Uuid) -> StorageResul
 async fn claimed(conn: &mut PgConnection, row: RunRow<Uuid>) -> StorageResult<ClaimedRun> {
     let run = Run::try_from(row)?;
     let last_seq = last_seq(conn, run.thread_id).await?;
-    Ok(ClaimedRun { run, last_seq })
+    Ok(ClaimedRun {
+        run,
+        last_seq,
+        thread_is_new: false,
+    })
 }
 
 impl PostgresStorage {
@@ -439,14 +457,18 @@ impl RunStore for PostgresStorage {
                 .bind(now)
                 .execute(&mut *tx)
                 .await?;
-            let claimed_after_seq = match start.status {
-                RunStatus::Running => Some(last_seq(&mut tx, new.thread_id).await?),
-                _ => None,
+            let (claimed_after_seq, thread_is_new) = match start.status {
+                RunStatus::Running => {
+                    let (seq, new_thread) = claim_start(&mut tx, new.thread_id).await?;
+                    (Some(seq), new_thread)
+                }
+                _ => (None, false),
             };
             Ok(CreatedRun {
                 run: row.try_into()?,
                 cancelled,
                 claimed_after_seq,
+                thread_is_new,
             })
         }
         .await;

@@ -215,6 +215,13 @@ fn last_seq(conn: &Connection, thread_id: Uuid) -> StorageResult<i64> {
     Ok(seq.unwrap_or(0))
 }
 
+/// Whether the thread has a checkpoint (in any namespace): a key-prefix probe.
+fn has_checkpoints(conn: &Connection, thread_id: Uuid) -> StorageResult<bool> {
+    Ok(conn
+        .prepare_cached("SELECT 1 FROM checkpoints WHERE thread_id = ?1 LIMIT 1")?
+        .exists([id(thread_id)])?)
+}
+
 /// Logged events as their rows, encoded on the caller's thread: the writer thread, which
 /// only inserts them, is the bottleneck.
 struct EventRows {
@@ -335,7 +342,11 @@ fn skip_unlogged(conn: &Connection, thread_id: Uuid) -> StorageResult<()> {
 
 fn claimed(conn: &Connection, run: Run) -> StorageResult<ClaimedRun> {
     let last_seq = last_seq(conn, run.thread_id)?;
-    Ok(ClaimedRun { run, last_seq })
+    Ok(ClaimedRun {
+        run,
+        last_seq,
+        thread_is_new: false,
+    })
 }
 
 /// A new run's JSON columns, encoded on the caller's thread: the writer thread, which only
@@ -433,9 +444,12 @@ fn create_run(
         "UPDATE threads SET status = 'busy', updated_at = ?2 WHERE thread_id = ?1",
         (id(new.thread_id), ts(now)),
     )?;
-    let claimed_after_seq = match start.status {
-        RunStatus::Running => Some(last_seq(conn, new.thread_id)?),
-        _ => None,
+    let (claimed_after_seq, thread_is_new) = match start.status {
+        RunStatus::Running => (
+            Some(last_seq(conn, new.thread_id)?),
+            !has_checkpoints(conn, new.thread_id)?,
+        ),
+        _ => (None, false),
     };
     // The row as inserted, without reading it back (timestamps are stored at full precision).
     let run = start.run(new, scope, now);
@@ -443,6 +457,7 @@ fn create_run(
         run,
         cancelled,
         claimed_after_seq,
+        thread_is_new,
     })
 }
 

@@ -143,6 +143,67 @@ async fn create_stores_a_pending_run_and_marks_the_thread_busy() {
     .await;
 }
 
+/// A run created claimed says whether its thread has a checkpoint yet: the first run of a
+/// new thread then starts without reading one.
+#[tokio::test]
+async fn a_run_created_claimed_knows_whether_its_thread_is_new() {
+    for_each_backend(|db| async move {
+        let s = db.storage();
+        let alice = fresh_user();
+        let thread = thread_of(s, &alice).await;
+        let claimed = || NewRun {
+            claim: Some(Claim {
+                worker_id: "w".into(),
+                lease: LEASE,
+            }),
+            ..new_run(thread, MultitaskStrategy::Enqueue)
+        };
+        let first = s.create_run(&alice, claimed()).await.unwrap();
+        assert!(first.claimed_after_seq.is_some());
+        assert!(first.thread_is_new, "no checkpoint yet");
+        // Not claimed: nobody asked, and it says nothing.
+        let queued = s
+            .create_run(&alice, new_run(thread, MultitaskStrategy::Enqueue))
+            .await
+            .unwrap();
+        assert!(!queued.thread_is_new);
+        s.cancel_runs(
+            &alice,
+            thread,
+            &[queued.run.run_id],
+            CancelAction::Interrupt,
+        )
+        .await
+        .unwrap();
+
+        let checkpoint = spindle_graph::checkpoint::Checkpoint {
+            v: 1,
+            id: spindle_graph::checkpoint::new_checkpoint_id(),
+            ts: Utc::now().to_rfc3339(),
+            channel_values: Default::default(),
+            channel_versions: Default::default(),
+            versions_seen: Default::default(),
+            updated_channels: Vec::new(),
+            delta_depths: Default::default(),
+        };
+        s.checkpointer()
+            .put(&thread.to_string(), "", &checkpoint, &json!({}), None, &[])
+            .await
+            .unwrap();
+        s.finish_run(
+            first.run.run_id,
+            "w",
+            end(RunStatus::Success, ThreadStatus::Idle),
+        )
+        .await
+        .unwrap();
+        let second = s.create_run(&alice, claimed()).await.unwrap();
+        assert!(second.claimed_after_seq.is_some());
+        assert!(!second.thread_is_new, "the thread has a checkpoint now");
+    })
+    .await;
+}
+
 /// A run offered a claim starts claimed when nothing else is active on its thread and it is
 /// due; otherwise it is queued as usual and the claim is not used.
 #[tokio::test]
