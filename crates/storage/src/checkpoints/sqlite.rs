@@ -19,8 +19,8 @@ use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 
 use super::{
     assemble, backend, encode_blobs, encode_write, limit_to_db, metadata_filter, plan_writes,
-    stored_checkpoint, wanted_blobs, BlobRow, Blobs, CheckpointRow, EncodedBlob, Put, WritePlan,
-    WriteRow, CHECKPOINT_COLUMNS,
+    stored_checkpoint, wanted_blobs, BlobRow, Blobs, CheckpointRow, EncodedBlob, Put, WriteRow,
+    CHECKPOINT_COLUMNS,
 };
 use crate::json_filter::push_sqlite_contains;
 use crate::sqlite_reader::Readers;
@@ -316,29 +316,63 @@ fn encoding(e: serde_json::Error) -> CheckpointError {
     CheckpointError::Backend(format!("cannot encode a checkpoint: {e}"))
 }
 
+/// Pending writes of a checkpoint, planned and encoded on the caller's thread: what the
+/// writer thread deletes and inserts, nothing left to work out there.
+struct EncodedWrites {
+    thread_id: String,
+    checkpoint_ns: String,
+    checkpoint_id: String,
+    /// `(task_id, channel)` of the special writes these replace.
+    replace: Vec<(String, String)>,
+    /// `(task_id, channel, value)` of the rows to insert, in order.
+    insert: Vec<(String, String, Vec<u8>)>,
+}
+
+impl EncodedWrites {
+    fn new(
+        thread_id: String,
+        checkpoint_ns: String,
+        checkpoint_id: String,
+        writes: &[PendingWrite],
+    ) -> Result<Self, CheckpointError> {
+        let plan = plan_writes(writes);
+        let insert = plan
+            .insert
+            .iter()
+            .map(|w| Ok((w.task_id.clone(), w.channel.clone(), encode_write(w)?)))
+            .collect::<Result<Vec<_>, CheckpointError>>()?;
+        let replace = plan
+            .replace
+            .iter()
+            .map(|&(task, channel)| (task.to_owned(), channel.to_owned()))
+            .collect();
+        Ok(Self {
+            thread_id,
+            checkpoint_ns,
+            checkpoint_id,
+            replace,
+            insert,
+        })
+    }
+}
+
 /// Saves pending writes of a checkpoint, numbered after its last one; none when the
 /// checkpoint does not exist.
-fn insert_writes(
-    conn: &Connection,
-    thread_id: &str,
-    checkpoint_ns: &str,
-    checkpoint_id: &str,
-    plan: &WritePlan<'_>,
-    values: &[Vec<u8>],
-) -> Result<(), CheckpointError> {
-    let key = (thread_id, checkpoint_ns, checkpoint_id);
+fn insert_writes(conn: &Connection, writes: &EncodedWrites) -> Result<(), CheckpointError> {
+    let (thread_id, checkpoint_id) = (&writes.thread_id, &writes.checkpoint_id);
+    let key = (thread_id, &writes.checkpoint_ns, checkpoint_id);
     let mut replace = conn
         .prepare_cached(
             "DELETE FROM checkpoint_writes WHERE thread_id = ?1 AND checkpoint_ns = ?2 \
              AND checkpoint_id = ?3 AND task_id = ?4 AND channel = ?5",
         )
         .map_err(backend)?;
-    for (task, channel) in &plan.replace {
+    for (task, channel) in &writes.replace {
         replace
-            .execute((key.0, key.1, key.2, *task, *channel))
+            .execute((key.0, key.1, key.2, task, channel))
             .map_err(backend)?;
     }
-    if plan.insert.is_empty() {
+    if writes.insert.is_empty() {
         return Ok(());
     }
     // The writer thread runs one write at a time, so the numbering cannot race.
@@ -365,15 +399,15 @@ fn insert_writes(
              task_id, channel, value) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
         )
         .map_err(backend)?;
-    for (offset, (w, value)) in plan.insert.iter().zip(values).enumerate() {
+    for (offset, (task, channel, value)) in writes.insert.iter().enumerate() {
         insert
             .execute((
                 key.0,
                 key.1,
                 key.2,
                 next + offset as i64,
-                w.task_id.as_str(),
-                w.channel.as_str(),
+                task,
+                channel,
                 value.as_slice(),
             ))
             .map_err(backend)?;
@@ -394,14 +428,7 @@ pub(crate) fn delete_checkpoints(conn: &Connection, thread_id: &str) -> rusqlite
 /// bottleneck), ready to be applied there.
 enum EncodedSave {
     Checkpoint(EncodedCheckpoint),
-    Writes {
-        thread_id: String,
-        checkpoint_ns: String,
-        checkpoint_id: String,
-        writes: Vec<PendingWrite>,
-        /// The encoded values of `plan_writes(&writes).insert`, in its order.
-        values: Vec<Vec<u8>>,
-    },
+    Writes(EncodedWrites),
 }
 
 impl EncodedSave {
@@ -428,27 +455,15 @@ impl EncodedSave {
                 checkpoint_ns,
                 checkpoint_id,
                 writes,
-            } => {
-                let values = plan_writes(&writes)
-                    .insert
-                    .iter()
-                    .map(|w| encode_write(w))
-                    .collect::<Result<Vec<_>, _>>()?;
-                Ok(Self::Writes {
-                    thread_id,
-                    checkpoint_ns,
-                    checkpoint_id,
-                    writes,
-                    values,
-                })
-            }
+            } => EncodedWrites::new(thread_id, checkpoint_ns, checkpoint_id, &writes)
+                .map(Self::Writes),
         }
     }
 
     fn thread_id(&self) -> &str {
         match self {
             Self::Checkpoint(put) => &put.thread_id,
-            Self::Writes { thread_id, .. } => thread_id,
+            Self::Writes(writes) => &writes.thread_id,
         }
     }
 
@@ -459,20 +474,7 @@ impl EncodedSave {
                 require_parent(conn, put)?;
                 insert_encoded(conn, put)
             }
-            Self::Writes {
-                thread_id,
-                checkpoint_ns,
-                checkpoint_id,
-                writes,
-                values,
-            } => insert_writes(
-                conn,
-                thread_id,
-                checkpoint_ns,
-                checkpoint_id,
-                &plan_writes(writes),
-                values,
-            ),
+            Self::Writes(writes) => insert_writes(conn, writes),
         }
     }
 }
@@ -942,13 +944,9 @@ mod tests {
                 channel: "messages".into(),
                 value: serde_json::json!(format!("w{step}")),
             }];
-            let plan = plan_writes(&writes);
-            let values: Vec<Vec<u8>> = plan
-                .insert
-                .iter()
-                .map(|w| encode_write(w).unwrap())
-                .collect();
-            insert_writes(&conn, thread, "", &id, &plan, &values).unwrap();
+            let writes =
+                EncodedWrites::new(thread.into(), String::new(), id.clone(), &writes).unwrap();
+            insert_writes(&conn, &writes).unwrap();
             parent = Some(id.clone());
             ids.push(id);
         }

@@ -215,11 +215,16 @@ fn last_seq(conn: &Connection, thread_id: Uuid) -> StorageResult<i64> {
     Ok(seq.unwrap_or(0))
 }
 
-/// Whether the thread has a checkpoint (in any namespace): a key-prefix probe.
-fn has_checkpoints(conn: &Connection, thread_id: Uuid) -> StorageResult<bool> {
-    Ok(conn
-        .prepare_cached("SELECT 1 FROM checkpoints WHERE thread_id = ?1 LIMIT 1")?
-        .exists([id(thread_id)])?)
+/// For a run claimed as it is created: the thread's last event seq, and whether it has no
+/// checkpoint yet (in any namespace: a key-prefix probe), in one statement.
+fn claim_start(conn: &Connection, thread_id: Uuid) -> StorageResult<(i64, bool)> {
+    let (seq, new_thread): (Option<i64>, bool) = conn
+        .prepare_cached(
+            "SELECT (SELECT event_seq FROM threads WHERE thread_id = ?1), \
+             NOT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = ?1)",
+        )?
+        .query_row([id(thread_id)], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok((seq.unwrap_or(0), new_thread))
 }
 
 /// Logged events as their rows, encoded on the caller's thread: the writer thread, which
@@ -445,10 +450,10 @@ fn create_run(
         (id(new.thread_id), ts(now)),
     )?;
     let (claimed_after_seq, thread_is_new) = match start.status {
-        RunStatus::Running => (
-            Some(last_seq(conn, new.thread_id)?),
-            !has_checkpoints(conn, new.thread_id)?,
-        ),
+        RunStatus::Running => {
+            let (seq, new_thread) = claim_start(conn, new.thread_id)?;
+            (Some(seq), new_thread)
+        }
         _ => (None, false),
     };
     // The row as inserted, without reading it back (timestamps are stored at full precision).
