@@ -16,7 +16,9 @@
 //! - [`Graph::default_config`], [`Graph::default_context`], [`Graph::name`].
 //!
 //! Running (see [`pregel`]):
-//! - [`pregel::run`]`(&Arc<Graph>, RunInput, RunConfig, RunEnv) -> Result<RunOutcome, RunError>`.
+//! - [`pregel::run`]`(&Arc<Graph>, RunInput, RunConfig, RunEnv) -> Result<RunOutcome, RunError>`;
+//!   [`pregel::run_leaving_saves`] hands back the saves still queued when the run ended, so
+//!   the server can write the run's end right behind them.
 //!   Stream events arrive on `RunEnv::sink` as [`StreamEvent`]s whose `data` already has
 //!   LangGraph's payload shape; `StreamEvent::event_name()` gives `mode[/part]|ns...`.
 //!   [`RunError::class`] / [`RunError::message`] give `{"error", "message"}`;

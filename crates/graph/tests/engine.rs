@@ -1094,6 +1094,69 @@ fn gated_async_run(
     (run, events)
 }
 
+/// Runs chain (`n` from 0) with `run_leaving_saves` under `Durability::Async` on `saver`.
+async fn chain_leaving_saves(
+    saver: Arc<dyn Checkpointer>,
+    interrupt_before: Option<NodeSet>,
+) -> (spindle_graph::RunOutcome, Option<WriteReceipt>) {
+    let cfg = spindle_graph::RunConfig {
+        thread_id: Some("t".into()),
+        durability: Durability::Async,
+        interrupt_before,
+        ..Default::default()
+    };
+    let env = spindle_graph::RunEnv {
+        checkpointer: Some(saver),
+        ..Default::default()
+    };
+    let graph = common::example("chain");
+    spindle_graph::pregel::run_leaving_saves(&graph, values(json!({"n": 0})), cfg, env)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_run_leaving_saves_returns_before_they_are_done_with_their_receipt() {
+    let (saver, open) = GatedSaver::new();
+    let run = chain_leaving_saves(saver.clone(), None);
+    let (done, saves) = tokio::time::timeout(Duration::from_secs(10), run)
+        .await
+        .expect("the run ended without waiting for its saves");
+    assert_eq!(done.values, json!({"n": 3}));
+    let saves = saves.expect("the queued saves are handed back");
+    let saved = saver.inner.list("t", None, &ListFilter::default()).await;
+    assert!(saved.unwrap().is_empty(), "nothing was saved yet");
+    open.send(true).unwrap();
+    saves.await.unwrap();
+    assert_one_chain_of(saver.inner.as_ref(), 5).await;
+    let latest = saver.inner.get_tuple("t", "", None).await.unwrap().unwrap();
+    assert_eq!(
+        Some(latest.at),
+        done.checkpoint,
+        "the outcome names the last save"
+    );
+}
+
+#[tokio::test]
+async fn a_run_leaving_saves_waits_for_them_when_it_stops_short_or_cannot_leave_them() {
+    // Interrupted: the caller reads the stored checkpoint, so the run waits for it.
+    let (saver, open) = GatedSaver::new();
+    open.send(true).unwrap();
+    let before_b = Some(NodeSet::Some(vec!["b".into()]));
+    let (done, saves) = chain_leaving_saves(saver.clone(), before_b).await;
+    assert_eq!(done.next, vec!["b".to_string()]);
+    assert!(saves.is_none(), "an interrupted run waited for its saves");
+    assert_one_chain_of(saver.inner.as_ref(), 3).await;
+
+    // A backend without a queue of its own: the engine orders the saves, so nothing the
+    // caller queues afterwards would be applied after them.
+    let saver = Arc::new(InMemoryCheckpointer::new());
+    let (done, saves) = chain_leaving_saves(saver.clone(), None).await;
+    assert_eq!(done.values, json!({"n": 3}));
+    assert!(saves.is_none(), "the run waited for its saves");
+    assert_one_chain_of(saver.as_ref(), 5).await;
+}
+
 /// The `n` of the next `values` event, or `None` when none comes within `wait`.
 async fn next_n(
     events: &mut mpsc::Receiver<spindle_graph::StreamEvent>,

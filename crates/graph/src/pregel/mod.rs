@@ -73,6 +73,36 @@ pub async fn run(
     cfg: RunConfig,
     env: RunEnv,
 ) -> Result<RunOutcome, RunError> {
+    run_root(graph, input, cfg, env, false)
+        .await
+        .map(|(outcome, _)| outcome)
+}
+
+/// Run a graph that the caller ends in the database: when the run went to its end (no
+/// interrupt, nothing next) and its checkpointer applies saves in the order they are queued
+/// ([`Checkpointer::queue`]), the saves still queued are not waited for but handed back with
+/// the outcome. Whatever the caller then queues on the same database is applied after them,
+/// so a run's end can be written right behind its last checkpoint instead of after its
+/// commit; the caller must make that write conditional on the checkpoint
+/// ([`RunOutcome::checkpoint`], always set with a receipt) being stored, and may await the
+/// receipt to learn why it is not.
+/// Any other outcome returns with every save done, as [`run`] does.
+pub async fn run_leaving_saves(
+    graph: &Arc<Graph>,
+    input: RunInput,
+    cfg: RunConfig,
+    env: RunEnv,
+) -> Result<(RunOutcome, Option<WriteReceipt>), RunError> {
+    run_root(graph, input, cfg, env, true).await
+}
+
+async fn run_root(
+    graph: &Arc<Graph>,
+    input: RunInput,
+    cfg: RunConfig,
+    env: RunEnv,
+    leave_saves: bool,
+) -> Result<(RunOutcome, Option<WriteReceipt>), RunError> {
     // Subgraphs find their thread in `configurable.thread_id`, as LangGraph nodes do.
     let mut config = match cfg.config.clone() {
         Value::Object(m) => Value::Object(m),
@@ -121,6 +151,8 @@ pub async fn run(
         recursion_limit: cfg.recursion_limit,
         durability: cfg.durability,
         behind: None,
+        saves_ordered: true,
+        leave_saves,
         steps_behind: 0,
         exit: Default::default(),
         events: trace.as_ref().map(|t| t.scope.clone()),
@@ -138,7 +170,7 @@ pub async fn run(
         let data = json!({"output": out.values});
         t.emit(&lp.run, "on_chain_end", data).await;
     }
-    Ok(out)
+    Ok((out, lp.behind.take()))
 }
 
 /// The graph run itself in `events`: named after the graph, with the server's run id.
@@ -193,6 +225,8 @@ pub(crate) async fn run_subgraph(
         recursion_limit: 10_000,
         durability: Durability::Sync,
         behind: None,
+        saves_ordered: true,
+        leave_saves: false,
         steps_behind: 0,
         exit: Default::default(),
         events: trace.as_ref().map(|t| t.scope.clone()),
@@ -290,6 +324,12 @@ pub(crate) struct Loop {
     pub durability: Durability,
     /// Under `Durability::Async`, resolves when every save queued so far is done.
     pub behind: Option<WriteReceipt>,
+    /// Whether every save queued so far went through the backend's own queue, so a write
+    /// queued on the backend after them is applied after them.
+    pub saves_ordered: bool,
+    /// The root loop of [`run_leaving_saves`]: a run that goes to its end leaves its queued
+    /// saves to the caller (when `saves_ordered`).
+    pub leave_saves: bool,
     /// Steps whose saves were queued since `behind` was last waited for.
     pub steps_behind: usize,
     /// What `Durability::Exit` holds back until the run ends.
@@ -559,12 +599,18 @@ impl Loop {
     }
 
     async fn finish(&mut self, interrupts: Vec<Interrupt>) -> Result<RunOutcome, LoopError> {
-        self.flush().await?;
-        self.save_exit().await?;
-        let next = task::prepare(self)
+        let next: Vec<String> = task::prepare(self)
             .iter()
             .map(|t| self.graph.nodes[t.node].name.clone())
             .collect();
+        // Only a run that went to its end may leave its saves: its caller ends it from these
+        // values, while an interrupted one is ended from its stored checkpoint.
+        let went_to_end = interrupts.is_empty() && next.is_empty();
+        let leave = self.leave_saves && self.saves_ordered && self.checkpoint_id.is_some();
+        if !(went_to_end && leave) {
+            self.flush().await?;
+        }
+        self.save_exit().await?;
         Ok(RunOutcome {
             values: self.state.project(&self.graph, &self.graph.output_keys),
             interrupts,

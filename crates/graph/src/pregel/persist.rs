@@ -56,6 +56,7 @@ impl Loop {
             Ok(receipt) => after(earlier, receipt),
             // Ordered here: each save starts when the one before it is done.
             Err(write) => {
+                self.saves_ordered = false;
                 let task = tokio::spawn(async move {
                     if let Some(earlier) = earlier {
                         earlier.await?;

@@ -12,13 +12,13 @@ use std::time::Duration;
 
 use chrono::Utc;
 use serde_json::{json, Value};
-use spindle_graph::checkpoint::Checkpointer;
+use spindle_graph::checkpoint::{Checkpointer, WriteReceipt};
 use spindle_graph::pregel::{self, StateSnapshot};
 use spindle_graph::stream::StreamEvent;
 use spindle_graph::{Graph, RunEnv, RunError, RunOutcome};
 use spindle_storage::{
     Assistant, Claim, ClaimedRun, LoggedEvent, Run, RunEnd, RunStatus, Scope, Storage,
-    ThreadStateColumns, ThreadStatus, UNLOGGED_EVENTS_MAX,
+    StorageError, StorageResult, ThreadStateColumns, ThreadStatus, UNLOGGED_EVENTS_MAX,
 };
 use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -299,7 +299,8 @@ impl RunWorkers {
             cancel.clone(),
         ));
 
-        let outcome = match &prepared {
+        // `saves`: those the engine left queued when the run went to its end (see below).
+        let (outcome, saves) = match &prepared {
             Ok((assistant, graph)) => {
                 let env = RunEnv {
                     checkpointer: Some(checkpointer.clone()),
@@ -319,16 +320,19 @@ impl RunWorkers {
                     // A fork was made by the first attempt; go on from where it got to.
                     config.checkpoint_id = None;
                 }
-                let future = pregel::run(graph, input, config, env);
-                match self.config.run_timeout {
+                let future = pregel::run_leaving_saves(graph, input, config, env);
+                let result = match self.config.run_timeout {
                     Some(limit) => tokio::time::timeout(limit, future)
                         .await
-                        .unwrap_or(Err(RunError::Cancelled))
-                        .map_err(Failure::from),
-                    None => future.await.map_err(Failure::from),
+                        .unwrap_or(Err(RunError::Cancelled)),
+                    None => future.await,
+                };
+                match result {
+                    Ok((done, saves)) => (Ok(done), saves),
+                    Err(e) => (Err(Failure::from(e)), None),
                 }
             }
-            Err(msg) => Err(Failure::Setup(msg.clone())),
+            Err(msg) => (Err(Failure::Setup(msg.clone())), None),
         };
         let timed_out =
             matches!(outcome, Err(Failure::Run(RunError::Cancelled))) && !cancel.is_cancelled();
@@ -382,6 +386,11 @@ impl RunWorkers {
             tail.events.push(event);
         }
         end.events = tail.events;
+        if saves.is_some() {
+            // The end goes to the writer right behind the run's last saves, not after their
+            // commit (one wait for the database instead of two), and only holds if they did.
+            end.after_checkpoint = checkpoint;
+        }
         let status = end.status;
         let webhook = run.kwargs.get(keys::WEBHOOK).and_then(Value::as_str);
         let final_values = webhook.and(end.thread_values.clone());
@@ -393,6 +402,8 @@ impl RunWorkers {
         let ended = self
             .storage
             .finish_run(run.run_id, &self.worker_id, end)
+            .await;
+        let ended = behind_saves(ended, saves)
             .await
             .map_err(|e| e.to_string())?;
         let announced = match (followed, &ended) {
@@ -518,6 +529,32 @@ fn run_end(
         thread_values,
         thread_interrupts,
         events: Vec::new(),
+        after_checkpoint: None,
+    }
+}
+
+/// The outcome of a run's end written behind the saves the engine left queued (by then they
+/// are done: the database applies writes in order). A refused end is explained by the save
+/// that failed; the run is then resumed from its last stored checkpoint once its lease
+/// expires, as after a crash.
+async fn behind_saves(
+    ended: StorageResult<Option<Run>>,
+    saves: Option<WriteReceipt>,
+) -> StorageResult<Option<Run>> {
+    let Some(saves) = saves else {
+        return ended;
+    };
+    match (saves.await, ended) {
+        (Err(save), Err(_)) => Err(StorageError::Checkpoint(format!(
+            "saving the run's last steps failed: {save}"
+        ))),
+        // Only a batch of pending writes without a checkpoint can fail unseen by the end's
+        // condition: the step they belong to is saved, but its history lacks them.
+        (Err(save), Ok(ended)) => {
+            tracing::error!(error = %save, "a save of the run failed after its end was written");
+            Ok(ended)
+        }
+        (Ok(()), ended) => ended,
     }
 }
 
@@ -702,7 +739,7 @@ mod tests {
     use std::sync::Arc;
 
     use serde_json::json;
-    use spindle_graph::checkpoint::InMemoryCheckpointer;
+    use spindle_graph::checkpoint::{CheckpointError, InMemoryCheckpointer};
     use spindle_graph::{examples, Durability, RunConfig, RunEnv, RunInput};
 
     use super::*;
@@ -761,5 +798,27 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A run's end written behind its saves: when it is refused (its checkpoint is not
+    /// stored), the error names the save that failed; a refusal for another reason stays
+    /// that reason.
+    #[tokio::test]
+    async fn a_refused_end_behind_saves_is_explained_by_the_save_that_failed() {
+        let failed: WriteReceipt =
+            Box::pin(async { Err(CheckpointError::Backend("disk I/O error".into())) });
+        let refused = Err(StorageError::Checkpoint("not stored".into()));
+        let explained = behind_saves(refused, Some(failed)).await.unwrap_err();
+        assert!(
+            explained.to_string().contains("disk I/O error"),
+            "{explained}"
+        );
+
+        let saved: WriteReceipt = Box::pin(async { Ok(()) });
+        let lost = behind_saves(Err(StorageError::NotFound("run")), Some(saved)).await;
+        assert!(
+            matches!(lost, Err(StorageError::NotFound("run"))),
+            "{lost:?}"
+        );
     }
 }

@@ -17,7 +17,7 @@ use uuid::Uuid;
 
 use crate::crons::FiringId;
 use crate::model::{JsonObject, Page, Scope, ThreadStatus};
-use crate::StorageResult;
+use crate::{StorageError, StorageResult};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RunStatus {
@@ -284,6 +284,17 @@ pub struct RunEnd {
     /// transaction, so a short run costs one log write, not one per batch. Dropped with the
     /// run when it is rolled back.
     pub events: Vec<LoggedEvent>,
+    /// A checkpoint of the run's thread (root namespace) the end depends on: the run's last,
+    /// whose save the worker queued but did not wait for. The end is refused with
+    /// [`StorageError::Checkpoint`], changing nothing, unless that checkpoint is stored.
+    pub after_checkpoint: Option<String>,
+}
+
+/// The refusal of a run's end whose [`RunEnd::after_checkpoint`] is not stored.
+pub(crate) fn unsaved(checkpoint_id: &str) -> StorageError {
+    StorageError::Checkpoint(format!(
+        "the run's last checkpoint {checkpoint_id} was not stored; its end is not written"
+    ))
 }
 
 /// The logged event that closes a run's events, `{run_id, status}`: written in the transaction
@@ -370,7 +381,8 @@ pub trait RunStore: Send + Sync {
     /// (`None` for a rollback end, which deletes the run). Returning it spares a read that a
     /// concurrent deletion of the thread could beat. `NotFound` when the worker no longer
     /// holds the run (its lease was taken over, or the run or its thread was deleted);
-    /// `Invalid` for an active `end.status`.
+    /// `Invalid` for an active `end.status`; `Checkpoint` when `end.after_checkpoint` is not
+    /// stored.
     async fn finish_run(
         &self,
         run_id: Uuid,

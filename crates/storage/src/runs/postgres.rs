@@ -53,6 +53,23 @@ async fn lock_thread(conn: &mut PgConnection, thread_id: Uuid) -> StorageResult<
     Ok(found.is_some())
 }
 
+/// Refuses a run's end whose last checkpoint is not stored (its save failed).
+async fn require_checkpoint(
+    conn: &mut PgConnection,
+    thread_id: Uuid,
+    checkpoint_id: &str,
+) -> StorageResult<()> {
+    let stored: Option<i32> = sqlx::query_scalar(
+        "SELECT 1 FROM checkpoints WHERE thread_id = $1 AND checkpoint_ns = '' \
+         AND checkpoint_id = $2",
+    )
+    .bind(thread_id.to_string())
+    .bind(checkpoint_id)
+    .fetch_optional(conn)
+    .await?;
+    stored.map(|_| ()).ok_or_else(|| unsaved(checkpoint_id))
+}
+
 /// The thread's active runs, oldest first, locked; only those among `only` when given.
 /// (A run a claim is starting is waited for and seen as it ends up.)
 async fn active_runs(
@@ -714,6 +731,9 @@ impl RunStore for PostgresStorage {
             .fetch_optional(&mut *tx)
             .await?;
             let cancel = held.ok_or(StorageError::NotFound("run"))?;
+            if let Some(checkpoint_id) = &end.after_checkpoint {
+                require_checkpoint(&mut tx, thread_id, checkpoint_id).await?;
+            }
             let now = Utc::now();
             let ended = if cancel.as_deref() == Some(CancelAction::Rollback.as_str()) {
                 sqlx::query("DELETE FROM runs WHERE run_id = $1")

@@ -550,6 +550,7 @@ struct EncodedEnd {
     thread_values: Option<String>,
     thread_interrupts: String,
     events: EventRows,
+    after_checkpoint: Option<String>,
 }
 
 impl EncodedEnd {
@@ -561,6 +562,7 @@ impl EncodedEnd {
             thread_values: end.thread_values.as_ref().map(json).transpose()?,
             thread_interrupts: json(&end.thread_interrupts)?,
             events: EventRows::new(&end.events),
+            after_checkpoint: end.after_checkpoint.clone(),
         })
     }
 }
@@ -585,6 +587,9 @@ fn finish_run(
         })
         .optional()?;
     let (thread_id, cancel, logged) = held.ok_or(StorageError::NotFound("run"))?;
+    if let Some(checkpoint_id) = &end.after_checkpoint {
+        require_checkpoint(conn, thread_id, checkpoint_id)?;
+    }
     let now = Utc::now();
     let (ended, event_seq) = if cancel.as_deref() == Some(CancelAction::Rollback.as_str()) {
         exec(conn, "DELETE FROM runs WHERE run_id = ?1", [id(run_id)])?;
@@ -629,6 +634,21 @@ fn finish_run(
         ),
     )?;
     Ok(ended)
+}
+
+/// Refuses a run's end whose last checkpoint is not stored (its save failed).
+fn require_checkpoint(
+    conn: &Connection,
+    thread_id: Uuid,
+    checkpoint_id: &str,
+) -> StorageResult<()> {
+    let stored = conn
+        .prepare_cached(
+            "SELECT 1 FROM checkpoints WHERE thread_id = ?1 AND checkpoint_ns = '' \
+             AND checkpoint_id = ?2",
+        )?
+        .exists((id(thread_id), checkpoint_id))?;
+    stored.then_some(()).ok_or_else(|| unsaved(checkpoint_id))
 }
 
 impl SqliteStorage {

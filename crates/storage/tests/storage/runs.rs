@@ -3,6 +3,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use serde_json::json;
+use spindle_graph::checkpoint::new_checkpoint_id;
 use spindle_storage::test_util::for_each_backend;
 use spindle_storage::*;
 use uuid::Uuid;
@@ -53,6 +54,7 @@ fn end(status: RunStatus, thread_status: ThreadStatus) -> RunEnd {
         thread_values: Some(json!({"done": status.as_str()})),
         thread_interrupts: JsonObject::new(),
         events: Vec::new(),
+        after_checkpoint: None,
     }
 }
 
@@ -176,20 +178,7 @@ async fn a_run_created_claimed_knows_whether_its_thread_is_new() {
         .await
         .unwrap();
 
-        let checkpoint = spindle_graph::checkpoint::Checkpoint {
-            v: 1,
-            id: spindle_graph::checkpoint::new_checkpoint_id(),
-            ts: Utc::now().to_rfc3339(),
-            channel_values: Default::default(),
-            channel_versions: Default::default(),
-            versions_seen: Default::default(),
-            updated_channels: Vec::new(),
-            delta_depths: Default::default(),
-        };
-        s.checkpointer()
-            .put(&thread.to_string(), "", &checkpoint, &json!({}), None, &[])
-            .await
-            .unwrap();
+        save_checkpoint(s, thread, &new_checkpoint_id()).await;
         s.finish_run(
             first.run.run_id,
             "w",
@@ -200,6 +189,69 @@ async fn a_run_created_claimed_knows_whether_its_thread_is_new() {
         let second = s.create_run(&alice, claimed()).await.unwrap();
         assert!(second.claimed_after_seq.is_some());
         assert!(!second.thread_is_new, "the thread has a checkpoint now");
+    })
+    .await;
+}
+
+/// Saves an empty root checkpoint `id` on `thread`.
+async fn save_checkpoint(s: &dyn Storage, thread: Uuid, id: &str) {
+    let checkpoint = spindle_graph::checkpoint::Checkpoint {
+        v: 1,
+        id: id.to_owned(),
+        ts: Utc::now().to_rfc3339(),
+        channel_values: Default::default(),
+        channel_versions: Default::default(),
+        versions_seen: Default::default(),
+        updated_channels: Vec::new(),
+        delta_depths: Default::default(),
+    };
+    s.checkpointer()
+        .put(&thread.to_string(), "", &checkpoint, &json!({}), None, &[])
+        .await
+        .unwrap();
+}
+
+/// A worker writes a run's end behind its last save without waiting for it: the end holds
+/// only if that checkpoint of the run's thread is stored, and a refused end changes nothing.
+#[tokio::test]
+async fn an_end_behind_a_checkpoint_is_refused_until_that_checkpoint_is_stored() {
+    for_each_backend(|db| async move {
+        let s = db.storage();
+        let alice = fresh_user();
+        let thread = thread_of(s, &alice).await;
+        let other = thread_of(s, &alice).await;
+        let run = run_on(s, &alice, thread, MultitaskStrategy::Reject).await;
+        claim(s, "w").await.unwrap();
+        let last = new_checkpoint_id();
+        // The same id on another thread is not the run's checkpoint.
+        save_checkpoint(s, other, &last).await;
+        let behind = || RunEnd {
+            events: vec![event(thread, run.run_id, 1)],
+            after_checkpoint: Some(last.clone()),
+            ..end(RunStatus::Success, ThreadStatus::Idle)
+        };
+        let refused = s.finish_run(run.run_id, "w", behind()).await;
+        assert!(
+            matches!(refused, Err(StorageError::Checkpoint(_))),
+            "{refused:?}"
+        );
+        assert_eq!(
+            run_status(s, &alice, thread, run.run_id).await,
+            RunStatus::Running
+        );
+        assert_eq!(thread_status(s, &alice, thread).await, ThreadStatus::Busy);
+        let logged = s.read_events(thread, 0, None, 100).await.unwrap();
+        assert!(logged.is_empty(), "a refused end logged {logged:?}");
+
+        save_checkpoint(s, thread, &last).await;
+        s.finish_run(run.run_id, "w", behind()).await.unwrap();
+        assert_eq!(
+            run_status(s, &alice, thread, run.run_id).await,
+            RunStatus::Success
+        );
+        assert_eq!(thread_status(s, &alice, thread).await, ThreadStatus::Idle);
+        let logged = s.read_events(thread, 0, None, 100).await.unwrap();
+        assert_eq!(logged.len(), 2, "the run's event and its end");
     })
     .await;
 }
