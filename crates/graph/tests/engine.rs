@@ -932,6 +932,41 @@ edges:
         .all(|s| !s.to_json().to_string().contains("__join__")));
 }
 
+/// `__start__` holds the input until the start step takes it; its version moves when the
+/// input arrives and once when it is taken, as LangGraph's ephemeral channel does, not at
+/// every step after (each move would store one more blob).
+#[tokio::test]
+async fn the_start_channel_moves_when_the_input_arrives_and_when_it_is_taken() {
+    let g = common::example("chain");
+    let h = Harness::new();
+    for _ in 0..2 {
+        h.run(&g, Some("t"), values(json!({"n": 0})), &[], |_| {})
+            .await
+            .0
+            .unwrap();
+    }
+    let mut history = h
+        .saver
+        .list("t", Some(""), &ListFilter::default())
+        .await
+        .unwrap();
+    history.reverse();
+    let start_versions: Vec<u64> = history
+        .iter()
+        .map(|t| t.checkpoint.channel_versions["__start__"])
+        .collect();
+    // Per run: the input checkpoint, the start step's, then a, b and c.
+    assert_eq!(start_versions.len(), 10);
+    for run in start_versions.chunks(5) {
+        assert!(run[0] < run[1], "taken at the start step: {start_versions:?}");
+        assert!(
+            run[1..].iter().all(|&v| v == run[1]),
+            "unchanged after: {start_versions:?}"
+        );
+    }
+    assert!(start_versions[4] < start_versions[5], "the next input");
+}
+
 #[tokio::test]
 async fn async_durability_saves_every_checkpoint_in_order() {
     let g = common::example("chain");

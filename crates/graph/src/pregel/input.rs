@@ -189,6 +189,7 @@ impl Loop {
     /// edges fire. It is not streamed as a task, as in LangGraph.
     pub(super) async fn start_step(&mut self) -> Result<(), LoopError> {
         let input = self.state.start_input.take().unwrap_or(json!({}));
+        self.state.start_taken = true;
         let mut writes = Vec::new();
         for (k, v) in input.as_object().into_iter().flatten() {
             if self.graph.input_keys.iter().any(|x| x == k) {

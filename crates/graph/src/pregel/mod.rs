@@ -448,12 +448,10 @@ impl Loop {
             blobs.push(self.state.bookkeeping_blob(TASKS));
             updated.push(TASKS.into());
         }
-        if self.state.start_version > 0 && self.state.start_input.is_none() {
+        if std::mem::take(&mut self.state.start_taken) {
             // The start input was consumed: record it as gone.
-            if !blobs.iter().any(|b| b.channel == START_INPUT) {
-                self.state.start_version = version;
-                blobs.push(self.state.bookkeeping_blob(START_INPUT));
-            }
+            self.state.start_version = version;
+            blobs.push(self.state.bookkeeping_blob(START_INPUT));
         }
         Ok((blobs, updated))
     }

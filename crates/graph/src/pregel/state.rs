@@ -31,6 +31,9 @@ pub(crate) struct LoopState {
     /// Input waiting for the start step.
     pub start_input: Option<Value>,
     pub start_version: u64,
+    /// The start step took the input: the next checkpoint records `__start__` as empty, once
+    /// (as LangGraph's ephemeral channel, whose version moves only when it is cleared).
+    pub start_taken: bool,
     pub max_version: u64,
 }
 
@@ -47,6 +50,7 @@ impl LoopState {
             sends_version: 0,
             start_input: None,
             start_version: 0,
+            start_taken: false,
             max_version: 0,
         }
     }
