@@ -958,7 +958,10 @@ async fn the_start_channel_moves_when_the_input_arrives_and_when_it_is_taken() {
     // Per run: the input checkpoint, the start step's, then a, b and c.
     assert_eq!(start_versions.len(), 10);
     for run in start_versions.chunks(5) {
-        assert!(run[0] < run[1], "taken at the start step: {start_versions:?}");
+        assert!(
+            run[0] < run[1],
+            "taken at the start step: {start_versions:?}"
+        );
         assert!(
             run[1..].iter().all(|&v| v == run[1]),
             "unchanged after: {start_versions:?}"
