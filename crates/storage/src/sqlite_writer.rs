@@ -430,13 +430,19 @@ fn run_group(
 mod tests {
     use super::*;
 
-    async fn writer() -> (tempfile::TempDir, Writer) {
+    /// A database file `db` with one table `t`, in a directory removed when dropped.
+    fn database() -> (tempfile::TempDir, std::path::PathBuf) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("db");
         Connection::open(&path)
             .unwrap()
             .execute_batch("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT)")
             .unwrap();
+        (dir, path)
+    }
+
+    async fn writer() -> (tempfile::TempDir, Writer) {
+        let (dir, path) = database();
         let writer = Writer::open(&path).unwrap();
         (dir, writer)
     }
@@ -578,12 +584,7 @@ mod tests {
     /// is written at its start, and nothing committed is lost.
     #[test]
     fn a_long_wal_is_rewound_and_keeps_every_commit() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("db");
-        Connection::open(&path)
-            .unwrap()
-            .execute_batch("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT)")
-            .unwrap();
+        let (_dir, path) = database();
         let writes = open_write_connection(&path).unwrap();
         for k in 0..300 {
             writes
