@@ -36,8 +36,9 @@ pub use crons::{
 pub use error::{StorageError, StorageResult};
 pub use model::*;
 pub use runs::{
-    CancelAction, Claim, ClaimedRun, CreatedRun, IfThreadMissing, LoggedEvent, MultitaskStrategy,
-    NewRun, Run, RunEnd, RunFilter, RunStatus, RunStore, RUN_END_EVENT, UNLOGGED_EVENTS_MAX,
+    CancelAction, Claim, ClaimStart, ClaimedRun, CreatedRun, IfThreadMissing, LoggedEvent,
+    MultitaskStrategy, NewRun, Run, RunEnd, RunFilter, RunStatus, RunStore, RUN_END_EVENT,
+    UNLOGGED_EVENTS_MAX,
 };
 /// Re-exported so the server can classify database failures without depending on sqlx.
 pub use sqlx::Error as SqlxError;

@@ -523,12 +523,12 @@ pub(crate) async fn start_run(
         .instrument(span)
         .await?;
     state.workers.cancel_local(&created.cancelled);
-    match (created.claimed_after_seq, slot) {
-        (Some(last_seq), Some(slot)) => {
+    match (created.claimed, slot) {
+        (Some(start), Some(slot)) => {
             let claimed = ClaimedRun {
                 run: created.run.clone(),
-                last_seq,
-                thread_is_new: created.thread_is_new,
+                last_seq: start.last_seq,
+                thread_is_new: start.thread_is_new,
             };
             state.workers.execute_now(slot, claimed, assistant);
         }

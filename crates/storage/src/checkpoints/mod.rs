@@ -31,6 +31,7 @@ use sqlx::types::Json;
 
 pub(crate) use postgres::insert_checkpoint as insert_checkpoint_pg;
 pub use postgres::PostgresCheckpointer;
+pub(crate) use sqlite::checkpoint_stored as checkpoint_stored_sqlite;
 pub(crate) use sqlite::delete_checkpoints as delete_checkpoints_sqlite;
 pub(crate) use sqlite::insert_checkpoint as insert_checkpoint_sqlite;
 pub use sqlite::SqliteCheckpointer;

@@ -215,6 +215,21 @@ impl EncodedCheckpoint {
     }
 }
 
+/// Whether checkpoint `checkpoint_id` of `thread_id` in `checkpoint_ns` is stored, as seen by
+/// the write connection's transaction.
+pub(crate) fn checkpoint_stored(
+    conn: &Connection,
+    thread_id: &str,
+    checkpoint_ns: &str,
+    checkpoint_id: &str,
+) -> rusqlite::Result<bool> {
+    conn.prepare_cached(
+        "SELECT 1 FROM checkpoints WHERE thread_id = ?1 AND checkpoint_ns = ?2 \
+         AND checkpoint_id = ?3",
+    )?
+    .exists((thread_id, checkpoint_ns, checkpoint_id))
+}
+
 /// Refuses a queued checkpoint whose parent is not stored. Saves are queued while the run goes
 /// on, so the one before may have failed after this one was queued: storing this one would
 /// leave a checkpoint whose history, and the blobs its deltas build on, are missing.
@@ -222,14 +237,8 @@ fn require_parent(conn: &Connection, put: &EncodedCheckpoint) -> Result<(), Chec
     let Some(parent) = &put.parent_id else {
         return Ok(());
     };
-    let stored = conn
-        .prepare_cached(
-            "SELECT 1 FROM checkpoints WHERE thread_id = ?1 AND checkpoint_ns = ?2 \
-             AND checkpoint_id = ?3",
-        )
-        .map_err(backend)?
-        .exists((&put.thread_id, &put.checkpoint_ns, parent))
-        .map_err(backend)?;
+    let stored =
+        checkpoint_stored(conn, &put.thread_id, &put.checkpoint_ns, parent).map_err(backend)?;
     if !stored {
         return Err(CheckpointError::Missing(format!(
             "checkpoint {parent} of {}, the parent of {}",

@@ -249,10 +249,16 @@ pub struct CreatedRun {
     /// Active runs of the thread that the multitask strategy asked to stop; the server signals
     /// their workers.
     pub cancelled: Vec<Uuid>,
-    /// Set when the run was created claimed ([`NewRun::claim`]): the seq of the thread's last
-    /// logged event, as [`ClaimedRun::last_seq`].
-    pub claimed_after_seq: Option<i64>,
-    /// Set with `claimed_after_seq`, as [`ClaimedRun::thread_is_new`].
+    /// Set when the run was created claimed ([`NewRun::claim`]).
+    pub claimed: Option<ClaimStart>,
+}
+
+/// Where a run claimed as it was created starts, read in the transaction that created it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimStart {
+    /// As [`ClaimedRun::last_seq`].
+    pub last_seq: i64,
+    /// As [`ClaimedRun::thread_is_new`].
     pub thread_is_new: bool,
 }
 

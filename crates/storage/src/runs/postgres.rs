@@ -234,8 +234,8 @@ async fn last_seq(conn: &mut PgConnection, thread_id: Uuid) -> StorageResult<i64
 
 /// For a run claimed as it is created: the thread's last event seq, and whether it has no
 /// checkpoint yet, in one round trip.
-async fn claim_start(conn: &mut PgConnection, thread_id: Uuid) -> StorageResult<(i64, bool)> {
-    let (seq, new_thread): (Option<i64>, bool) = sqlx::query_as(
+async fn claim_start(conn: &mut PgConnection, thread_id: Uuid) -> StorageResult<ClaimStart> {
+    let (seq, thread_is_new): (Option<i64>, bool) = sqlx::query_as(
         "SELECT (SELECT event_seq FROM threads WHERE thread_id = $1), \
          NOT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = $2)",
     )
@@ -243,7 +243,10 @@ async fn claim_start(conn: &mut PgConnection, thread_id: Uuid) -> StorageResult<
     .bind(thread_id.to_string())
     .fetch_one(conn)
     .await?;
-    Ok((seq.unwrap_or(0), new_thread))
+    Ok(ClaimStart {
+        last_seq: seq.unwrap_or(0),
+        thread_is_new,
+    })
 }
 
 /// Appends events to their threads' logs and moves the threads' counters past them.
@@ -474,18 +477,14 @@ impl RunStore for PostgresStorage {
                 .bind(now)
                 .execute(&mut *tx)
                 .await?;
-            let (claimed_after_seq, thread_is_new) = match start.status {
-                RunStatus::Running => {
-                    let (seq, new_thread) = claim_start(&mut tx, new.thread_id).await?;
-                    (Some(seq), new_thread)
-                }
-                _ => (None, false),
+            let claimed = match start.status {
+                RunStatus::Running => Some(claim_start(&mut tx, new.thread_id).await?),
+                _ => None,
             };
             Ok(CreatedRun {
                 run: row.try_into()?,
                 cancelled,
-                claimed_after_seq,
-                thread_is_new,
+                claimed,
             })
         }
         .await;

@@ -17,6 +17,7 @@ use uuid::fmt::Hyphenated;
 use uuid::Uuid;
 
 use super::*;
+use crate::checkpoints::checkpoint_stored_sqlite as checkpoint_stored;
 use crate::crons::firing_made;
 use crate::error::{sqlite_conflict_if_taken, sqlite_constraint};
 use crate::sqlite::SqliteStorage;
@@ -217,14 +218,17 @@ fn last_seq(conn: &Connection, thread_id: Uuid) -> StorageResult<i64> {
 
 /// For a run claimed as it is created: the thread's last event seq, and whether it has no
 /// checkpoint yet (in any namespace: a key-prefix probe), in one statement.
-fn claim_start(conn: &Connection, thread_id: Uuid) -> StorageResult<(i64, bool)> {
-    let (seq, new_thread): (Option<i64>, bool) = conn
+fn claim_start(conn: &Connection, thread_id: Uuid) -> StorageResult<ClaimStart> {
+    let (seq, thread_is_new): (Option<i64>, bool) = conn
         .prepare_cached(
             "SELECT (SELECT event_seq FROM threads WHERE thread_id = ?1), \
              NOT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = ?1)",
         )?
         .query_row([id(thread_id)], |r| Ok((r.get(0)?, r.get(1)?)))?;
-    Ok((seq.unwrap_or(0), new_thread))
+    Ok(ClaimStart {
+        last_seq: seq.unwrap_or(0),
+        thread_is_new,
+    })
 }
 
 /// Logged events as their rows, encoded on the caller's thread: the writer thread, which
@@ -449,20 +453,16 @@ fn create_run(
         "UPDATE threads SET status = 'busy', updated_at = ?2 WHERE thread_id = ?1",
         (id(new.thread_id), ts(now)),
     )?;
-    let (claimed_after_seq, thread_is_new) = match start.status {
-        RunStatus::Running => {
-            let (seq, new_thread) = claim_start(conn, new.thread_id)?;
-            (Some(seq), new_thread)
-        }
-        _ => (None, false),
+    let claimed = match start.status {
+        RunStatus::Running => Some(claim_start(conn, new.thread_id)?),
+        _ => None,
     };
     // The row as inserted, without reading it back (timestamps are stored at full precision).
     let run = start.run(new, scope, now);
     Ok(CreatedRun {
         run,
         cancelled,
-        claimed_after_seq,
-        thread_is_new,
+        claimed,
     })
 }
 
@@ -642,13 +642,9 @@ fn require_checkpoint(
     thread_id: Uuid,
     checkpoint_id: &str,
 ) -> StorageResult<()> {
-    let stored = conn
-        .prepare_cached(
-            "SELECT 1 FROM checkpoints WHERE thread_id = ?1 AND checkpoint_ns = '' \
-             AND checkpoint_id = ?2",
-        )?
-        .exists((id(thread_id), checkpoint_id))?;
-    stored.then_some(()).ok_or_else(|| unsaved(checkpoint_id))
+    checkpoint_stored(conn, &id(thread_id), "", checkpoint_id)?
+        .then_some(())
+        .ok_or_else(|| unsaved(checkpoint_id))
 }
 
 impl SqliteStorage {

@@ -161,14 +161,14 @@ async fn a_run_created_claimed_knows_whether_its_thread_is_new() {
             ..new_run(thread, MultitaskStrategy::Enqueue)
         };
         let first = s.create_run(&alice, claimed()).await.unwrap();
-        assert!(first.claimed_after_seq.is_some());
-        assert!(first.thread_is_new, "no checkpoint yet");
+        let start = first.claimed.expect("created claimed");
+        assert!(start.thread_is_new, "no checkpoint yet");
         // Not claimed: nobody asked, and it says nothing.
         let queued = s
             .create_run(&alice, new_run(thread, MultitaskStrategy::Enqueue))
             .await
             .unwrap();
-        assert!(!queued.thread_is_new);
+        assert_eq!(queued.claimed, None);
         s.cancel_runs(
             &alice,
             thread,
@@ -187,8 +187,8 @@ async fn a_run_created_claimed_knows_whether_its_thread_is_new() {
         .await
         .unwrap();
         let second = s.create_run(&alice, claimed()).await.unwrap();
-        assert!(second.claimed_after_seq.is_some());
-        assert!(!second.thread_is_new, "the thread has a checkpoint now");
+        let start = second.claimed.expect("created claimed");
+        assert!(!start.thread_is_new, "the thread has a checkpoint now");
     })
     .await;
 }
@@ -284,7 +284,7 @@ async fn a_run_created_with_a_claim_starts_claimed_only_when_it_can_start_now() 
             s.get_run(&alice, thread, first.run.run_id).await.unwrap(),
             first.run
         );
-        let after_seq = first.claimed_after_seq.expect("created claimed");
+        let after_seq = first.claimed.expect("created claimed").last_seq;
         assert_eq!(thread_status(s, &alice, thread).await, ThreadStatus::Busy);
         // Claimed for w1: no other worker takes it, and w1 holds its lease.
         assert!(claim(s, "w2").await.is_none());
@@ -298,7 +298,7 @@ async fn a_run_created_with_a_claim_starts_claimed_only_when_it_can_start_now() 
         let second = s.create_run(&alice, offered(thread)).await.unwrap();
         assert_eq!(second.run.status, RunStatus::Pending);
         assert_eq!(second.run.attempt, 0);
-        assert_eq!(second.claimed_after_seq, None);
+        assert_eq!(second.claimed, None);
 
         // A delayed run on an idle thread waits for its time.
         let idle = thread_of(s, &alice).await;
@@ -313,7 +313,7 @@ async fn a_run_created_with_a_claim_starts_claimed_only_when_it_can_start_now() 
             .await
             .unwrap();
         assert_eq!(delayed.run.status, RunStatus::Pending);
-        assert_eq!(delayed.claimed_after_seq, None);
+        assert_eq!(delayed.claimed, None);
 
         // The claimed run ends like any other, and the queued one is claimed next.
         s.finish_run(
