@@ -198,7 +198,7 @@ async fn fire(state: &AppState, firing: CronFiring) -> Result<Uuid, String> {
         Some(firing.id()),
     )
     .await
-    .map(|run| run.run_id)
+    .map(|started| started.run.run_id)
     .map_err(|e| e.message().to_owned())
 }
 

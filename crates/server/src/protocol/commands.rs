@@ -176,8 +176,8 @@ async fn create_run(
     let mut violations = Violations::new("params");
     body.validate(&mut violations);
     violations.into_result()?;
-    let run = start_run(state, scope, thread_id, &body, Stateless::No, None).await?;
-    Ok(run.run_id)
+    let started = start_run(state, scope, thread_id, &body, Stateless::No, None).await?;
+    Ok(started.run.run_id)
 }
 
 async fn run_start(

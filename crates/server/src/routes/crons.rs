@@ -16,7 +16,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use super::runs::{locations, start_run, OnCompletion, RunCreate, RunOut, Stateless};
+use super::runs::{locations, start_run, OnCompletion, RunCreate, RunOut, StartedRun, Stateless};
 use crate::crons::Schedule;
 use crate::error::{ApiError, ApiResult, ErrorBody, ValidationErrorBody};
 use crate::extract::{parse_body, ApiJson, Patch, Validate, Violations};
@@ -260,7 +260,7 @@ async fn create(
     let mut first = run;
     first.metadata = Some(cron.fields.metadata.clone());
     match start_run(state, scope, thread_id, &first, Stateless::No, None).await {
-        Ok(run) => {
+        Ok(StartedRun { run, .. }) => {
             let headers = locations(&run);
             let mut out = serde_json::to_value(RunOut::from(run))
                 .map_err(|e| ApiError::internal(e.to_string()))?;

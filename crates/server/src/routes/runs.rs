@@ -12,8 +12,8 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use spindle_storage::{
-    CancelAction, ClaimedRun, FiringId, IfThreadMissing, MultitaskStrategy, NewRun, Run, RunFilter,
-    RunStatus, Scope,
+    CancelAction, ClaimedRun, FiringId, IfThreadMissing, LoggedEvent, MultitaskStrategy, NewRun,
+    Run, RunFilter, RunStatus, Scope,
 };
 use tracing::Instrument;
 use utoipa::{IntoParams, ToSchema};
@@ -27,7 +27,7 @@ use crate::routes::assistants::resolve_assistant_id;
 use crate::runs::execute::keys;
 use crate::runs::hub::{HubMessage, Subscription};
 use crate::runs::stream::{follow_new_run, follow_stream, Follow, Target};
-use crate::runs::worker::CLEANUP_BY_WORKER;
+use crate::runs::worker::{self, CLEANUP_BY_WORKER};
 use crate::sse;
 use crate::state::{AppState, Caller};
 use crate::wire::{page, path_uuid, validate_page, JsonObject};
@@ -467,6 +467,14 @@ impl Stateless {
     }
 }
 
+/// A run just created.
+pub(crate) struct StartedRun {
+    pub run: Run,
+    /// The run's first event, when this process claimed the run at its creation and so
+    /// knows the event before its worker sends it (see [`follow_new_run`]).
+    pub first_event: Option<LoggedEvent>,
+}
+
 /// Creates a run on `thread_id` (pending) and wakes a worker. Every run is created here: by
 /// the run routes, and by crons when they fire (`cron_firing`, which the run's creation ends).
 pub(crate) async fn start_run(
@@ -476,7 +484,7 @@ pub(crate) async fn start_run(
     body: &RunCreate,
     stateless: Stateless,
     cron_firing: Option<FiringId>,
-) -> ApiResult<Run> {
+) -> ApiResult<StartedRun> {
     let assistant_id = resolve_assistant_id(state, &body.assistant_id).map_err(|_| {
         ApiError::field(
             vec![json!("body"), json!("assistant_id")],
@@ -523,8 +531,10 @@ pub(crate) async fn start_run(
         .instrument(span)
         .await?;
     state.workers.cancel_local(&created.cancelled);
+    let mut first_event = None;
     match (created.claimed, slot) {
         (Some(start), Some(slot)) => {
+            first_event = Some(worker::first_event(&created.run, start.last_seq));
             let claimed = ClaimedRun {
                 run: created.run.clone(),
                 last_seq: start.last_seq,
@@ -534,7 +544,10 @@ pub(crate) async fn start_run(
         }
         _ => state.workers.wake(),
     }
-    Ok(created.run)
+    Ok(StartedRun {
+        run: created.run,
+        first_event,
+    })
 }
 
 /// Refuses a webhook whose host resolves where webhooks may not go (422 at `loc`), before
@@ -567,8 +580,9 @@ pub(crate) fn locations(run: &Run) -> HeaderMap {
 enum Source {
     /// The log after this seq (from the run's first event without one), then live.
     Log(Option<i64>),
-    /// A subscription taken before the run was created: live from the start.
-    New(Subscription),
+    /// A subscription taken before the run was created: live from the start (after the
+    /// run's first event, when its creator already knows it).
+    New(Subscription, Option<LoggedEvent>),
 }
 
 /// An SSE response following `run` from `source`. When the client leaves first and
@@ -631,11 +645,12 @@ fn stream_response(
             keepalive,
             on_done,
         )),
-        Source::New(live) => Body::from_stream(follow_new_run(
+        Source::New(live, first) => Body::from_stream(follow_new_run(
             storage,
             live,
             scope,
             follow(None),
+            first.as_ref(),
             keepalive,
             on_done,
         )),
@@ -840,7 +855,9 @@ async fn create_run(
     ApiJson(body): ApiJson<RunCreate>,
 ) -> ApiResult<Response> {
     let thread_id = path_uuid("thread_id", &thread_id)?;
-    let run = start_run(&state, &scope, thread_id, &body, Stateless::No, None).await?;
+    let run = start_run(&state, &scope, thread_id, &body, Stateless::No, None)
+        .await?
+        .run;
     Ok((locations(&run), Json(RunOut::from(run))).into_response())
 }
 
@@ -856,10 +873,17 @@ async fn stream_run(
 ) -> ApiResult<Response> {
     let thread_id = path_uuid("thread_id", &thread_id)?;
     let live = state.hub.subscribe(thread_id);
-    let run = start_run(&state, &scope, thread_id, &body, Stateless::No, None).await?;
+    let started = start_run(&state, &scope, thread_id, &body, Stateless::No, None).await?;
     let cancel = body.on_disconnect.unwrap_or_default() == OnDisconnect::Cancel;
-    let source = Source::New(live);
-    Ok(stream_response(&state, scope, &run, source, cancel, false))
+    let source = Source::New(live, started.first_event);
+    Ok(stream_response(
+        &state,
+        scope,
+        &started.run,
+        source,
+        cancel,
+        false,
+    ))
 }
 
 #[utoipa::path(post, path = "/threads/{thread_id}/runs/wait", tag = "runs", request_body = RunCreate,
@@ -874,7 +898,9 @@ async fn wait_run(
 ) -> ApiResult<Response> {
     let thread_id = path_uuid("thread_id", &thread_id)?;
     let live = state.hub.subscribe(thread_id);
-    let run = start_run(&state, &scope, thread_id, &body, Stateless::No, None).await?;
+    let run = start_run(&state, &scope, thread_id, &body, Stateless::No, None)
+        .await?
+        .run;
     Ok(wait_response_for_new(state, scope, run, live, false))
 }
 
@@ -1114,10 +1140,10 @@ async fn start_stateless(
     thread_id: Uuid,
     body: &RunCreate,
     background: bool,
-) -> ApiResult<(Run, Stateless)> {
+) -> ApiResult<(StartedRun, Stateless)> {
     let stateless = Stateless::of(body, background);
-    let run = start_run(state, scope, thread_id, body, stateless, None).await?;
-    Ok((run, stateless))
+    let started = start_run(state, scope, thread_id, body, stateless, None).await?;
+    Ok((started, stateless))
 }
 
 #[utoipa::path(post, path = "/runs", tag = "runs", request_body = RunCreate,
@@ -1128,7 +1154,7 @@ async fn create_stateless_run(
     Caller(scope): Caller,
     ApiJson(body): ApiJson<RunCreate>,
 ) -> ApiResult<Response> {
-    let (run, _) = start_stateless(
+    let (StartedRun { run, .. }, _) = start_stateless(
         &state,
         &scope,
         spindle_storage::new_thread_id(),
@@ -1149,11 +1175,18 @@ async fn stream_stateless_run(
 ) -> ApiResult<Response> {
     let thread_id = spindle_storage::new_thread_id();
     let live = state.hub.subscribe(thread_id);
-    let (run, stateless) = start_stateless(&state, &scope, thread_id, &body, false).await?;
+    let (started, stateless) = start_stateless(&state, &scope, thread_id, &body, false).await?;
     let cancel = body.on_disconnect.unwrap_or_default() == OnDisconnect::Cancel;
     let delete = stateless == Stateless::DeleteAfterResponse;
-    let source = Source::New(live);
-    Ok(stream_response(&state, scope, &run, source, cancel, delete))
+    let source = Source::New(live, started.first_event);
+    Ok(stream_response(
+        &state,
+        scope,
+        &started.run,
+        source,
+        cancel,
+        delete,
+    ))
 }
 
 #[utoipa::path(post, path = "/runs/wait", tag = "runs", request_body = RunCreate,
@@ -1166,7 +1199,8 @@ async fn wait_stateless_run(
 ) -> ApiResult<Response> {
     let thread_id = spindle_storage::new_thread_id();
     let live = state.hub.subscribe(thread_id);
-    let (run, stateless) = start_stateless(&state, &scope, thread_id, &body, false).await?;
+    let (StartedRun { run, .. }, stateless) =
+        start_stateless(&state, &scope, thread_id, &body, false).await?;
     let delete = stateless == Stateless::DeleteAfterResponse;
     Ok(wait_response_for_new(state, scope, run, live, delete))
 }
@@ -1199,7 +1233,7 @@ async fn create_run_batch(
     }
     let mut runs = Vec::with_capacity(bodies.len());
     for body in &bodies {
-        let (run, _) =
+        let (StartedRun { run, .. }, _) =
             start_stateless(&state, &scope, spindle_storage::new_thread_id(), body, true).await?;
         runs.push(RunOut::from(run));
     }

@@ -149,21 +149,44 @@ pub fn follow_stream(
     on_done: impl FnOnce(bool) + Send + 'static,
 ) -> impl Stream<Item = Result<Bytes, std::convert::Infallible>> {
     let live = hub.subscribe(follow.thread_id);
-    stream_body(storage, live, scope, follow, false, keepalive, on_done)
+    stream_body(
+        storage,
+        live,
+        scope,
+        follow,
+        Opening::Log,
+        keepalive,
+        on_done,
+    )
 }
 
 /// The SSE body of a run created after `live` subscribed to its thread. Every event of the run
 /// reaches `live`, so the stream starts without reading the log, and reads it only when it
 /// must (a lagging subscription, a run executing in another process, the run's end).
+///
+/// `first` is the run's first event when this process claimed the run at its creation
+/// ([`crate::runs::worker::first_event`]): the body then opens with it, ready before the
+/// worker has even started, and the worker's own copy of it is passed over as already sent.
 pub fn follow_new_run(
     storage: Arc<dyn Storage>,
     live: Subscription,
     scope: Scope,
     follow: Follow,
+    first: Option<&LoggedEvent>,
     keepalive: Duration,
     on_done: impl FnOnce(bool) + Send + 'static,
 ) -> impl Stream<Item = Result<Bytes, std::convert::Infallible>> {
-    stream_body(storage, live, scope, follow, true, keepalive, on_done)
+    let opening = Opening::Live { first };
+    stream_body(storage, live, scope, follow, opening, keepalive, on_done)
+}
+
+/// Where a stream's events come from at first.
+enum Opening<'a> {
+    /// The log: what the stream follows may have begun before it subscribed.
+    Log,
+    /// Live: the subscription predates the run; `first` is the run's first event when the
+    /// stream is to send it before the run does.
+    Live { first: Option<&'a LoggedEvent> },
 }
 
 fn stream_body(
@@ -171,13 +194,28 @@ fn stream_body(
     live: Subscription,
     scope: Scope,
     follow: Follow,
-    live_first: bool,
+    opening: Opening,
     keepalive: Duration,
     on_done: impl FnOnce(bool) + Send + 'static,
 ) -> impl Stream<Item = Result<Bytes, std::convert::Infallible>> {
     let (tx, rx) = mpsc::channel::<Bytes>(64);
+    let opening = match opening {
+        Opening::Log => Opened::Log,
+        Opening::Live { first: None } => Opened::Live(None),
+        Opening::Live { first: Some(event) } => {
+            if let Some(frame) = follow.target.frame(event, follow.with_ids) {
+                // Into the channel now, not from the task below: the frame is then ready the
+                // moment the response is first polled. The channel is new, so there is room.
+                let _ = tx.try_send(frame);
+            }
+            Opened::Live(Some(Position {
+                seq: event.seq,
+                anchored: true,
+            }))
+        }
+    };
     tokio::spawn(async move {
-        let ended = pump(storage, live, scope, follow, live_first, keepalive, &tx).await;
+        let ended = pump(storage, live, scope, follow, opening, keepalive, &tx).await;
         on_done(ended);
     });
     futures::stream::unfold(
@@ -186,19 +224,34 @@ fn stream_body(
     )
 }
 
-/// Feeds the stream until what it follows ends (true) or the client leaves (false). With
-/// `live_first`, the log holds nothing the subscription will not bring, so the first read of
-/// the log is skipped.
+/// A stream's opening once its first event, if it had one, is in its channel: where the
+/// stream stands then, if that is known without the log.
+enum Opened {
+    Log,
+    Live(Option<Position>),
+}
+
+/// Feeds the stream until what it follows ends (true) or the client leaves (false). Opening
+/// live, the log holds nothing the subscription will not bring, so the first read of the log
+/// is skipped.
 async fn pump(
     storage: Arc<dyn Storage>,
     mut live: Subscription,
     scope: Scope,
     follow: Follow,
-    mut live_first: bool,
+    opening: Opened,
     keepalive: Duration,
     tx: &mpsc::Sender<Bytes>,
 ) -> bool {
-    let mut at = match start(&storage, &follow).await {
+    let (sent, mut live_first) = match opening {
+        Opened::Log => (None, false),
+        Opened::Live(sent) => (sent, true),
+    };
+    let start = match sent {
+        Some(at) => Ok(at),
+        None => start(&storage, &follow).await,
+    };
+    let mut at = match start {
         Ok(at) => at,
         Err(err) => {
             tracing::warn!(error = %err, thread_id = %follow.thread_id, "cannot open the event stream");
@@ -354,8 +407,10 @@ async fn ended(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use futures::{FutureExt, StreamExt};
     use serde_json::Value;
+
+    use super::*;
 
     fn event(run_id: Uuid, seq: i64, name: &str) -> LoggedEvent {
         LoggedEvent {
@@ -421,6 +476,63 @@ mod tests {
         assert!(states
             .frame(&event(run, 2, STATE_UPDATE_EVENT), true)
             .is_some());
+    }
+
+    /// A stream of a run claimed at its creation opens with the run's first event before the
+    /// worker has sent anything, then passes over the worker's copy of it: each event once,
+    /// in order, ending with the run.
+    #[tokio::test]
+    async fn a_stream_opening_with_its_runs_first_event_sends_each_event_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = dir.path().join("stream.db").to_string_lossy().into_owned();
+        let storage = spindle_storage::connect(&url).await.unwrap();
+        let hub = Arc::new(EventHub::default());
+        let (thread_id, run) = (Uuid::new_v4(), Uuid::new_v4());
+        let at = |seq, name| LoggedEvent {
+            thread_id,
+            ..event(run, seq, name)
+        };
+        let follow = Follow {
+            thread_id,
+            target: Target::Run(run),
+            after: None,
+            with_ids: true,
+        };
+        let first = at(8, "metadata");
+        let live = hub.subscribe(thread_id);
+        let body = follow_new_run(
+            storage,
+            live,
+            Scope::new(""),
+            follow,
+            Some(&first),
+            Duration::from_secs(60),
+            |_| {},
+        );
+        let mut body = std::pin::pin!(body);
+        // Ready at the first poll, before the stream's task or any worker has run.
+        let opening = body.next().now_or_never().flatten().unwrap().unwrap();
+        let opening = String::from_utf8(opening.to_vec()).unwrap();
+        assert!(opening.starts_with("event: metadata\r\n"), "{opening}");
+        assert!(opening.contains("id: 8\r\n"), "{opening}");
+
+        for seq_name in [(8, "metadata"), (9, "values"), (10, "updates")] {
+            let event = at(seq_name.0, seq_name.1);
+            hub.publish(thread_id, HubMessage::Event(Arc::new(event)));
+        }
+        let ended = HubMessage::RunEnded {
+            run_id: run,
+            status: spindle_storage::RunStatus::Success,
+            ended: None,
+        };
+        hub.publish(thread_id, ended);
+        let rest: Vec<String> = body
+            .map(|frame| String::from_utf8(frame.unwrap().to_vec()).unwrap())
+            .collect()
+            .await;
+        assert_eq!(rest.len(), 2, "{rest:?}");
+        assert!(rest[0].starts_with("event: values\r\n") && rest[0].contains("id: 9\r\n"));
+        assert!(rest[1].starts_with("event: updates\r\n") && rest[1].contains("id: 10\r\n"));
     }
 
     #[test]

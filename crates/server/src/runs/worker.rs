@@ -605,6 +605,14 @@ async fn latest_state(
     }
 }
 
+/// The first event of a run's attempt, numbered after `last_seq`, the thread's last logged
+/// event when the run was claimed: `metadata {run_id, attempt}`. The worker logs it; a stream
+/// of a run claimed at its creation sends it at once (see `crate::runs::stream`).
+pub fn first_event(run: &Run, last_seq: i64) -> LoggedEvent {
+    let data = json!({"run_id": run.run_id.to_string(), "attempt": run.attempt});
+    logged(run, last_seq + 1, "metadata".to_owned(), data)
+}
+
 fn logged(run: &Run, seq: i64, event: String, data: Value) -> LoggedEvent {
     LoggedEvent {
         thread_id: run.thread_id,
@@ -642,10 +650,8 @@ async fn pump_events(
 ) -> Result<EventTail, String> {
     let mut batch = Vec::new();
     let mut flush_at = None;
-    let mut queue = VecDeque::from([(
-        "metadata".to_owned(),
-        json!({"run_id": run.run_id.to_string(), "attempt": run.attempt}),
-    )]);
+    let first = first_event(&run, seq);
+    let mut queue = VecDeque::from([(first.event, first.data)]);
     let mut normalizer = None;
     if let Some(log) = protocol_log {
         queue.push_back(normalize::lifecycle(&[], "running", &log.graph_name, None));
