@@ -459,6 +459,28 @@ mod tests {
             .unwrap()
     }
 
+    /// The bundled SQLite is built as `.cargo/config.toml` says: no page cache shared by every
+    /// connection behind one lock, no global lock on each allocation. Built otherwise (by a
+    /// `LIBSQLITE3_FLAGS` of the environment, say), the writer waits on the readers' locks.
+    #[test]
+    fn sqlite_build_has_no_process_wide_locks() {
+        let conn = Connection::open_in_memory().unwrap();
+        let mut options = conn.prepare("PRAGMA compile_options").unwrap();
+        let options: Vec<String> = options
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert!(
+            !options.iter().any(|o| o == "ENABLE_MEMORY_MANAGEMENT"),
+            "{options:?}"
+        );
+        assert!(
+            options.iter().any(|o| o == "DEFAULT_MEMSTATUS=0"),
+            "{options:?}"
+        );
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_failed_write_in_a_group_is_rolled_back_alone() {
         let (dir, writer) = writer().await;
