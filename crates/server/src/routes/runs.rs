@@ -874,16 +874,21 @@ async fn stream_run(
     let thread_id = path_uuid("thread_id", &thread_id)?;
     let live = state.hub.subscribe(thread_id);
     let started = start_run(&state, &scope, thread_id, &body, Stateless::No, None).await?;
+    Ok(stream_started(&state, scope, started, live, &body, false))
+}
+
+/// The SSE response of a run `start_run` just created, on a thread `live` subscribed to before.
+fn stream_started(
+    state: &AppState,
+    scope: Scope,
+    started: StartedRun,
+    live: Subscription,
+    body: &RunCreate,
+    delete_after: bool,
+) -> Response {
     let cancel = body.on_disconnect.unwrap_or_default() == OnDisconnect::Cancel;
     let source = Source::New(live, started.first_event);
-    Ok(stream_response(
-        &state,
-        scope,
-        &started.run,
-        source,
-        cancel,
-        false,
-    ))
+    stream_response(state, scope, &started.run, source, cancel, delete_after)
 }
 
 #[utoipa::path(post, path = "/threads/{thread_id}/runs/wait", tag = "runs", request_body = RunCreate,
@@ -1176,17 +1181,8 @@ async fn stream_stateless_run(
     let thread_id = spindle_storage::new_thread_id();
     let live = state.hub.subscribe(thread_id);
     let (started, stateless) = start_stateless(&state, &scope, thread_id, &body, false).await?;
-    let cancel = body.on_disconnect.unwrap_or_default() == OnDisconnect::Cancel;
     let delete = stateless == Stateless::DeleteAfterResponse;
-    let source = Source::New(live, started.first_event);
-    Ok(stream_response(
-        &state,
-        scope,
-        &started.run,
-        source,
-        cancel,
-        delete,
-    ))
+    Ok(stream_started(&state, scope, started, live, &body, delete))
 }
 
 #[utoipa::path(post, path = "/runs/wait", tag = "runs", request_body = RunCreate,
