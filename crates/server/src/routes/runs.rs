@@ -470,9 +470,18 @@ impl Stateless {
 /// A run just created.
 pub(crate) struct StartedRun {
     pub run: Run,
+    /// The thread's last logged seq, when this process claimed the run at its creation.
+    claimed_after: Option<i64>,
+}
+
+impl StartedRun {
     /// The run's first event, when this process claimed the run at its creation and so
-    /// knows the event before its worker sends it (see [`follow_new_run`]).
-    pub first_event: Option<LoggedEvent>,
+    /// knows the event before its worker sends it (see [`follow_new_run`]). Made only for
+    /// the streams that send it, not for every run created.
+    fn first_event(&self) -> Option<LoggedEvent> {
+        let last_seq = self.claimed_after?;
+        Some(worker::first_event(&self.run, last_seq))
+    }
 }
 
 /// Creates a run on `thread_id` (pending) and wakes a worker. Every run is created here: by
@@ -531,22 +540,24 @@ pub(crate) async fn start_run(
         .instrument(span)
         .await?;
     state.workers.cancel_local(&created.cancelled);
-    let mut first_event = None;
-    match (created.claimed, slot) {
+    let claimed_after = match (created.claimed, slot) {
         (Some(start), Some(slot)) => {
-            first_event = Some(worker::first_event(&created.run, start.last_seq));
             let claimed = ClaimedRun {
                 run: created.run.clone(),
                 last_seq: start.last_seq,
                 thread_is_new: start.thread_is_new,
             };
             state.workers.execute_now(slot, claimed, assistant);
+            Some(start.last_seq)
         }
-        _ => state.workers.wake(),
-    }
+        _ => {
+            state.workers.wake();
+            None
+        }
+    };
     Ok(StartedRun {
         run: created.run,
-        first_event,
+        claimed_after,
     })
 }
 
@@ -887,7 +898,7 @@ fn stream_started(
     delete_after: bool,
 ) -> Response {
     let cancel = body.on_disconnect.unwrap_or_default() == OnDisconnect::Cancel;
-    let source = Source::New(live, started.first_event);
+    let source = Source::New(live, started.first_event());
     stream_response(state, scope, &started.run, source, cancel, delete_after)
 }
 

@@ -243,13 +243,10 @@ async fn pump(
     keepalive: Duration,
     tx: &mpsc::Sender<Bytes>,
 ) -> bool {
-    let (sent, mut live_first) = match opening {
-        Opened::Log => (None, false),
-        Opened::Live(sent) => (sent, true),
-    };
-    let start = match sent {
-        Some(at) => Ok(at),
-        None => start(&storage, &follow).await,
+    let mut live_first = matches!(opening, Opened::Live(_));
+    let start = match opening {
+        Opened::Live(Some(sent)) => Ok(sent),
+        Opened::Live(None) | Opened::Log => start(&storage, &follow).await,
     };
     let mut at = match start {
         Ok(at) => at,
