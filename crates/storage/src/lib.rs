@@ -18,6 +18,7 @@ pub mod runs;
 pub mod sqlite;
 mod sqlite_reader;
 mod sqlite_values;
+mod sqlite_wal_io;
 mod sqlite_writer;
 pub mod store;
 #[cfg(feature = "test-util")]

@@ -28,7 +28,7 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::oneshot;
 
-use crate::{StorageError, StorageResult};
+use crate::{sqlite_wal_io, StorageError, StorageResult};
 
 /// Most writes one transaction carries, so a long queue still commits (and answers) often.
 const MAX_GROUP: usize = 64;
@@ -159,11 +159,18 @@ impl Writer {
     /// schema) and starts the writer thread.
     pub(crate) fn open(path: &Path) -> StorageResult<Self> {
         let conn = open_write_connection(path)?;
+        // After `open_write_connection`'s `wal_autocheckpoint`, which would replace its hook.
+        let wal_io = sqlite_wal_io::install(&conn, path)?;
         let checkpoints = start_checkpointer(path)?;
         let (jobs, queue) = mpsc::channel::<Request>();
         std::thread::Builder::new()
             .name("sqlite-writer".into())
-            .spawn(move || serve(conn, queue, checkpoints))
+            .spawn(move || {
+                serve(&conn, queue, checkpoints);
+                // The connection's WAL hook points into `wal_io`: the connection goes first.
+                drop(conn);
+                drop(wal_io);
+            })
             .map_err(|e| StorageError::Commit(format!("cannot start the writer thread: {e}")))?;
         Ok(Self { jobs })
     }
@@ -350,7 +357,7 @@ fn sync_database_file(conn: &Connection) -> rusqlite::Result<()> {
 
 /// The writer thread: waits for a write, runs it and every write queued meanwhile in one
 /// transaction, and answers each caller after the commit.
-fn serve(conn: Connection, queue: mpsc::Receiver<Request>, checkpoints: mpsc::SyncSender<()>) {
+fn serve(conn: &Connection, queue: mpsc::Receiver<Request>, checkpoints: mpsc::SyncSender<()>) {
     let mut commits = 0_u32;
     let mut next = queue.recv().ok();
     while let Some(request) = next.take() {
@@ -366,7 +373,7 @@ fn serve(conn: Connection, queue: mpsc::Receiver<Request>, checkpoints: mpsc::Sy
                 continue;
             }
         };
-        let (group, commit) = run_group(&conn, first, &queue, &mut next);
+        let (group, commit) = run_group(conn, first, &queue, &mut next);
         let commit = commit.as_ref().map(|_| ()).map_err(|e| e.as_str());
         for job in group {
             job.answer(commit);
