@@ -1,6 +1,6 @@
-//! Keeps the WAL's disk work off the writer: the part it is about to overwrite is read into the
-//! page cache ahead of it, and the part it left behind is written out to disk a little at a
-//! time.
+//! Keeps the WAL's disk work off the writer: the part it is about to write is allocated on disk
+//! and read into the page cache ahead of it, and the part it left behind is written out to disk
+//! a little at a time.
 //!
 //! Why read ahead: the WAL is rewound under load (see `sqlite_writer::checkpoint`), so the
 //! writer overwrites frames it wrote a few seconds earlier. A frame (24 + 4,096 bytes) does not
@@ -8,7 +8,11 @@
 //! must read first when the page cache no longer holds it, and the machines this runs on drop
 //! clean file pages within seconds. Measured (create + stream, 16 clients, 5 s): the writer
 //! waited on such reads (`ext4_block_write_begin`) in 6 % of its samples, 3 to 7 MB of them,
-//! some for tens of milliseconds while the checkpoint's `fsync` kept the disk busy.
+//! some for tens of milliseconds while the checkpoint's `fsync` kept the disk busy. Before the
+//! first rewind the WAL grows instead, and each append waited for ext4 to reserve new blocks
+//! (`ext4_da_get_block_prep`) while the write-out below allocated the blocks behind it: the
+//! blocks ahead are allocated beforehand (`fallocate(FALLOC_FL_KEEP_SIZE)`, which leaves the
+//! file's length, all SQLite reads, alone).
 //!
 //! Why write behind: with `synchronous=NORMAL` a commit only appends to the WAL, and the WAL is
 //! synced before each checkpoint, which under load wrote ~40 MB in one go, every quarter second;
@@ -32,22 +36,22 @@ use rusqlite::Connection;
 const WAL_HEADER: u64 = 32;
 /// Bytes of a frame's header, before its page.
 const FRAME_HEADER: u64 = 24;
-/// How far past the writer the WAL is read into the page cache. Refilled when the writer is
+/// How far past the writer the WAL is made ready (allocated, in the page cache). Refilled when the writer is
 /// half way there: at full load it writes this much in some 50 ms, and the disk reads it in a
 /// few.
 const AHEAD: u64 = 8 << 20;
 /// How far the writer moves on before what it left behind is handed over for writing out.
 const BEHIND: u64 = 1 << 20;
 /// Requests not yet served. When the thread is behind, requests are dropped, not queued: the
-/// next read ahead covers the writer's position then, and the next write-out starts where the
+/// next preparation covers the writer's position then, and the next write-out starts where the
 /// last one handed over ended, so nothing is skipped.
 const QUEUE: usize = 4;
 
 /// What the thread is asked to do with a range of the WAL (byte offsets).
 #[derive(Debug, PartialEq)]
 enum Request {
-    /// Read it into the page cache: the writer is about to overwrite it.
-    ReadAhead(Range<u64>),
+    /// Allocate its blocks and read it into the page cache: the writer is about to write it.
+    Prepare(Range<u64>),
     /// Start writing its dirty pages to disk: the writer is done with it.
     WriteOut(Range<u64>),
 }
@@ -60,8 +64,8 @@ struct Tracker {
     page: u64,
     /// The end of the last commit.
     end: u64,
-    /// The WAL is read ahead up to here...
-    read_to: u64,
+    /// The WAL is prepared up to here...
+    prepared_to: u64,
     /// ...and handed over for writing out up to here.
     written_to: u64,
     requests: mpsc::SyncSender<Request>,
@@ -69,19 +73,19 @@ struct Tracker {
 
 impl Tracker {
     /// After a commit that left `frames` frames in the WAL: asks for the next stretch ahead
-    /// of the writer to be read and for what it left behind to be written out.
+    /// of the writer to be prepared and for what it left behind to be written out.
     fn committed(&mut self, frames: u64) {
         let end = WAL_HEADER + frames * self.frame_bytes;
         if end < self.end {
             // The WAL was rewound (a checkpoint reset it): the writer starts over at its head.
-            self.read_to = 0;
+            self.prepared_to = 0;
             self.written_to = 0;
         }
         self.end = end;
-        if end + AHEAD / 2 >= self.read_to {
-            let ahead = self.read_to.max(end)..end + AHEAD;
-            if self.requests.try_send(Request::ReadAhead(ahead)).is_ok() {
-                self.read_to = end + AHEAD;
+        if end + AHEAD / 2 >= self.prepared_to {
+            let ahead = self.prepared_to.max(end)..end + AHEAD;
+            if self.requests.try_send(Request::Prepare(ahead)).is_ok() {
+                self.prepared_to = end + AHEAD;
             }
         }
         let behind = end.saturating_sub(self.page) / self.page * self.page;
@@ -135,7 +139,7 @@ pub(crate) fn install(conn: &Connection, path: &Path) -> rusqlite::Result<Option
         frame_bytes: FRAME_HEADER + page_size,
         page: page_size.max(4096),
         end: 0,
-        read_to: 0,
+        prepared_to: 0,
         written_to: 0,
         requests,
     }));
@@ -166,13 +170,17 @@ fn serve(wal: &Path, queue: &mpsc::Receiver<Request>) {
     let mut file = None;
     while let Ok(request) = queue.recv() {
         if file.is_none() {
-            file = std::fs::File::open(wal)
+            // Written to by `fallocate` only, which needs write access.
+            file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(wal)
                 .inspect_err(|e| tracing::debug!(error = %e, "cannot open the WAL"))
                 .ok();
         }
         let Some(file) = &file else { continue };
         if let Err(e) = apply(file, request) {
-            tracing::debug!(error = %e, "a WAL read-ahead or write-out failed");
+            tracing::debug!(error = %e, "cannot prepare or write out part of the WAL");
         }
     }
 }
@@ -180,7 +188,7 @@ fn serve(wal: &Path, queue: &mpsc::Receiver<Request>) {
 #[cfg(target_os = "linux")]
 fn apply(file: &std::fs::File, request: Request) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
-    let (Request::ReadAhead(range) | Request::WriteOut(range)) = &request;
+    let (Request::Prepare(range) | Request::WriteOut(range)) = &request;
     let (Ok(offset), Ok(len)) = (
         libc::off64_t::try_from(range.start),
         libc::off64_t::try_from(range.end - range.start),
@@ -188,13 +196,20 @@ fn apply(file: &std::fs::File, request: Request) -> std::io::Result<()> {
         return Ok(());
     };
     let fd = file.as_raw_fd();
-    // SAFETY: both take a valid open file descriptor and read no memory of ours. Neither waits
-    // for the disk: WILLNEED starts reading the range's missing pages, SYNC_FILE_RANGE_WRITE
-    // starts writing its dirty ones.
+    // SAFETY: these calls take a valid open file descriptor and read no memory of ours. None
+    // waits for the disk to read or write the range's data: fallocate allocates blocks (a
+    // no-op where the WAL has them), WILLNEED starts reading the pages the cache lacks,
+    // SYNC_FILE_RANGE_WRITE starts writing the dirty ones.
     match request {
-        Request::ReadAhead(_) => {
+        Request::Prepare(_) => {
+            let allocated =
+                match unsafe { libc::fallocate64(fd, libc::FALLOC_FL_KEEP_SIZE, offset, len) } {
+                    0 => Ok(()),
+                    _ => Err(std::io::Error::last_os_error()),
+                };
+            // Read in even when the disk is full: the part inside the WAL still helps.
             match unsafe { libc::posix_fadvise64(fd, offset, len, libc::POSIX_FADV_WILLNEED) } {
-                0 => Ok(()),
+                0 => allocated,
                 errno => Err(std::io::Error::from_raw_os_error(errno)),
             }
         }
@@ -224,7 +239,7 @@ mod tests {
             frame_bytes: FRAME,
             page: 4096,
             end: 0,
-            read_to: 0,
+            prepared_to: 0,
             written_to: 0,
             requests,
         };
@@ -240,10 +255,10 @@ mod tests {
         asked.try_iter().collect()
     }
 
-    /// The ranges read ahead, as (start, end).
-    fn read_aheads(requests: &[Request]) -> Vec<(u64, u64)> {
+    /// The ranges prepared, as (start, end).
+    fn prepared(requests: &[Request]) -> Vec<(u64, u64)> {
         let ranges = requests.iter().filter_map(|r| match r {
-            Request::ReadAhead(range) => Some((range.start, range.end)),
+            Request::Prepare(range) => Some((range.start, range.end)),
             Request::WriteOut(_) => None,
         });
         ranges.collect()
@@ -252,25 +267,25 @@ mod tests {
     fn write_outs(requests: &[Request]) -> Vec<Range<u64>> {
         let ranges = requests.iter().filter_map(|r| match r {
             Request::WriteOut(range) => Some(range.clone()),
-            Request::ReadAhead(_) => None,
+            Request::Prepare(_) => None,
         });
         ranges.collect()
     }
 
     #[test]
-    fn the_wal_is_read_ahead_of_the_writer_and_again_half_way() {
+    fn the_wal_is_prepared_ahead_of_the_writer_and_again_half_way() {
         let (mut t, queue) = tracker(8);
         t.committed(3);
         let end = WAL_HEADER + 3 * FRAME;
-        assert_eq!(asked(&queue), [Request::ReadAhead(end..end + AHEAD)]);
+        assert_eq!(asked(&queue), [Request::Prepare(end..end + AHEAD)]);
         t.committed(frames_at(AHEAD / 4));
-        assert_eq!(read_aheads(&asked(&queue)), [], "still well ahead");
+        assert_eq!(prepared(&asked(&queue)), [], "still well ahead");
         let frames = frames_at(AHEAD / 2 + FRAME * 10);
         t.committed(frames);
         let end = WAL_HEADER + frames * FRAME;
-        // From where the last read ahead ended: nothing twice.
+        // From where the last preparation ended: nothing twice.
         assert_eq!(
-            read_aheads(&asked(&queue)),
+            prepared(&asked(&queue)),
             [(WAL_HEADER + 3 * FRAME + AHEAD, end + AHEAD)]
         );
     }
@@ -297,7 +312,7 @@ mod tests {
     }
 
     #[test]
-    fn a_rewound_wal_is_read_and_written_from_its_head() {
+    fn a_rewound_wal_is_prepared_and_written_out_from_its_head() {
         let (mut t, queue) = tracker(8);
         t.committed(frames_at(4 * BEHIND));
         asked(&queue);
@@ -305,7 +320,7 @@ mod tests {
         t.committed(frames);
         let requests = asked(&queue);
         let end = WAL_HEADER + frames * FRAME;
-        assert_eq!(read_aheads(&requests), [(end, end + AHEAD)]);
+        assert_eq!(prepared(&requests), [(end, end + AHEAD)]);
         assert!(matches!(&write_outs(&requests)[..], [r] if r.start == 0));
     }
 
@@ -313,7 +328,7 @@ mod tests {
     fn requests_a_busy_thread_could_not_take_are_made_good_later() {
         let (mut t, queue) = tracker(1);
         t.committed(frames_at(2 * BEHIND));
-        // The queue is full (the read ahead): the write-out waits for a later commit.
+        // The queue is full (the preparation): the write-out waits for a later commit.
         assert_eq!(t.written_to, 0);
         asked(&queue);
         t.committed(frames_at(3 * BEHIND));
@@ -324,8 +339,8 @@ mod tests {
         );
     }
 
-    /// Through SQLite: the hook sees each commit of the write connection, and the thread, asked
-    /// to read and write the real WAL, leaves every commit readable.
+    /// Through SQLite: the hook sees each commit of the write connection, and the thread,
+    /// working on the real WAL, leaves every commit readable.
     #[test]
     fn the_hook_follows_the_writer_through_sqlite() {
         let dir = tempfile::tempdir().unwrap();
