@@ -161,16 +161,15 @@ impl Writer {
         let conn = open_write_connection(path)?;
         // After `open_write_connection`'s `wal_autocheckpoint`, which would replace its hook.
         let wal_io = sqlite_wal_io::install(&conn, path)?;
+        let conn = WriteConnection {
+            conn,
+            _wal_io: wal_io,
+        };
         let checkpoints = start_checkpointer(path)?;
         let (jobs, queue) = mpsc::channel::<Request>();
         std::thread::Builder::new()
             .name("sqlite-writer".into())
-            .spawn(move || {
-                serve(&conn, queue, checkpoints);
-                // The connection's WAL hook points into `wal_io`: the connection goes first.
-                drop(conn);
-                drop(wal_io);
-            })
+            .spawn(move || serve(conn, queue, checkpoints))
             .map_err(|e| StorageError::Commit(format!("cannot start the writer thread: {e}")))?;
         Ok(Self { jobs })
     }
@@ -224,6 +223,13 @@ impl Writer {
         grant.await.map_err(|_| stopped())?;
         Ok(WritePermit { _release: release })
     }
+}
+
+/// The write connection and its WAL I/O. Fields drop in order: the connection, whose WAL hook
+/// points into `_wal_io`, closes first.
+struct WriteConnection {
+    conn: Connection,
+    _wal_io: Option<sqlite_wal_io::WalIo>,
 }
 
 fn stopped() -> StorageError {
@@ -357,7 +363,16 @@ fn sync_database_file(conn: &Connection) -> rusqlite::Result<()> {
 
 /// The writer thread: waits for a write, runs it and every write queued meanwhile in one
 /// transaction, and answers each caller after the commit.
-fn serve(conn: &Connection, queue: mpsc::Receiver<Request>, checkpoints: mpsc::SyncSender<()>) {
+///
+/// It takes the whole `WriteConnection`: a closure naming only `write.conn` would capture that
+/// field alone and leave the WAL I/O, which the connection's hook points into, to be dropped
+/// by the thread that started this one.
+fn serve(
+    write: WriteConnection,
+    queue: mpsc::Receiver<Request>,
+    checkpoints: mpsc::SyncSender<()>,
+) {
+    let conn = &write.conn;
     let mut commits = 0_u32;
     let mut next = queue.recv().ok();
     while let Some(request) = next.take() {
