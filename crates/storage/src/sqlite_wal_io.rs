@@ -6,13 +6,13 @@
 //! writer overwrites frames it wrote a few seconds earlier. A frame (24 + 4,096 bytes) does not
 //! start or end on a block boundary, so each write covers part of a block, which the kernel
 //! must read first when the page cache no longer holds it, and the machines this runs on drop
-//! clean file pages within seconds. Measured (create + stream, 16 clients, 5 s): the writer
-//! waited on such reads (`ext4_block_write_begin`) in 6 % of its samples, 3 to 7 MB of them,
-//! some for tens of milliseconds while the checkpoint's `fsync` kept the disk busy. Before the
-//! first rewind the WAL grows instead, and each append waited for ext4 to reserve new blocks
-//! (`ext4_da_get_block_prep`) while the write-out below allocated the blocks behind it: the
-//! blocks ahead are allocated beforehand (`fallocate(FALLOC_FL_KEEP_SIZE)`, which leaves the
-//! file's length, all SQLite reads, alone).
+//! clean file pages within seconds. Measured (create + stream, 16 clients): the writer waited
+//! on such reads (`ext4_block_write_begin`) in up to 10 % of its samples, up to 6.5 MB per
+//! 10 s, some for tens of milliseconds while the checkpoint's `fsync` kept the disk busy.
+//! Before the first rewind the WAL grows instead, and appends waited for ext4 to reserve new
+//! blocks (`ext4_da_get_block_prep`) while the write-out below allocated the blocks behind
+//! them: the blocks ahead are allocated beforehand (`fallocate(FALLOC_FL_KEEP_SIZE)`, which
+//! leaves the file's length, all SQLite reads, alone).
 //!
 //! Why write behind: with `synchronous=NORMAL` a commit only appends to the WAL, and the WAL is
 //! synced before each checkpoint, which under load wrote ~40 MB in one go, every quarter second;
@@ -36,9 +36,9 @@ use rusqlite::Connection;
 const WAL_HEADER: u64 = 32;
 /// Bytes of a frame's header, before its page.
 const FRAME_HEADER: u64 = 24;
-/// How far past the writer the WAL is made ready (allocated, in the page cache). Refilled when the writer is
-/// half way there: at full load it writes this much in some 50 ms, and the disk reads it in a
-/// few.
+/// How far past the writer the WAL is made ready (allocated, in the page cache). Refilled when
+/// the writer is half way there: at full load it writes this much in some 50 ms, and the disk
+/// reads it in a few.
 const AHEAD: u64 = 8 << 20;
 /// How far the writer moves on before what it left behind is handed over for writing out.
 const BEHIND: u64 = 1 << 20;
@@ -132,7 +132,8 @@ pub(crate) fn install(conn: &Connection, path: &Path) -> rusqlite::Result<Option
         .name("sqlite-wal-io".into())
         .spawn(move || serve(&wal, &queue));
     if let Err(e) = started {
-        tracing::warn!(error = %e, "cannot start the WAL I/O thread; the writer does its own");
+        let what = "cannot start the WAL I/O thread; the writer will wait on the disk itself";
+        tracing::warn!(error = %e, "{what}");
         return Ok(None);
     }
     let tracker = Box::into_raw(Box::new(Tracker {
