@@ -7,7 +7,7 @@
 //! start or end on a block boundary, so each write covers part of a block, which the kernel
 //! must read first when the page cache no longer holds it, and the machines this runs on drop
 //! clean file pages within seconds. Measured (create + stream, 16 clients): the writer waited
-//! on such reads (`ext4_block_write_begin`) in up to 10 % of its samples, up to 6.5 MB per
+//! on such reads (`ext4_block_write_begin`) in up to 12 % of its samples, up to 6.5 MB per
 //! 10 s, some for tens of milliseconds while the checkpoint's `fsync` kept the disk busy.
 //! Before the first rewind the WAL grows instead, and appends waited for ext4 to reserve new
 //! blocks (`ext4_da_get_block_prep`) while the write-out below allocated the blocks behind
