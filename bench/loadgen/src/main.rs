@@ -53,6 +53,10 @@ struct Args {
     /// Seconds before one request gives up.
     #[arg(long, default_value_t = 120)]
     timeout: u64,
+    /// Also write every counted operation to this CSV file (its start as Unix time in ms, its
+    /// latency and its first event's in ms), to line the slow ones up with the server's logs.
+    #[arg(long)]
+    samples: Option<std::path::PathBuf>,
 }
 
 /// The measured window: operations that end inside it count.
@@ -91,6 +95,14 @@ fn build_runtime(threads: usize) -> Result<tokio::runtime::Runtime> {
 
 async fn run(args: &Args) -> Result<Report> {
     let target = Arc::new(build_target(args)?);
+    // Created before the load, so that a path it cannot write fails at once.
+    let samples = args
+        .samples
+        .as_deref()
+        .map(|path| {
+            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))
+        })
+        .transpose()?;
     let now = Instant::now();
     let window = Window {
         start: now + Duration::from_secs_f64(args.warmup),
@@ -99,6 +111,9 @@ async fn run(args: &Args) -> Result<Report> {
     let clients = (0..args.clients.max(1))
         .map(|_| tokio::spawn(client_loop(Arc::clone(&target), args.scenario, window)));
     let results = futures::future::try_join_all(clients).await?;
+    if let Some(file) = samples {
+        write_samples(file, &results)?;
+    }
     Ok(summarise(args, results))
 }
 
@@ -149,6 +164,30 @@ async fn client_loop(target: Arc<Target>, scenario: Scenario, window: Window) ->
         }
     }
     result
+}
+
+/// Writes every counted operation as a CSV row (`--samples`).
+fn write_samples(file: std::fs::File, results: &[ClientResult]) -> Result<()> {
+    use std::io::Write;
+    let mut out = std::io::BufWriter::new(file);
+    // Instants have no epoch: place them through one reading of both clocks.
+    let (now, unix_now) = (Instant::now(), std::time::SystemTime::now());
+    let unix_ms = |at: Instant| {
+        let unix = unix_now - now.saturating_duration_since(at);
+        ms(unix
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default())
+    };
+    writeln!(out, "start_unix_ms,latency_ms,first_event_ms")?;
+    for s in results.iter().flat_map(|r| &r.samples) {
+        let start = unix_ms(s.started);
+        let first = s
+            .first_event
+            .map(|d| format!("{:.3}", ms(d)))
+            .unwrap_or_default();
+        writeln!(out, "{start:.3},{:.3},{first}", ms(s.latency))?;
+    }
+    out.flush().context("writing the samples")
 }
 
 fn summarise(args: &Args, results: Vec<ClientResult>) -> Report {

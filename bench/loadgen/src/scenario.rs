@@ -26,6 +26,8 @@ impl Scenario {
 
 /// The timings of one successful operation.
 pub struct Sample {
+    /// When the operation began (its POST /threads was sent).
+    pub started: Instant,
     /// From sending POST /threads to having the run's whole answer.
     pub latency: Duration,
     /// From sending the stream request to receiving its first complete event frame.
@@ -54,6 +56,7 @@ impl Target {
             Scenario::Stream => Some(self.stream_run(&thread_id).await?),
         };
         Ok(Sample {
+            started,
             latency: started.elapsed(),
             first_event,
         })
