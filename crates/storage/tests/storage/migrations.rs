@@ -9,7 +9,7 @@ use crate::common::*;
 /// WITHOUT ROWID).
 fn migrations(backend: Backend) -> usize {
     match backend {
-        Backend::Sqlite => 11,
+        Backend::Sqlite => 12,
         Backend::Postgres => 9,
     }
 }
