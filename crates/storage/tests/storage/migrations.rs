@@ -4,9 +4,9 @@ use spindle_storage::*;
 
 use crate::common::*;
 
-/// How many migrations a backend ships (SQLite has two PostgreSQL does not need: an integer
-/// key for embeddings, which its nearest-neighbour indexes refer to, and the run tables made
-/// WITHOUT ROWID).
+/// How many migrations a backend ships (SQLite has three PostgreSQL does not need: an integer
+/// key for embeddings, which its nearest-neighbour indexes refer to, the run tables made
+/// WITHOUT ROWID, and an unread index dropped).
 fn migrations(backend: Backend) -> usize {
     match backend {
         Backend::Sqlite => 12,
