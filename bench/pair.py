@@ -6,9 +6,11 @@
 The machine's speed drifts over minutes (by up to 2x on this kind of machine), so two
 `bench/run` tables taken at different times cannot tell a 10 % change. This runs BEFORE and
 AFTER one after the other, `--pairs` times, each on a fresh `spindle dev` (SQLite) driven by
-`spindle-loadgen`, and reports per run and as medians: runs/s, p50/p99 latency, the first SSE
-event's p99 (stream), and the CPU time per run of the whole process and of its SQLite writer
-thread (`sqlite-writer`, which bounds the write rate), read from /proc around the measured load.
+`spindle-loadgen` (which of the two goes first alternates from pair to pair), and reports per
+run and as medians: runs/s, p50/p99 latency, the first SSE event's p99 (stream), and the CPU
+time per run of the whole process and of its SQLite writer thread (`sqlite-writer`, which
+bounds the write rate), read from /proc around the measured load; and the median of each
+pair's after/before ratio of these.
 Only the standard library and `bench/servers.py`; build both binaries first.
 """
 import argparse
@@ -82,7 +84,12 @@ def main() -> int:
     workdir = make_workdir()
     results = {"before": [], "after": []}
     for i in range(args.pairs):
-        for label, binary in (("before", args.before), ("after", args.after)):
+        # Which binary goes first alternates, so that a machine speeding up or slowing down
+        # during the pairs favours neither.
+        order = [("before", args.before), ("after", args.after)]
+        if i % 2:
+            order.reverse()
+        for label, binary in order:
             m = measure(binary, args, workdir, f"{label}-{i}")
             results[label].append(m)
             print(show(label, m), flush=True)
@@ -95,7 +102,21 @@ def main() -> int:
         print(show(label, medians[label]))
     ratio = medians["after"]["runs_per_s"] / medians["before"]["runs_per_s"]
     print(f"after / before: {ratio:.2f}x runs/s")
+    print(per_pair_ratios(results))
     return 0
+
+
+def per_pair_ratios(results: dict) -> str:
+    """The median of each pair's after/before ratio: the two runs of a pair are minutes apart
+    at most, so these ratios are less exposed to the machine's drift than the medians' ratio."""
+    pairs = list(zip(results["before"], results["after"]))
+    parts = []
+    for key, name in (("runs_per_s", "runs/s"), ("first_p99_ms", "first-event p99"),
+                      ("cpu_us_per_run", "CPU per run"), ("writer_us_per_run", "writer per run")):
+        ratios = [a[key] / b[key] for b, a in pairs if a[key] is not None and b[key]]
+        if ratios:
+            parts.append(f"{name} {statistics.median(ratios):.2f}x")
+    return "median of per-pair ratios (after / before): " + ", ".join(parts)
 
 
 if __name__ == "__main__":
