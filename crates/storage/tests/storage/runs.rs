@@ -1554,3 +1554,37 @@ async fn retention_prunes_old_events_of_ended_runs_and_keeps_the_counter() {
     })
     .await;
 }
+
+/// The claim's search for runs whose worker died reads an index of the running runs, not every
+/// run: SQLite has no index of its own for it (migration 0012 dropped an unread one), so this
+/// holds only while an index leads with the status.
+#[tokio::test]
+async fn the_search_for_dead_workers_runs_uses_an_index() {
+    for_each_backend(|db| async move {
+        let s = db.storage();
+        let alice = fresh_user();
+        for _ in 0..20 {
+            let thread = thread_of(s, &alice).await;
+            run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        }
+        claim(s, "w1").await.expect("a run to claim");
+        // The parameter is bound as text, which PostgreSQL compares with a timestamp only cast.
+        let cutoff = match db.backend() {
+            Backend::Sqlite => "$1",
+            Backend::Postgres => "$1::timestamptz",
+        };
+        let sql = format!(
+            "SELECT run_id FROM runs WHERE status = 'running' AND lease_expires_at < {cutoff} \
+             ORDER BY lease_expires_at LIMIT 1"
+        );
+        let plan = db.query_plan(&sql, &["2100-01-01T00:00:00Z"]).await;
+        match db.backend() {
+            Backend::Sqlite => {
+                assert!(plan.contains("SEARCH runs USING INDEX"), "{plan}");
+                assert!(!plan.contains("SCAN runs"), "{plan}");
+            }
+            Backend::Postgres => assert!(plan.contains("Index"), "{plan}"),
+        }
+    })
+    .await;
+}
