@@ -570,8 +570,9 @@ fn create_thread(
 impl ThreadStore for SqliteStorage {
     async fn create_thread(&self, scope: &Scope, new: NewThread) -> StorageResult<Thread> {
         let scope = scope.clone();
+        // A request waits on it before it can answer.
         self.writer
-            .write(move |conn| create_thread(conn, &scope, new))
+            .write_ahead(move |conn| create_thread(conn, &scope, new))
             .await
     }
 

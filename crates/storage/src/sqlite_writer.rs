@@ -19,10 +19,19 @@
 //! answer is never given for a change that was not committed. Taking in the late comers
 //! (rather than only what was queued when the group began) spares each of them a wait for
 //! this commit before its own, and shares one commit among more writes.
+//!
+//! Writes a request waits on before it can answer at all (a new run, whose stream's first
+//! event follows its commit; a new thread) go ahead of the queue ([`Writer::write_ahead`]):
+//! the thread takes them before the queued writes of runs in progress (checkpoints, events,
+//! ends), and a group holding one commits once no other write waits ahead, instead of taking
+//! late comers for as long as they come. Under load the queue holds a few dozen writes of
+//! runs in progress; behind them, a new run's first event waited for all of them and for
+//! the commit of a group that kept growing.
 
+use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags};
@@ -136,6 +145,8 @@ fn guarded<T, E: From<StorageError>>(
 /// What the writer thread is asked to do.
 enum Request {
     Write(Box<dyn Job>),
+    /// A write was put in the lane ahead of the queue; wakes the thread if it is waiting.
+    Ahead,
     /// Hand the database to an async connection until the permit is dropped.
     Yield {
         granted: oneshot::Sender<()>,
@@ -149,9 +160,18 @@ pub(crate) struct WritePermit {
     _release: mpsc::Sender<()>,
 }
 
+/// Writes that go ahead of the queue, in the order they came.
+type AheadLane = Arc<Mutex<VecDeque<Box<dyn Job>>>>;
+
+fn take_ahead(lane: &AheadLane) -> Option<Box<dyn Job>> {
+    // A panic while the lock was held left the queue whole (pushes and pops only).
+    lane.lock().unwrap_or_else(PoisonError::into_inner).pop_front()
+}
+
 /// The handle writes are sent through; the thread stops when the last handle is dropped.
 pub(crate) struct Writer {
     jobs: mpsc::Sender<Request>,
+    ahead: AheadLane,
 }
 
 impl Writer {
@@ -167,11 +187,16 @@ impl Writer {
         };
         let checkpoints = start_checkpointer(path)?;
         let (jobs, queue) = mpsc::channel::<Request>();
+        let ahead = AheadLane::default();
+        let queues = Queues {
+            queue,
+            ahead: ahead.clone(),
+        };
         std::thread::Builder::new()
             .name("sqlite-writer".into())
-            .spawn(move || serve(conn, queue, checkpoints))
+            .spawn(move || serve(conn, queues, checkpoints))
             .map_err(|e| StorageError::Commit(format!("cannot start the writer thread: {e}")))?;
-        Ok(Self { jobs })
+        Ok(Self { jobs, ahead })
     }
 
     /// Runs `write` on the write connection, in a transaction, and returns its result once the
@@ -183,6 +208,28 @@ impl Writer {
         F: FnOnce(&Connection) -> Result<T, E> + Send + 'static,
     {
         self.submit(write).await
+    }
+
+    /// As [`Writer::submit`], for a write a request waits on before it can answer at all: it
+    /// runs before the writes queued with [`Writer::write`] and [`Writer::submit`] (and so
+    /// may commit before writes submitted earlier: none of them may be one it depends on),
+    /// after those gone ahead before it.
+    pub(crate) fn write_ahead<T, E, F>(
+        &self,
+        write: F,
+    ) -> impl std::future::Future<Output = Result<T, E>> + Send + Sync + 'static
+    where
+        T: Send + 'static,
+        E: From<StorageError> + Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, E> + Send + 'static,
+    {
+        let (job, answer) = call(write);
+        self.ahead
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push_back(job);
+        let woken = self.jobs.send(Request::Ahead).is_ok();
+        answer_of(woken, answer)
     }
 
     /// Queues `write` before returning (writes submitted one after another run in that
@@ -197,19 +244,9 @@ impl Writer {
         E: From<StorageError> + Send + 'static,
         F: FnOnce(&Connection) -> Result<T, E> + Send + 'static,
     {
-        let (reply, answer) = oneshot::channel();
-        let job = Box::new(Call {
-            write: Some(write),
-            result: None,
-            reply,
-        });
+        let (job, answer) = call(write);
         let queued = self.jobs.send(Request::Write(job)).is_ok();
-        async move {
-            if !queued {
-                return Err(E::from(stopped()));
-            }
-            answer.await.map_err(|_| E::from(stopped()))?
-        }
+        answer_of(queued, answer)
     }
 
     /// Waits until the writer thread has committed what it was doing and parks it; writes on
@@ -222,6 +259,40 @@ impl Writer {
             .map_err(|_| stopped())?;
         grant.await.map_err(|_| stopped())?;
         Ok(WritePermit { _release: release })
+    }
+}
+
+/// `write` as a job for the writer thread, and the receiver of its result.
+fn call<T, E, F>(write: F) -> (Box<dyn Job>, oneshot::Receiver<Result<T, E>>)
+where
+    T: Send + 'static,
+    E: From<StorageError> + Send + 'static,
+    F: FnOnce(&Connection) -> Result<T, E> + Send + 'static,
+{
+    let (reply, answer) = oneshot::channel();
+    let job = Box::new(Call {
+        write: Some(write),
+        result: None,
+        reply,
+    });
+    (job, answer)
+}
+
+/// The result of a job, once the writer thread answers; `queued` says whether it reached
+/// the thread's queue at all.
+fn answer_of<T, E: From<StorageError>>(
+    queued: bool,
+    answer: oneshot::Receiver<Result<T, E>>,
+) -> impl std::future::Future<Output = Result<T, E>> + Send + Sync + 'static
+where
+    T: Send + 'static,
+    E: Send + 'static,
+{
+    async move {
+        if !queued {
+            return Err(E::from(stopped()));
+        }
+        answer.await.map_err(|_| E::from(stopped()))?
     }
 }
 
@@ -367,28 +438,32 @@ fn sync_database_file(conn: &Connection) -> rusqlite::Result<()> {
 /// It takes the whole `WriteConnection`: a closure naming only `write.conn` would capture that
 /// field alone and leave the WAL I/O, which the connection's hook points into, to be dropped
 /// by the thread that started this one.
-fn serve(
-    write: WriteConnection,
-    queue: mpsc::Receiver<Request>,
-    checkpoints: mpsc::SyncSender<()>,
-) {
+fn serve(write: WriteConnection, queues: Queues, checkpoints: mpsc::SyncSender<()>) {
     let conn = &write.conn;
     let mut commits = 0_u32;
-    let mut next = queue.recv().ok();
+    let mut next = queues.queue.recv().ok();
     while let Some(request) = next.take() {
         let first = match request {
-            Request::Write(job) => job,
+            Request::Write(job) => (job, false),
+            // Its write may have been taken by a group already.
+            Request::Ahead => match take_ahead(&queues.ahead) {
+                Some(job) => (job, true),
+                None => {
+                    next = queues.queue.recv().ok();
+                    continue;
+                }
+            },
             Request::Yield { granted, released } => {
                 // Nothing is open on this connection now; block until the permit is dropped
                 // (or its holder gave up waiting).
                 if granted.send(()).is_ok() {
                     let _ = released.recv();
                 }
-                next = queue.recv().ok();
+                next = queues.queue.recv().ok();
                 continue;
             }
         };
-        let (group, commit) = run_group(conn, first, &queue, &mut next);
+        let (group, commit) = run_group(conn, first, &queues, &mut next);
         let commit = commit.as_ref().map(|_| ()).map_err(|e| e.as_str());
         for job in group {
             job.answer(commit);
@@ -400,20 +475,28 @@ fn serve(
             let _ = checkpoints.try_send(());
         }
         if next.is_none() {
-            next = queue.recv().ok();
+            next = queues.queue.recv().ok();
         }
     }
+}
+
+/// What the writer thread takes writes from: the queue (with its wake-ups and permit
+/// requests) and the lane ahead of it.
+struct Queues {
+    queue: mpsc::Receiver<Request>,
+    ahead: AheadLane,
 }
 
 /// Runs `first` and the writes queued behind it, including those that come while the group
 /// runs (up to [`MAX_GROUP`]), in one transaction; returns them with the commit's outcome
 /// (`Err` says why it did not commit). A write that arrives mid-group joins it instead of
-/// waiting for this commit and then its own. A permit request ends the group and is left in
-/// `next`, to be served after the commit.
+/// waiting for this commit and then its own. Writes gone ahead join first, and once one is
+/// in, the group takes no other write and commits when none waits ahead. A permit request
+/// ends the group and is left in `next`, to be served after the commit.
 fn run_group(
     conn: &Connection,
-    mut first: Box<dyn Job>,
-    queue: &mpsc::Receiver<Request>,
+    (mut first, first_went_ahead): (Box<dyn Job>, bool),
+    queues: &Queues,
     next: &mut Option<Request>,
 ) -> (Vec<Box<dyn Job>>, Result<(), String>) {
     if let Err(e) = control(conn, "BEGIN IMMEDIATE") {
@@ -427,12 +510,24 @@ fn run_group(
         return (vec![first], Ok(()));
     }
     let mut group = vec![first];
+    let mut went_ahead = first_went_ahead;
     while group.len() < MAX_GROUP {
-        match queue.try_recv() {
+        if let Some(mut job) = take_ahead(&queues.ahead) {
+            went_ahead = true;
+            job.run(conn, true);
+            group.push(job);
+            continue;
+        }
+        if went_ahead {
+            break;
+        }
+        match queues.queue.try_recv() {
             Ok(Request::Write(mut job)) => {
                 job.run(conn, true);
                 group.push(job);
             }
+            // Its write was taken above.
+            Ok(Request::Ahead) => {}
             Ok(yielding) => {
                 *next = Some(yielding);
                 break;
@@ -609,6 +704,47 @@ mod tests {
             "the second write ran after a commit"
         );
         assert_eq!(count(&dir), 2);
+    }
+
+    /// A new run's write must not wait behind the queued writes of runs in progress, nor for
+    /// a group that takes them in.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_gone_ahead_runs_and_commits_before_the_queue() {
+        let (dir, writer) = writer().await;
+        let path = dir.path().join("db");
+        let (started, first_started) = mpsc::channel::<()>();
+        let (release, released) = mpsc::channel::<()>();
+        let first = writer.submit(move |conn| -> StorageResult<()> {
+            conn.execute("INSERT INTO t (k, v) VALUES (1, 'first')", [])?;
+            let _ = started.send(());
+            // Holds the thread until both writes below are waiting.
+            let _ = released.recv_timeout(Duration::from_secs(10));
+            Ok(())
+        });
+        first_started
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the first write runs");
+        let queued = writer.submit(move |conn| -> StorageResult<i64> {
+            conn.execute("INSERT INTO t (k, v) VALUES (2, 'queued')", [])?;
+            // What another connection sees is what was committed.
+            let other = Connection::open(&path).map_err(StorageError::from)?;
+            Ok(other.query_row("SELECT COUNT(*) FROM t", [], |r| r.get(0))?)
+        });
+        let ahead = writer.write_ahead(move |conn| -> StorageResult<bool> {
+            conn.execute("INSERT INTO t (k, v) VALUES (3, 'ahead')", [])?;
+            let queued_ran: i64 =
+                conn.query_row("SELECT COUNT(*) FROM t WHERE k = 2", [], |r| r.get(0))?;
+            Ok(queued_ran > 0)
+        });
+        release.send(()).unwrap();
+        first.await.unwrap();
+        assert!(!ahead.await.unwrap(), "the write queued first ran first");
+        assert_eq!(
+            queued.await.unwrap(),
+            2,
+            "the write gone ahead and the first were committed before the queued one ran"
+        );
+        assert_eq!(count(&dir), 3);
     }
 
     #[tokio::test]

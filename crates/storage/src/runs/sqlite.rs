@@ -673,8 +673,9 @@ impl RunStore for SqliteStorage {
     async fn create_run(&self, scope: &Scope, new: NewRun) -> StorageResult<CreatedRun> {
         let scope = scope.clone();
         let encoded = EncodedNewRun::new(&new)?;
+        // A request waits on it before it can answer (a stream, with its first event).
         self.writer
-            .write(move |conn| create_run(conn, &scope, new, encoded))
+            .write_ahead(move |conn| create_run(conn, &scope, new, encoded))
             .await
     }
 
