@@ -165,7 +165,9 @@ type AheadLane = Arc<Mutex<VecDeque<Box<dyn Job>>>>;
 
 fn take_ahead(lane: &AheadLane) -> Option<Box<dyn Job>> {
     // A panic while the lock was held left the queue whole (pushes and pops only).
-    lane.lock().unwrap_or_else(PoisonError::into_inner).pop_front()
+    lane.lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .pop_front()
 }
 
 /// The handle writes are sent through; the thread stops when the last handle is dropped.

@@ -1,6 +1,7 @@
 //! Workers: claim pending runs from the database, execute them, log their events, end them.
 //!
-//! Each process runs `concurrency` worker loops. A loop claims a run with a lease, executes its
+//! Each process runs `concurrency` worker loops. A loop looks for a run to claim (a read), and
+//! only then takes one of the process's slots and claims the run with a lease, executes its
 //! graph while a companion task renews the lease (and notices cancel requests made by any
 //! process), and ends the run in one transaction with its thread's new state. A loop sleeps
 //! until woken by a new run in this process or until the poll interval passes (runs created by
@@ -177,6 +178,20 @@ impl RunWorkers {
 
     async fn work(self: Arc<Self>, shutdown: CancellationToken) {
         while !shutdown.is_cancelled() {
+            // A look before a slot is taken: a slot held for a claim that finds nothing is one
+            // a run being created cannot start in at once, and that run then waits for a claim.
+            match self.storage.has_claimable_run().await {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.idle(&shutdown).await;
+                    continue;
+                }
+                Err(err) => {
+                    tracing::error!(error = %err, "cannot look for runs to claim; retrying");
+                    tokio::time::sleep(self.config.poll_interval).await;
+                    continue;
+                }
+            }
             // A free slot first: runs claimed at their creation hold slots too.
             let slot = tokio::select! {
                 slot = self.slots.clone().acquire_owned() => slot,
@@ -188,20 +203,17 @@ impl RunWorkers {
                 .claim_run(&self.worker_id, self.config.lease, self.config.max_attempts)
                 .await;
             match claimed {
-                // Straight back to claiming afterwards: a loop sleeps only when it found
+                // Straight back to looking afterwards: a loop sleeps only when it found
                 // nothing, and each created run wakes one sleeper, so waking a sibling here
-                // would only cost an empty claim per run.
+                // would only cost a look per run.
                 Ok(Some(claimed)) => {
                     self.execute(claimed, None).await;
                     drop(slot);
                 }
+                // Another worker was quicker.
                 Ok(None) => {
                     drop(slot);
-                    tokio::select! {
-                        () = self.wake.notified() => {}
-                        () = tokio::time::sleep(self.config.poll_interval) => {}
-                        () = shutdown.cancelled() => {}
-                    }
+                    self.idle(&shutdown).await;
                 }
                 Err(err) => {
                     drop(slot);
@@ -209,6 +221,16 @@ impl RunWorkers {
                     tokio::time::sleep(self.config.poll_interval).await;
                 }
             }
+        }
+    }
+
+    /// Waits for a created run's wake-up, the next poll (runs of other processes, delayed
+    /// runs coming due, leases running out) or the shutdown.
+    async fn idle(&self, shutdown: &CancellationToken) {
+        tokio::select! {
+            () = self.wake.notified() => {}
+            () = tokio::time::sleep(self.config.poll_interval) => {}
+            () = shutdown.cancelled() => {}
         }
     }
 

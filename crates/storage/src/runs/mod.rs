@@ -375,6 +375,11 @@ pub trait RunStore: Send + Sync {
         lease: std::time::Duration,
         max_attempts: i32,
     ) -> StorageResult<Option<ClaimedRun>>;
+    /// Whether [`RunStore::claim_run`] would find a run now (a due pending run whose thread
+    /// has no running run, or a run whose lease expired), read without claiming anything. A
+    /// worker looks before it takes a slot to claim with: a slot held for a claim that finds
+    /// nothing is one a run being created cannot start in at once.
+    async fn has_claimable_run(&self) -> StorageResult<bool>;
     /// Extends the lease; returns the run as it now is (to see a cancel request), or `None`
     /// when the worker no longer holds it.
     async fn renew_lease(

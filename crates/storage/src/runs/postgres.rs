@@ -678,6 +678,20 @@ impl RunStore for PostgresStorage {
         settle(tx, result).await
     }
 
+    async fn has_claimable_run(&self) -> StorageResult<bool> {
+        // `claim_run`'s two searches, as existence tests; rows locked by a claim in progress
+        // count (that claim may still find nothing to take).
+        Ok(sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM runs WHERE status = 'running' \
+             AND lease_expires_at < $1) OR EXISTS (SELECT 1 FROM runs r \
+             WHERE status = 'pending' AND run_after <= $1 AND NOT EXISTS (SELECT 1 FROM runs o \
+             WHERE o.thread_id = r.thread_id AND o.status = 'running'))",
+        )
+        .bind(Utc::now())
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
     async fn renew_lease(
         &self,
         run_id: Uuid,

@@ -542,6 +542,12 @@ fn claim_run(
     }
 }
 
+/// Whether `claim_run` would find a run at `?1` (now): its two searches, as existence tests.
+const CLAIMABLE_RUN_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM runs WHERE status = 'running' \
+     AND lease_expires_at < ?1) OR EXISTS (SELECT 1 FROM runs r WHERE status = 'pending' \
+     AND run_after <= ?1 AND NOT EXISTS (SELECT 1 FROM runs o WHERE o.thread_id = r.thread_id \
+     AND o.status = 'running'))";
+
 /// A run's end, encoded on the caller's thread.
 struct EncodedEnd {
     status: RunStatus,
@@ -775,6 +781,15 @@ impl RunStore for SqliteStorage {
         self.writer
             .write(move |conn| claim_run(conn, &worker_id, lease, max_attempts))
             .await
+    }
+
+    async fn has_claimable_run(&self) -> StorageResult<bool> {
+        let now = ts(Utc::now());
+        self.readers.read(|conn| {
+            Ok(conn
+                .prepare_cached(CLAIMABLE_RUN_EXISTS)?
+                .query_row([now], |r| r.get(0))?)
+        })
     }
 
     async fn renew_lease(

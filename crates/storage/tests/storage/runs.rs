@@ -849,6 +849,39 @@ async fn an_expired_lease_is_reclaimed_until_attempts_run_out() {
 }
 
 #[tokio::test]
+async fn a_claimable_run_is_seen_without_claiming_it() {
+    for_each_backend(|db| async move {
+        let s = db.storage();
+        let alice = fresh_user();
+        assert!(!s.has_claimable_run().await.unwrap(), "no runs");
+        let thread = thread_of(s, &alice).await;
+        let first = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        assert!(s.has_claimable_run().await.unwrap(), "a due pending run");
+        assert!(
+            s.has_claimable_run().await.unwrap(),
+            "looking claims nothing"
+        );
+        assert_eq!(claim(s, "w1").await.unwrap().run.run_id, first.run_id);
+        assert!(
+            !s.has_claimable_run().await.unwrap(),
+            "the second run waits for its thread's running run"
+        );
+        let mut later = new_run(thread_of(s, &alice).await, MultitaskStrategy::Enqueue);
+        later.run_after = Utc::now() + chrono::Duration::hours(1);
+        s.create_run(&alice, later).await.unwrap();
+        assert!(!s.has_claimable_run().await.unwrap(), "a run not yet due");
+        expire(s, first.run_id, "w1").await;
+        assert!(
+            s.has_claimable_run().await.unwrap(),
+            "a run whose worker died"
+        );
+        assert_eq!(claim(s, "w2").await.unwrap().run.run_id, first.run_id);
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn a_lost_run_past_its_attempts_frees_the_thread_for_the_next() {
     for_each_backend(|db| async move {
         let s = db.storage();
