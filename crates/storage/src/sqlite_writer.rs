@@ -282,20 +282,14 @@ where
 
 /// The result of a job, once the writer thread answers; `queued` says whether it reached
 /// the thread's queue at all.
-fn answer_of<T, E: From<StorageError>>(
+async fn answer_of<T, E: From<StorageError>>(
     queued: bool,
     answer: oneshot::Receiver<Result<T, E>>,
-) -> impl std::future::Future<Output = Result<T, E>> + Send + Sync + 'static
-where
-    T: Send + 'static,
-    E: Send + 'static,
-{
-    async move {
-        if !queued {
-            return Err(E::from(stopped()));
-        }
-        answer.await.map_err(|_| E::from(stopped()))?
+) -> Result<T, E> {
+    if !queued {
+        return Err(E::from(stopped()));
     }
+    answer.await.map_err(|_| E::from(stopped()))?
 }
 
 /// The write connection and its WAL I/O. Fields drop in order: the connection, whose WAL hook
