@@ -668,22 +668,33 @@ mod tests {
         assert_eq!(count(&dir), 2);
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_write_queued_while_a_group_runs_commits_with_it() {
-        let (dir, writer) = writer().await;
-        let path = dir.path().join("db");
+    /// A first write (`k` = 1) that holds the writer thread, in its group, until the sender
+    /// returned is used; returned once it runs, with the future of its result.
+    fn held_first_write(
+        writer: &Writer,
+    ) -> (
+        impl std::future::Future<Output = StorageResult<()>>,
+        mpsc::Sender<()>,
+    ) {
         let (started, first_started) = mpsc::channel::<()>();
         let (release, released) = mpsc::channel::<()>();
         let first = writer.submit(move |conn| -> StorageResult<()> {
             conn.execute("INSERT INTO t (k, v) VALUES (1, 'first')", [])?;
             let _ = started.send(());
-            // Holds the group open until the second write is in the queue.
             let _ = released.recv_timeout(Duration::from_secs(10));
             Ok(())
         });
         first_started
             .recv_timeout(Duration::from_secs(10))
             .expect("the first write runs");
+        (first, release)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_queued_while_a_group_runs_commits_with_it() {
+        let (dir, writer) = writer().await;
+        let path = dir.path().join("db");
+        let (first, release) = held_first_write(&writer);
         // Queued while the first write's group is running.
         let second = writer.submit(move |conn| -> StorageResult<i64> {
             conn.execute("INSERT INTO t (k, v) VALUES (2, 'second')", [])?;
@@ -708,18 +719,8 @@ mod tests {
     async fn a_write_gone_ahead_runs_and_commits_before_the_queue() {
         let (dir, writer) = writer().await;
         let path = dir.path().join("db");
-        let (started, first_started) = mpsc::channel::<()>();
-        let (release, released) = mpsc::channel::<()>();
-        let first = writer.submit(move |conn| -> StorageResult<()> {
-            conn.execute("INSERT INTO t (k, v) VALUES (1, 'first')", [])?;
-            let _ = started.send(());
-            // Holds the thread until both writes below are waiting.
-            let _ = released.recv_timeout(Duration::from_secs(10));
-            Ok(())
-        });
-        first_started
-            .recv_timeout(Duration::from_secs(10))
-            .expect("the first write runs");
+        // Holds the thread until both writes below are waiting.
+        let (first, release) = held_first_write(&writer);
         let queued = writer.submit(move |conn| -> StorageResult<i64> {
             conn.execute("INSERT INTO t (k, v) VALUES (2, 'queued')", [])?;
             // What another connection sees is what was committed.
