@@ -668,6 +668,12 @@ mod tests {
         assert_eq!(count(&dir), 2);
     }
 
+    /// The rows of `t` another connection sees: those committed.
+    fn committed_rows(path: &Path) -> StorageResult<i64> {
+        let other = Connection::open(path)?;
+        Ok(other.query_row("SELECT COUNT(*) FROM t", [], |r| r.get(0))?)
+    }
+
     /// A first write (`k` = 1) that holds the writer thread, in its group, until the sender
     /// returned is used; returned once it runs, with the future of its result.
     fn held_first_write(
@@ -698,10 +704,8 @@ mod tests {
         // Queued while the first write's group is running.
         let second = writer.submit(move |conn| -> StorageResult<i64> {
             conn.execute("INSERT INTO t (k, v) VALUES (2, 'second')", [])?;
-            // Another connection sees only what was committed: the first write is not, when
-            // both are in one transaction.
-            let other = Connection::open(&path).map_err(StorageError::from)?;
-            Ok(other.query_row("SELECT COUNT(*) FROM t", [], |r| r.get(0))?)
+            // The first write is not committed when both are in one transaction.
+            committed_rows(&path)
         });
         release.send(()).unwrap();
         first.await.unwrap();
@@ -723,9 +727,7 @@ mod tests {
         let (first, release) = held_first_write(&writer);
         let queued = writer.submit(move |conn| -> StorageResult<i64> {
             conn.execute("INSERT INTO t (k, v) VALUES (2, 'queued')", [])?;
-            // What another connection sees is what was committed.
-            let other = Connection::open(&path).map_err(StorageError::from)?;
-            Ok(other.query_row("SELECT COUNT(*) FROM t", [], |r| r.get(0))?)
+            committed_rows(&path)
         });
         let ahead = writer.write_ahead(move |conn| -> StorageResult<bool> {
             conn.execute("INSERT INTO t (k, v) VALUES (3, 'ahead')", [])?;
