@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -237,3 +238,146 @@ def test_idle_streams_get_keepalive_comments(tmp_path):
         r = httpx.post(f"{srv.base_url}/threads/{tid}/runs/stream", json=body, timeout=30)
     assert r.status_code == 200, r.text
     assert ": heartbeat\r\n\r\n" in r.text, r.text
+
+
+def kill(srv: harness.Server) -> None:
+    import signal
+
+    srv.proc.send_signal(signal.SIGKILL)
+    srv.proc.wait(timeout=10)
+
+
+def replay(c, tid: str, run_id: str) -> list:
+    """Every logged event of the run, from the start (what a client resuming at -1 gets)."""
+    return list(c.runs.join_stream(tid, run_id, last_event_id="-1"))
+
+
+def check_replay(parts: list, durability: str, what: str) -> None:
+    """The replay of a `slow` run (a -> b) resumed after a kill has every step's events once.
+
+    A node's `updates` may show twice only when the node ran again in a later attempt because
+    its step was not saved (its `custom` tick shows again there). With `sync` and `async`
+    durability a step whose events reached the log was saved with them, so a node's update
+    shows exactly once in the whole replay, as do the values after each step (a resumed
+    attempt first streams the state it resumes from, as LangGraph does); with `exit`
+    nothing is saved before the end, so a resumed run runs every node again.
+    """
+    attempts: list[list] = []
+    for p in parts:
+        if p.event == "metadata":
+            attempts.append([])
+        elif attempts:
+            attempts[-1].append(p)
+    assert attempts, f"{what}: no metadata event: {parts}"
+    updates = [[n for p in a if p.event == "updates" for n in p.data] for a in attempts]
+    ticks = [[p.data["tick"] for p in a if p.event == "custom"] for a in attempts]
+    for node in ("a", "b"):
+        seen = [i for i, nodes in enumerate(updates) if node in nodes]
+        assert seen, f"{what}: node {node}'s update is missing from the replay: {parts}"
+        for i in seen:
+            assert updates[i].count(node) == 1, f"{what}: {node} twice in attempt {i + 1}: {parts}"
+        for i in seen[:-1]:
+            assert any(node in t for t in ticks[i + 1:]), (
+                f"{what}: node {node}'s update shows in attempt {i + 1} and again later, "
+                f"though it did not run again: {parts}"
+            )
+    if durability in ("sync", "async"):
+        flat = [n for nodes in updates for n in nodes]
+        assert flat == ["a", "b"], f"{what}: updates {updates}: {parts}"
+        # A resumed attempt first streams the state it resumes from, as LangGraph does.
+        values = [
+            p.data["ticks"]
+            for i, a in enumerate(attempts)
+            for j, p in enumerate(a)
+            if p.event == "values" and not (i > 0 and j == 0)
+        ]
+        assert values.count(1) == 1 and values.count(2) == 1, f"{what}: values {values}: {parts}"
+    last = [p for p in parts if p.event == "values"][-1]
+    assert last.data["ticks"] == 2, f"{what}: {parts}"
+
+
+def test_a_resumed_runs_replay_has_every_steps_events_once(storage):
+    """SIGKILLs of the server at many points of `slow` runs (a -> b), under each durability:
+    after a restart every run resumes and ends with its final state, and the replay of its
+    events (Last-Event-ID -1) shows every node's `updates` (and, when steps are saved, the
+    values after each step) exactly once. A step is never saved while its events are not
+    logged: a kill just after a node ended used to leave its checkpoint saved and its events
+    lost, so the resumed run skipped the node and no replay ever showed it."""
+    import random
+
+    rng = random.Random(26)
+    serve = short_lease(storage)
+    delay_ms = 60
+    durabilities = ["async", "sync", "exit"]
+    runs_per_round = 6
+    resumed = 0
+    srv = harness.start(storage.backend, serve, storage.workdir)
+    try:
+        for round_no in range(8):
+            with get_sync_client(url=srv.base_url, api_key=None, timeout=30) as c:
+                started = []
+                for i in range(runs_per_round):
+                    durability = durabilities[(round_no + i) % len(durabilities)]
+                    tid = c.threads.create()["thread_id"]
+                    run = c.runs.create(
+                        tid, "slow", input={"delay_ms": delay_ms, "ticks": 0},
+                        stream_mode=["updates", "values", "custom"], durability=durability,
+                    )
+                    started.append((tid, run["run_id"], durability))
+                    time.sleep(rng.uniform(0.0, 0.03))
+                # Kill at a different point of the runs each round: around node a's end
+                # (about 60 ms in), b's, and everywhere between.
+                time.sleep(rng.uniform(0.0, 0.12))
+            kill(srv)
+            srv = harness.start(storage.backend, serve, storage.workdir)
+            with get_sync_client(url=srv.base_url, api_key=None, timeout=60) as c:
+                for tid, run_id, durability in started:
+                    what = f"round {round_no}, {durability} run {run_id}"
+                    final = c.runs.join(tid, run_id)
+                    assert final == {"delay_ms": delay_ms, "ticks": 2}, f"{what}: {final}"
+                    assert c.runs.get(tid, run_id)["status"] == "success", what
+                    parts = replay(c, tid, run_id)
+                    resumed += sum(p.event == "metadata" for p in parts) > 1
+                    check_replay(parts, durability, what)
+    finally:
+        harness.stop(srv)
+    # The kills must have hit runs mid-way for the test to mean anything.
+    assert resumed >= 10, f"only {resumed} runs were resumed after a kill"
+
+
+def test_a_run_given_up_after_its_worker_died_streams_its_error(storage):
+    """With its attempts used up (--max-attempts 1), a run whose server was killed mid-run
+    ends `error`: its streams, replayed or live, get an `error` event (WorkerLost) before
+    they end, as after a graph error, and the server logs a warning naming the run."""
+    def serve(port: int) -> list[str]:
+        # A lease long enough for the restarted server to be following the run before the
+        # lease runs out and the run is given up.
+        return storage.serve_args(port) + ["--run-lease-secs", "3", "--max-attempts", "1"]
+
+    srv = harness.start(storage.backend, serve, storage.workdir)
+    try:
+        with get_sync_client(url=srv.base_url, api_key=None, timeout=30) as c:
+            tid = c.threads.create()["thread_id"]
+            run = c.runs.create(tid, "slow", input={"delay_ms": 1000, "ticks": 0},
+                                stream_mode=["values", "custom"])
+            wait_until(lambda: c.runs.get(tid, run["run_id"])["status"] == "running",
+                       what="the run to start")
+    finally:
+        kill(srv)
+
+    with running(storage, serve) as srv:
+        with get_sync_client(url=srv.base_url, api_key=None, timeout=60) as c:
+            # A stream joined before the run is given up: it gets the error live.
+            live = list(c.runs.join_stream(tid, run["run_id"]))
+            assert c.runs.get(tid, run["run_id"])["status"] == "error"
+            parts = replay(c, tid, run["run_id"])
+        output = srv.output()
+    for stream, events in (("live", live), ("replay", parts)):
+        errors = [p.data for p in events if p.event == "error"]
+        assert len(errors) == 1, f"{stream}: {events}"
+        assert errors[0]["error"] == "WorkerLost", f"{stream}: {events}"
+        assert errors[0]["message"], f"{stream}: {events}"
+    assert parts[-1].event == "error", parts
+    warned = [line for line in output.splitlines() if run["run_id"] in line and "WARN" in line]
+    assert warned, f"no warning names the run:\n{harness.tail(output)}"
+    assert tid in warned[0] and "attempts=1" in warned[0], warned[0]

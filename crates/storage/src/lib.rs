@@ -30,6 +30,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use uuid::Uuid;
 
+pub use checkpoints::LoggedSave;
 pub use crons::{
     Cron, CronFields, CronFilter, CronFiring, CronSearch, CronSortBy, CronStore, FiringId, NewCron,
     OnRunCompleted, FIRING_LEASE,
@@ -166,6 +167,28 @@ pub trait Storage: AssistantStore + ThreadStore + RunStore + ItemStore + CronSto
     async fn ping(&self) -> StorageResult<()>;
     /// The graph engine's checkpointer over this database, sharing its connections.
     fn checkpointer(&self) -> Arc<dyn spindle_graph::checkpoint::Checkpointer>;
+    /// Stores a run's save and the events it carries in one transaction (see [`LoggedSave`]):
+    /// if either fails, neither is stored.
+    async fn save_logged(
+        &self,
+        save: LoggedSave,
+    ) -> Result<(), spindle_graph::checkpoint::CheckpointError>;
+    /// As [`Storage::save_logged`], queued on a backend whose one writer applies writes in
+    /// the order they come (as [`Checkpointer::queue`]): the save is queued before this
+    /// returns, and the receipt resolves once it is committed. `Err` hands it back when the
+    /// backend has no such queue ([`Storage::queues_logged_saves`] is false).
+    ///
+    /// [`Checkpointer::queue`]: spindle_graph::checkpoint::Checkpointer::queue
+    fn queue_logged(
+        &self,
+        save: LoggedSave,
+    ) -> Result<spindle_graph::checkpoint::WriteReceipt, Box<LoggedSave>> {
+        Err(Box::new(save))
+    }
+    /// Whether [`Storage::queue_logged`] queues.
+    fn queues_logged_saves(&self) -> bool {
+        false
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::Utc;
 use serde_json::Value;
-use spindle_graph::checkpoint::Checkpointer;
+use spindle_graph::checkpoint::{CheckpointError, Checkpointer};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::types::Json;
 use sqlx::{PgConnection, Postgres, QueryBuilder};
@@ -24,7 +24,8 @@ use crate::rows::{
     VERSION_COLUMNS,
 };
 use crate::{
-    thread_state, AssistantStore, Backend, Storage, StorageError, StorageResult, ThreadStore,
+    thread_state, AssistantStore, Backend, LoggedSave, Storage, StorageError, StorageResult,
+    ThreadStore,
 };
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
@@ -612,5 +613,9 @@ impl Storage for PostgresStorage {
 
     fn checkpointer(&self) -> Arc<dyn Checkpointer> {
         Arc::new(PostgresCheckpointer::new(self.pool.clone()))
+    }
+
+    async fn save_logged(&self, save: LoggedSave) -> Result<(), CheckpointError> {
+        crate::checkpoints::save_logged_pg(&self.pool, &save).await
     }
 }

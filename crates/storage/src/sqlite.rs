@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use chrono::Utc;
 use rusqlite::OptionalExtension;
 use serde_json::Value;
-use spindle_graph::checkpoint::Checkpointer;
+use spindle_graph::checkpoint::{CheckpointError, Checkpointer, WriteReceipt};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
@@ -36,7 +36,8 @@ use crate::sqlite_values::{id, json, ts};
 use crate::sqlite_writer::{WritePermit, Writer};
 use crate::store::sqlite_nearest::NearestIndexes;
 use crate::{
-    thread_state, AssistantStore, Backend, Storage, StorageError, StorageResult, ThreadStore,
+    thread_state, AssistantStore, Backend, LoggedSave, Storage, StorageError, StorageResult,
+    ThreadStore,
 };
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
@@ -51,6 +52,9 @@ pub struct SqliteStorage {
     write: SqlitePool,
     /// The store's nearest-neighbour indexes known to exist (`store::sqlite_nearest`).
     pub(crate) nearest: NearestIndexes,
+    /// Queues runs' saves with their events ([`Storage::queue_logged`]); one for the process,
+    /// so a thread's queued saves join one batch whichever worker queued them.
+    logged: SqliteCheckpointer,
 }
 
 fn hyph(id: Uuid) -> Hyphenated {
@@ -117,12 +121,14 @@ impl SqliteStorage {
             .max_connections(8)
             .connect_with(options.read_only(true))
             .await?;
+        let logged = SqliteCheckpointer::new(read.clone(), readers.clone(), writer.clone());
         Ok(Self {
             read,
             readers,
             writer,
             write,
             nearest: NearestIndexes::default(),
+            logged,
         })
     }
 
@@ -747,6 +753,18 @@ impl Storage for SqliteStorage {
             self.readers.clone(),
             self.writer.clone(),
         ))
+    }
+
+    async fn save_logged(&self, save: LoggedSave) -> Result<(), CheckpointError> {
+        self.logged.submit_logged(save).await
+    }
+
+    fn queue_logged(&self, save: LoggedSave) -> Result<WriteReceipt, Box<LoggedSave>> {
+        Ok(self.logged.submit_logged(save))
+    }
+
+    fn queues_logged_saves(&self) -> bool {
+        true
     }
 }
 

@@ -121,6 +121,9 @@ impl Loop {
         let parent = self.checkpoint_id.replace(id);
         self.parent_id = parent.clone();
         self.pending.clear();
+        // Streamed before it is saved, as the step's other events are: a sink that logs events
+        // with the save that follows them (Spindle's workers do) then logs this one with it.
+        self.emit_checkpoint(&metadata).await;
         if let Some(saver) = self.saver.clone() {
             match self.durability {
                 Durability::Exit => {
@@ -149,7 +152,6 @@ impl Loop {
                 }
             }
         }
-        self.emit_checkpoint(&metadata).await;
         Ok(())
     }
 

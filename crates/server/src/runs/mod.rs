@@ -3,6 +3,7 @@
 
 pub mod execute;
 pub mod hub;
+mod logged_saves;
 pub mod retention;
 pub mod stream;
 pub mod trace;

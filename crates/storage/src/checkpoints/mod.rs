@@ -30,11 +30,24 @@ use spindle_graph::checkpoint::{
 use sqlx::types::Json;
 
 pub(crate) use postgres::insert_checkpoint as insert_checkpoint_pg;
+pub(crate) use postgres::save_logged as save_logged_pg;
 pub use postgres::PostgresCheckpointer;
 pub(crate) use sqlite::checkpoint_stored as checkpoint_stored_sqlite;
 pub(crate) use sqlite::delete_checkpoints as delete_checkpoints_sqlite;
 pub(crate) use sqlite::insert_checkpoint as insert_checkpoint_sqlite;
 pub use sqlite::SqliteCheckpointer;
+
+/// A save of a run (a checkpoint, or a step's pending writes) with the events the run emitted
+/// before it and has not logged yet ([`crate::Storage::save_logged`]). Both are stored in
+/// one transaction, the events first, so a step's checkpoint is never durable while the
+/// events that told of that step are not: a run resumed from it after a crash does not run
+/// that step again, and nothing else would ever log them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoggedSave {
+    pub write: spindle_graph::checkpoint::QueuedWrite,
+    /// Appended as [`crate::RunStore::append_events`] does (the same seq rules); may be empty.
+    pub events: Vec<crate::LoggedEvent>,
+}
 
 /// What [`Checkpointer::put`] saves, borrowed, for the backends' insert functions.
 ///

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use serde_json::Value;
 use spindle_graph::checkpoint::{
     ChannelBlob, Checkpoint, CheckpointError, CheckpointTuple, Checkpointer, ListFilter,
-    PendingWrite,
+    PendingWrite, QueuedWrite,
 };
 use sqlx::postgres::PgPool;
 use sqlx::types::Json;
@@ -22,6 +22,8 @@ use super::{
     stored_checkpoint, wanted_blobs, BlobRow, Blobs, CheckpointRow, Put, WriteRow,
     CHECKPOINT_COLUMNS,
 };
+use crate::runs::postgres::insert_events;
+use crate::LoggedSave;
 
 /// The engine's [`Checkpointer`] over the PostgreSQL backend's pool.
 pub struct PostgresCheckpointer {
@@ -195,6 +197,108 @@ pub(crate) async fn insert_checkpoint(
     Ok(())
 }
 
+/// Saves pending writes of a checkpoint, numbered after its last ones, inside the caller's
+/// transaction; `Missing` when the checkpoint does not exist.
+async fn insert_writes(
+    conn: &mut PgConnection,
+    thread_id: &str,
+    checkpoint_ns: &str,
+    checkpoint_id: &str,
+    writes: &[PendingWrite],
+) -> Result<(), CheckpointError> {
+    let plan = plan_writes(writes);
+    let values = plan
+        .insert
+        .iter()
+        .map(|w| encode_write(w))
+        .collect::<Result<Vec<_>, _>>()?;
+    // Tasks of one step finish concurrently and save against the same checkpoint: locking
+    // its row serialises them, so each sees the others' last index. (The next statement
+    // takes a new snapshot, after the lock was granted.)
+    let exists: Option<i32> = sqlx::query_scalar(
+        "SELECT 1 FROM checkpoints \
+             WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3 FOR UPDATE",
+    )
+    .bind(thread_id)
+    .bind(checkpoint_ns)
+    .bind(checkpoint_id)
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(backend)?;
+    if exists.is_none() {
+        return Err(CheckpointError::Missing(format!(
+            "checkpoint {checkpoint_id} of {thread_id}"
+        )));
+    }
+    let replace_tasks: Vec<&str> = plan.replace.iter().map(|(t, _)| *t).collect();
+    let replace_channels: Vec<&str> = plan.replace.iter().map(|(_, c)| *c).collect();
+    let tasks: Vec<&str> = plan.insert.iter().map(|w| w.task_id.as_str()).collect();
+    let channels: Vec<&str> = plan.insert.iter().map(|w| w.channel.as_str()).collect();
+    let values: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
+    // The `DELETE` and the next index read the same snapshot: indexes of replaced writes
+    // are not reused, which only leaves gaps.
+    sqlx::query(
+            "WITH replaced AS ( \
+                 DELETE FROM checkpoint_writes \
+                 WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3 \
+                   AND (task_id, channel) IN (SELECT * FROM UNNEST($4::text[], $5::text[])) \
+             ), next AS ( \
+                 SELECT COALESCE(MAX(idx), -1) + 1 AS idx FROM checkpoint_writes \
+                 WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3 \
+             ) \
+             INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, idx, task_id, \
+                                            channel, value) \
+             SELECT $1, $2, $3, next.idx + u.n - 1, u.task, u.ch, u.val \
+             FROM next, UNNEST($6::text[], $7::text[], $8::bytea[]) WITH ORDINALITY AS u(task, ch, val, n)",
+        )
+        .bind(thread_id)
+        .bind(checkpoint_ns)
+        .bind(checkpoint_id)
+        .bind(replace_tasks)
+        .bind(replace_channels)
+        .bind(tasks)
+        .bind(channels)
+        .bind(values)
+        .execute(&mut *conn)
+        .await
+        .map_err(backend)?;
+    Ok(())
+}
+
+/// Stores a run's save and the events it carries in one transaction, the events first
+/// ([`LoggedSave`]).
+pub(crate) async fn save_logged(pool: &PgPool, save: &LoggedSave) -> Result<(), CheckpointError> {
+    let mut tx = pool.begin().await.map_err(backend)?;
+    insert_events(&mut tx, &save.events).await?;
+    match &save.write {
+        QueuedWrite::Checkpoint {
+            thread_id,
+            checkpoint_ns,
+            checkpoint,
+            metadata,
+            parent_id,
+            blobs,
+        } => {
+            let put = Put {
+                thread_id,
+                checkpoint_ns,
+                checkpoint,
+                metadata,
+                parent_id: parent_id.as_deref(),
+                blobs,
+            };
+            insert_checkpoint(&mut tx, &put).await?;
+        }
+        QueuedWrite::Writes {
+            thread_id,
+            checkpoint_ns,
+            checkpoint_id,
+            writes,
+        } => insert_writes(&mut tx, thread_id, checkpoint_ns, checkpoint_id, writes).await?,
+    }
+    tx.commit().await.map_err(backend)
+}
+
 #[async_trait]
 impl Checkpointer for PostgresCheckpointer {
     async fn put(
@@ -225,63 +329,8 @@ impl Checkpointer for PostgresCheckpointer {
         checkpoint_id: &str,
         writes: &[PendingWrite],
     ) -> Result<(), CheckpointError> {
-        let plan = plan_writes(writes);
-        let values = plan
-            .insert
-            .iter()
-            .map(|w| encode_write(w))
-            .collect::<Result<Vec<_>, _>>()?;
         let mut tx = self.pool.begin().await.map_err(backend)?;
-        // Tasks of one step finish concurrently and save against the same checkpoint: locking
-        // its row serialises them, so each sees the others' last index. (The next statement
-        // takes a new snapshot, after the lock was granted.)
-        let exists: Option<i32> = sqlx::query_scalar(
-            "SELECT 1 FROM checkpoints \
-             WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3 FOR UPDATE",
-        )
-        .bind(thread_id)
-        .bind(checkpoint_ns)
-        .bind(checkpoint_id)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(backend)?;
-        if exists.is_none() {
-            return Err(CheckpointError::Missing(format!(
-                "checkpoint {checkpoint_id} of {thread_id}"
-            )));
-        }
-        let replace_tasks: Vec<&str> = plan.replace.iter().map(|(t, _)| *t).collect();
-        let replace_channels: Vec<&str> = plan.replace.iter().map(|(_, c)| *c).collect();
-        let tasks: Vec<&str> = plan.insert.iter().map(|w| w.task_id.as_str()).collect();
-        let channels: Vec<&str> = plan.insert.iter().map(|w| w.channel.as_str()).collect();
-        let values: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
-        // The `DELETE` and the next index read the same snapshot: indexes of replaced writes
-        // are not reused, which only leaves gaps.
-        sqlx::query(
-            "WITH replaced AS ( \
-                 DELETE FROM checkpoint_writes \
-                 WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3 \
-                   AND (task_id, channel) IN (SELECT * FROM UNNEST($4::text[], $5::text[])) \
-             ), next AS ( \
-                 SELECT COALESCE(MAX(idx), -1) + 1 AS idx FROM checkpoint_writes \
-                 WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3 \
-             ) \
-             INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, idx, task_id, \
-                                            channel, value) \
-             SELECT $1, $2, $3, next.idx + u.n - 1, u.task, u.ch, u.val \
-             FROM next, UNNEST($6::text[], $7::text[], $8::bytea[]) WITH ORDINALITY AS u(task, ch, val, n)",
-        )
-        .bind(thread_id)
-        .bind(checkpoint_ns)
-        .bind(checkpoint_id)
-        .bind(replace_tasks)
-        .bind(replace_channels)
-        .bind(tasks)
-        .bind(channels)
-        .bind(values)
-        .execute(&mut *tx)
-        .await
-        .map_err(backend)?;
+        insert_writes(&mut tx, thread_id, checkpoint_ns, checkpoint_id, writes).await?;
         tx.commit().await.map_err(backend)
     }
 

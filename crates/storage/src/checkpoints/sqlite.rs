@@ -23,9 +23,11 @@ use super::{
     CHECKPOINT_COLUMNS,
 };
 use crate::json_filter::push_sqlite_contains;
+use crate::runs::sqlite::{insert_events, EventRows};
 use crate::sqlite_reader::Readers;
 use crate::sqlite_values::ts;
 use crate::sqlite_writer::Writer;
+use crate::LoggedSave;
 
 /// The engine's [`Checkpointer`] over the SQLite backend: reads through its pool, writes
 /// through its writer thread.
@@ -488,12 +490,28 @@ impl EncodedSave {
     }
 }
 
+/// A save as queued: the run's events it carries ([`LoggedSave`]), inserted first, then the
+/// save itself.
+struct QueuedSave {
+    events: Option<EventRows>,
+    save: EncodedSave,
+}
+
+impl QueuedSave {
+    fn apply(&self, conn: &Connection) -> Result<(), CheckpointError> {
+        if let Some(events) = &self.events {
+            insert_events(conn, events)?;
+        }
+        self.save.apply(conn)
+    }
+}
+
 /// Resolves when a batch of saves is committed (or failed), for every save in it.
 type BatchDone = Shared<BoxFuture<'static, Result<(), CheckpointError>>>;
 
 /// Saves of a thread queued on the writer thread whose write has not started yet.
 struct OpenBatch {
-    saves: Vec<EncodedSave>,
+    saves: Vec<QueuedSave>,
     done: BatchDone,
 }
 
@@ -517,11 +535,25 @@ impl SqliteCheckpointer {
     /// earlier than writes queued between the two, which never depend on it), and then
     /// shares that batch's outcome: if any save of a batch fails, none of it is stored.
     fn submit(&self, write: QueuedWrite) -> WriteReceipt {
-        let save = match EncodedSave::new(write) {
-            Ok(save) => save,
-            Err(e) => return Box::pin(std::future::ready(Err(e))),
-        };
-        let thread_id = save.thread_id().to_owned();
+        match EncodedSave::new(write) {
+            Ok(save) => self.submit_encoded(QueuedSave { events: None, save }),
+            Err(e) => Box::pin(std::future::ready(Err(e))),
+        }
+    }
+
+    /// Queues a save with the events it carries, as [`SqliteCheckpointer::submit`]: the events
+    /// go in the save's own write, so they commit with it (a batch is all or nothing), and
+    /// never after writes queued behind it.
+    pub(crate) fn submit_logged(&self, logged: LoggedSave) -> WriteReceipt {
+        let events = (!logged.events.is_empty()).then(|| EventRows::new(&logged.events));
+        match EncodedSave::new(logged.write) {
+            Ok(save) => self.submit_encoded(QueuedSave { events, save }),
+            Err(e) => Box::pin(std::future::ready(Err(e))),
+        }
+    }
+
+    fn submit_encoded(&self, save: QueuedSave) -> WriteReceipt {
+        let thread_id = save.save.thread_id().to_owned();
         let mut open = self.open.lock();
         if let Some(batch) = open.get_mut(&thread_id) {
             batch.saves.push(save);

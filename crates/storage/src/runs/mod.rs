@@ -430,8 +430,8 @@ pub trait RunStore: Send + Sync {
     ) -> StorageResult<Vec<(Uuid, Uuid)>>;
 }
 
-mod postgres;
-mod sqlite;
+pub(crate) mod postgres;
+pub(crate) mod sqlite;
 
 /// How many runs with an expired lease one claim ends (past `max_attempts`) before it gives up
 /// looking for one it can run, so that a claim stays a short transaction.
@@ -439,8 +439,17 @@ const EXPIRED_PER_CLAIM: usize = 16;
 /// How many pending candidates one claim tries when another worker takes them first.
 const CANDIDATES_PER_CLAIM: usize = 8;
 
-/// The error a run whose worker died too often ends with.
-fn worker_lost(attempts: i32) -> Value {
+/// The error a run whose worker died too often ends with (its `error` event and its
+/// `error` column). Logged as a warning too: nothing else tells an operator that workers
+/// keep dying on a run.
+fn worker_lost(run: &Run) -> Value {
+    let attempts = run.attempt;
+    tracing::warn!(
+        run_id = %run.run_id,
+        thread_id = %run.thread_id,
+        attempts,
+        "a run's worker stopped renewing its lease on every attempt; the run ends in error"
+    );
     serde_json::json!({
         "error": "WorkerLost",
         "message": format!(

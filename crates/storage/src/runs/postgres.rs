@@ -224,6 +224,34 @@ async fn log_run_end(
     Ok(())
 }
 
+/// Logs a run's `error` event after the thread's last one, in the transaction that ends it
+/// (before its end event), for a run no worker is left to log it for.
+async fn log_run_error(
+    conn: &mut PgConnection,
+    run: &Run,
+    error: &Value,
+    now: DateTime<Utc>,
+) -> StorageResult<()> {
+    let seq: i64 = sqlx::query_scalar(
+        "UPDATE threads SET event_seq = event_seq + 1 WHERE thread_id = $1 RETURNING event_seq",
+    )
+    .bind(run.thread_id)
+    .fetch_one(&mut *conn)
+    .await?;
+    sqlx::query(
+        "INSERT INTO run_events (thread_id, seq, run_id, event, data, created_at) \
+         VALUES ($1, $2, $3, 'error', $4, $5)",
+    )
+    .bind(run.thread_id)
+    .bind(seq)
+    .bind(run.run_id)
+    .bind(Json(error))
+    .bind(now)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
 async fn last_seq(conn: &mut PgConnection, thread_id: Uuid) -> StorageResult<i64> {
     let seq: Option<i64> = sqlx::query_scalar("SELECT event_seq FROM threads WHERE thread_id = $1")
         .bind(thread_id)
@@ -250,7 +278,10 @@ async fn claim_start(conn: &mut PgConnection, thread_id: Uuid) -> StorageResult<
 }
 
 /// Appends events to their threads' logs and moves the threads' counters past them.
-async fn insert_events(conn: &mut PgConnection, events: &[LoggedEvent]) -> StorageResult<()> {
+pub(crate) async fn insert_events(
+    conn: &mut PgConnection,
+    events: &[LoggedEvent],
+) -> StorageResult<()> {
     if events.is_empty() {
         return Ok(());
     }
@@ -336,7 +367,7 @@ async fn end_abandoned(
             release_thread(conn, run.thread_id, ThreadStatus::Idle, None, now).await
         }
         None => {
-            let error = worker_lost(run.attempt);
+            let error = worker_lost(run);
             sqlx::query(
                 "UPDATE runs SET status = 'error', error = $2, lease_expires_at = NULL, \
                  updated_at = $3, ended_at = $3 WHERE run_id = $1",
@@ -346,6 +377,8 @@ async fn end_abandoned(
             .bind(now)
             .execute(&mut *conn)
             .await?;
+            // Its streams learn why it ended, as from a run whose graph failed.
+            log_run_error(conn, run, &error, now).await?;
             log_run_end(conn, run.thread_id, run.run_id, RunStatus::Error, now).await?;
             release_thread(conn, run.thread_id, ThreadStatus::Error, Some(&error), now).await
         }

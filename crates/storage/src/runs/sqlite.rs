@@ -172,12 +172,41 @@ fn log_run_end(
     status: RunStatus,
     now: DateTime<Utc>,
 ) -> StorageResult<()> {
-    let seq: i64 = conn
+    let seq = next_seq(conn, thread_id)?;
+    insert_run_end(conn, thread_id, seq, run_id, status, now)
+}
+
+/// Takes the thread's next event seq.
+fn next_seq(conn: &Connection, thread_id: Uuid) -> StorageResult<i64> {
+    Ok(conn
         .prepare_cached(
             "UPDATE threads SET event_seq = event_seq + 1 WHERE thread_id = ?1 RETURNING event_seq",
         )?
-        .query_row([id(thread_id)], |r| r.get(0))?;
-    insert_run_end(conn, thread_id, seq, run_id, status, now)
+        .query_row([id(thread_id)], |r| r.get(0))?)
+}
+
+/// Logs a run's `error` event after the thread's last one, in the transaction that ends it
+/// (before its end event), for a run no worker is left to log it for.
+fn log_run_error(
+    conn: &Connection,
+    run: &Run,
+    error: &serde_json::Value,
+    now: DateTime<Utc>,
+) -> StorageResult<()> {
+    let seq = next_seq(conn, run.thread_id)?;
+    exec(
+        conn,
+        INSERT_EVENT,
+        (
+            id(run.thread_id),
+            seq,
+            id(run.run_id),
+            "error",
+            error.to_string(),
+            ts(now),
+        ),
+    )?;
+    Ok(())
 }
 
 /// Inserts a run's [`RUN_END_EVENT`] at `seq` (the caller moves the thread's counter).
@@ -233,7 +262,7 @@ fn claim_start(conn: &Connection, thread_id: Uuid) -> StorageResult<ClaimStart> 
 
 /// Logged events as their rows, encoded on the caller's thread: the writer thread, which
 /// only inserts them, is the bottleneck.
-struct EventRows {
+pub(crate) struct EventRows {
     rows: Vec<EncodedEvent>,
     /// `(thread_id, lowest seq, highest seq)` of each thread the events are for.
     ranges: Vec<(Uuid, i64, i64)>,
@@ -250,7 +279,7 @@ struct EncodedEvent {
 }
 
 impl EventRows {
-    fn new(events: &[LoggedEvent]) -> Self {
+    pub(crate) fn new(events: &[LoggedEvent]) -> Self {
         let rows = events
             .iter()
             .map(|event| EncodedEvent {
@@ -290,7 +319,7 @@ impl EventRows {
 
 /// Appends events to their threads' logs and moves the threads' counters past them; a batch
 /// that does not continue a counter reuses a seq (`Conflict`).
-fn insert_events(conn: &Connection, events: &EventRows) -> StorageResult<()> {
+pub(crate) fn insert_events(conn: &Connection, events: &EventRows) -> StorageResult<()> {
     events.insert(conn)?;
     for &(thread_id, low, high) in &events.ranges {
         let moved = exec(
@@ -325,13 +354,15 @@ fn end_abandoned(conn: &Connection, run: &Run, now: DateTime<Utc>) -> StorageRes
             release_thread(conn, run.thread_id, ThreadStatus::Idle, None, now)
         }
         None => {
-            let error = worker_lost(run.attempt);
+            let error = worker_lost(run);
             exec(
                 conn,
                 "UPDATE runs SET status = 'error', error = ?2, lease_expires_at = NULL, \
                  updated_at = ?3, ended_at = ?3 WHERE run_id = ?1",
                 (run_id, json(&error)?, ts(now)),
             )?;
+            // Its streams learn why it ended, as from a run whose graph failed.
+            log_run_error(conn, run, &error, now)?;
             log_run_end(conn, run.thread_id, run.run_id, RunStatus::Error, now)?;
             release_thread(conn, run.thread_id, ThreadStatus::Error, Some(&error), now)
         }

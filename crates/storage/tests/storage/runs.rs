@@ -256,6 +256,119 @@ async fn an_end_behind_a_checkpoint_is_refused_until_that_checkpoint_is_stored()
     .await;
 }
 
+/// A run's checkpoint save, as the engine asks for it.
+fn checkpoint_write(thread: Uuid, id: &str) -> spindle_graph::checkpoint::QueuedWrite {
+    spindle_graph::checkpoint::QueuedWrite::Checkpoint {
+        thread_id: thread.to_string(),
+        checkpoint_ns: String::new(),
+        checkpoint: Box::new(spindle_graph::checkpoint::Checkpoint {
+            v: 1,
+            id: id.to_owned(),
+            ts: Utc::now().to_rfc3339(),
+            channel_values: Default::default(),
+            channel_versions: Default::default(),
+            versions_seen: Default::default(),
+            updated_channels: Vec::new(),
+            delta_depths: Default::default(),
+        }),
+        metadata: json!({"step": 1}),
+        parent_id: None,
+        blobs: Vec::new(),
+    }
+}
+
+/// Stores a logged save the way the worker does: queued where the backend queues saves,
+/// else awaited.
+async fn store_logged(
+    s: &dyn Storage,
+    save: LoggedSave,
+) -> Result<(), spindle_graph::checkpoint::CheckpointError> {
+    match s.queue_logged(save) {
+        Ok(receipt) => {
+            assert!(
+                s.queues_logged_saves(),
+                "queued by a backend that says it cannot"
+            );
+            receipt.await
+        }
+        Err(save) => {
+            assert!(!s.queues_logged_saves(), "a backend that queues did not");
+            s.save_logged(*save).await
+        }
+    }
+}
+
+async fn checkpoint_stored(s: &dyn Storage, thread: Uuid, id: &str) -> bool {
+    s.checkpointer()
+        .get_tuple(&thread.to_string(), "", Some(id))
+        .await
+        .unwrap()
+        .is_some()
+}
+
+/// A step's checkpoint is stored with the run's events emitted before it, in one
+/// transaction (queued or awaited): both are stored, or neither, so a crash can never leave
+/// a step saved whose events the log lacks.
+#[tokio::test]
+async fn a_save_and_the_events_before_it_are_stored_together_or_not_at_all() {
+    for_each_backend(|db| async move {
+        let s = db.storage();
+        let alice = fresh_user();
+        let thread = thread_of(s, &alice).await;
+        let run = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        let first = claim(s, "w").await.unwrap().last_seq + 1;
+        for queued in [true, false] {
+            let base = s.last_event_seq(thread).await.unwrap();
+            let events = vec![
+                event(thread, run.run_id, base + 1),
+                event(thread, run.run_id, base + 2),
+            ];
+            let id = new_checkpoint_id();
+            let save = LoggedSave {
+                write: checkpoint_write(thread, &id),
+                events: events.clone(),
+            };
+            if queued {
+                store_logged(s, save).await.unwrap();
+            } else {
+                s.save_logged(save).await.unwrap();
+            }
+            assert!(checkpoint_stored(s, thread, &id).await);
+            let logged = s.read_events(thread, base, None, 100).await.unwrap();
+            assert_eq!(seqs(&logged), seqs(&events), "queued: {queued}");
+            assert_eq!(logged[0].data, events[0].data);
+
+            // Events that reuse a seq are refused, and take their checkpoint with them.
+            let refused = new_checkpoint_id();
+            let save = LoggedSave {
+                write: checkpoint_write(thread, &refused),
+                events: vec![event(thread, run.run_id, base + 2)],
+            };
+            let outcome = if queued {
+                store_logged(s, save).await
+            } else {
+                s.save_logged(save).await
+            };
+            assert!(outcome.is_err(), "queued: {queued}");
+            assert!(
+                !checkpoint_stored(s, thread, &refused).await,
+                "a checkpoint stored without its events (queued: {queued})"
+            );
+            assert_eq!(s.last_event_seq(thread).await.unwrap(), base + 2);
+        }
+        // A save with no events to carry is a plain save.
+        let id = new_checkpoint_id();
+        let save = LoggedSave {
+            write: checkpoint_write(thread, &id),
+            events: Vec::new(),
+        };
+        store_logged(s, save).await.unwrap();
+        assert!(checkpoint_stored(s, thread, &id).await);
+        assert_eq!(s.last_event_seq(thread).await.unwrap(), first + 3);
+    })
+    .await;
+}
+
 /// A run offered a claim starts claimed when nothing else is active on its thread and it is
 /// due; otherwise it is queued as usual and the claim is not used.
 #[tokio::test]
@@ -839,11 +952,18 @@ async fn an_expired_lease_is_reclaimed_until_attempts_run_out() {
         assert_eq!(t.status, ThreadStatus::Error, "the thread is not left busy");
         assert_eq!(t.error.as_ref().unwrap()["error"], json!("WorkerLost"));
         let logged = s.read_events(thread, 2, None, 10).await.unwrap();
+        let past = 2 + 2 * UNLOGGED_EVENTS_MAX;
         assert_eq!(
             seqs(&logged),
-            vec![2 + 2 * UNLOGGED_EVENTS_MAX + 1],
+            vec![past + 1, past + 2],
             "the end of a run given up on also comes after what its last worker streamed"
         );
+        // Its streams learn why it ended, before its end, as from a run whose graph failed.
+        let names: Vec<&str> = logged.iter().map(|e| e.event.as_str()).collect();
+        assert_eq!(names, ["error", RUN_END_EVENT]);
+        assert_eq!(logged[0].run_id, run.run_id);
+        assert_eq!(logged[0].data["error"], json!("WorkerLost"));
+        assert_eq!(logged[0].data, t.error.clone().unwrap());
     })
     .await;
 }
