@@ -430,8 +430,8 @@ pub trait RunStore: Send + Sync {
     ) -> StorageResult<Vec<(Uuid, Uuid)>>;
 }
 
-mod postgres;
-mod sqlite;
+pub(crate) mod postgres;
+pub(crate) mod sqlite;
 
 /// How many runs with an expired lease one claim ends (past `max_attempts`) before it gives up
 /// looking for one it can run, so that a claim stays a short transaction.
