@@ -67,7 +67,17 @@ pub trait AssistantStore: Send + Sync {
         id: Uuid,
         patch: AssistantPatch,
     ) -> StorageResult<Assistant>;
-    async fn delete_assistant(&self, scope: &Scope, id: Uuid) -> StorageResult<()>;
+    /// Deletes an assistant, its versions, crons and runs, in one transaction. Its active
+    /// runs are stopped (pending ones go, running ones go and are returned, for the caller to
+    /// signal their workers) and their threads released. Threads stay, with their state,
+    /// unless `delete_threads`: then the caller's threads whose metadata names the assistant
+    /// go too (as the reference's `?delete_threads=true`), and their running runs are returned.
+    async fn delete_assistant(
+        &self,
+        scope: &Scope,
+        id: Uuid,
+        delete_threads: bool,
+    ) -> StorageResult<Vec<Uuid>>;
     async fn search_assistants(
         &self,
         scope: &Scope,
@@ -154,7 +164,9 @@ pub trait ThreadStore: Send + Sync {
         search: ThreadSearch,
     ) -> StorageResult<Paged<Thread>>;
     async fn count_threads(&self, scope: &Scope, filter: ThreadFilter) -> StorageResult<i64>;
-    /// Copies a thread (metadata and, once they exist, its checkpoints) to a new idle thread.
+    /// Copies a thread to a new idle thread, in one transaction: its metadata (which names its
+    /// graph), config, values and every checkpoint, pending write and blob of its history, in
+    /// SQL. Its runs and events are not copied (as the reference).
     async fn copy_thread(&self, scope: &Scope, id: Uuid, new_id: Uuid) -> StorageResult<Thread>;
 }
 

@@ -16,7 +16,7 @@ use sqlx::types::Json;
 use sqlx::{PgConnection, Postgres, QueryBuilder};
 use uuid::Uuid;
 
-use crate::checkpoints::PostgresCheckpointer;
+use crate::checkpoints::{copy_checkpoints_pg, PostgresCheckpointer};
 use crate::error::conflict_if_taken;
 use crate::model::*;
 use crate::rows::{
@@ -213,6 +213,57 @@ fn push_thread_filter(qb: &mut QueryBuilder<'_, Postgres>, scope: &Scope, filter
     }
 }
 
+/// Deletes an assistant with its versions and crons (foreign keys) and its runs, active ones
+/// included; with `delete_threads`, first the caller's threads whose metadata names it (with
+/// their checkpoints, runs and events). Returns the runs that were running, to stop.
+async fn delete_assistant(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: Uuid,
+    delete_threads: bool,
+) -> StorageResult<Vec<Uuid>> {
+    let visible: Option<i32> = sqlx::query_scalar(
+        "SELECT 1 FROM assistants WHERE assistant_id = $1 AND (user_id = $2 OR user_id IS NULL) \
+         FOR UPDATE",
+    )
+    .bind(id)
+    .bind(&scope.user_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    if visible.is_none() {
+        return Err(StorageError::NotFound("assistant"));
+    }
+    let mut stopped = Vec::new();
+    if delete_threads {
+        let threads: Vec<Uuid> = sqlx::query_scalar(
+            "SELECT thread_id FROM threads WHERE metadata @> jsonb_build_object('assistant_id', $1::text) \
+             AND (user_id = $2 OR user_id IS NULL) ORDER BY thread_id FOR UPDATE",
+        )
+        .bind(id.to_string())
+        .bind(&scope.user_id)
+        .fetch_all(&mut *conn)
+        .await?;
+        stopped = crate::runs::postgres::running_runs_of_threads(conn, &threads).await?;
+        for thread in threads {
+            crate::thread_state::postgres::delete_rows(conn, thread).await?;
+        }
+    }
+    stopped.extend(crate::runs::postgres::delete_assistant_runs(conn, id, Utc::now()).await?);
+    sqlx::query("DELETE FROM assistants WHERE assistant_id = $1")
+        .bind(id)
+        .execute(&mut *conn)
+        .await?;
+    Ok(stopped)
+}
+
+/// A copy's metadata: the original's, which names its graph (`graph_id`, set by its runs).
+/// A thread whose metadata does not (one run before runs set it) gets its latest run's
+/// graph and assistant, so the copy has the graph its state is of without any run.
+const COPY_METADATA: &str = "COALESCE((SELECT jsonb_build_object('graph_id', a.graph_id, \
+     'assistant_id', a.assistant_id) || t.metadata FROM runs r \
+     JOIN assistants a ON a.assistant_id = r.assistant_id WHERE r.thread_id = t.thread_id \
+     ORDER BY r.created_at DESC LIMIT 1), t.metadata)";
+
 #[async_trait]
 impl AssistantStore for PostgresStorage {
     async fn create_assistant(
@@ -297,18 +348,16 @@ impl AssistantStore for PostgresStorage {
         Ok(updated)
     }
 
-    async fn delete_assistant(&self, scope: &Scope, id: Uuid) -> StorageResult<()> {
-        let done = sqlx::query(
-            "DELETE FROM assistants WHERE assistant_id = $1 AND (user_id = $2 OR user_id IS NULL)",
-        )
-        .bind(id)
-        .bind(&scope.user_id)
-        .execute(&self.pool)
-        .await?;
-        if done.rows_affected() == 0 {
-            return Err(StorageError::NotFound("assistant"));
-        }
-        Ok(())
+    async fn delete_assistant(
+        &self,
+        scope: &Scope,
+        id: Uuid,
+        delete_threads: bool,
+    ) -> StorageResult<Vec<Uuid>> {
+        let mut tx = self.pool.begin().await?;
+        let stopped = delete_assistant(&mut tx, scope, id, delete_threads).await?;
+        tx.commit().await?;
+        Ok(stopped)
     }
 
     async fn search_assistants(
@@ -585,18 +634,22 @@ impl ThreadStore for PostgresStorage {
         let sql = format!(
             "INSERT INTO threads (thread_id, user_id, status, metadata, config, state_values, interrupts, error, \
              created_at, updated_at, state_updated_at) \
-             SELECT $3, user_id, 'idle', metadata, config, state_values, '{{}}', NULL, $4, $4, $4 \
-             FROM threads WHERE thread_id = $1 AND (user_id = $2 OR user_id IS NULL) RETURNING {THREAD_COLUMNS}"
+             SELECT $3, user_id, 'idle', {COPY_METADATA}, config, state_values, '{{}}', NULL, $4, $4, $4 \
+             FROM threads t WHERE thread_id = $1 AND (user_id = $2 OR user_id IS NULL) RETURNING {THREAD_COLUMNS}"
         );
+        let mut tx = self.pool.begin().await?;
         let row: Option<ThreadRow<Uuid>> = sqlx::query_as(&sql)
             .bind(id)
             .bind(&scope.user_id)
             .bind(new_id)
             .bind(Utc::now())
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *tx)
             .await
             .map_err(|e| conflict_if_taken(e, || format!("thread {new_id} already exists")))?;
-        Thread::try_from(row.ok_or(StorageError::NotFound("thread"))?)
+        let thread = Thread::try_from(row.ok_or(StorageError::NotFound("thread"))?)?;
+        copy_checkpoints_pg(&mut tx, &id.to_string(), &new_id.to_string()).await?;
+        tx.commit().await?;
+        Ok(thread)
     }
 }
 

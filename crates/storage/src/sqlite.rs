@@ -23,7 +23,7 @@ use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 use uuid::fmt::Hyphenated;
 use uuid::Uuid;
 
-use crate::checkpoints::SqliteCheckpointer;
+use crate::checkpoints::{copy_checkpoints_sqlite, SqliteCheckpointer};
 use crate::error::sqlite_conflict_if_taken;
 use crate::json_filter::push_sqlite_contains;
 use crate::model::*;
@@ -32,7 +32,7 @@ use crate::rows::{
     VERSION_COLUMNS,
 };
 use crate::sqlite_reader::Readers;
-use crate::sqlite_values::{id, json, ts};
+use crate::sqlite_values::{id, json, ts, RowExt};
 use crate::sqlite_writer::{WritePermit, Writer};
 use crate::store::sqlite_nearest::NearestIndexes;
 use crate::{
@@ -410,19 +410,15 @@ impl AssistantStore for SqliteStorage {
         Ok(updated)
     }
 
-    async fn delete_assistant(&self, scope: &Scope, assistant: Uuid) -> StorageResult<()> {
-        let user_id = scope.user_id.clone();
+    async fn delete_assistant(
+        &self,
+        scope: &Scope,
+        assistant: Uuid,
+        delete_threads: bool,
+    ) -> StorageResult<Vec<Uuid>> {
+        let scope = scope.clone();
         self.writer
-            .write(move |conn| {
-                delete_visible(
-                    conn,
-                    "DELETE FROM assistants WHERE assistant_id = ?1 \
-                     AND (user_id = ?2 OR user_id IS NULL)",
-                    assistant,
-                    user_id,
-                    "assistant",
-                )
-            })
+            .write(move |conn| delete_assistant(conn, &scope, assistant, delete_threads))
             .await
     }
 
@@ -519,6 +515,47 @@ fn delete_visible(
         return Err(StorageError::NotFound(what));
     }
     Ok(())
+}
+
+/// Deletes an assistant with its versions and crons (foreign keys) and its runs, active ones
+/// included; with `delete_threads`, first the caller's threads whose metadata names it (with
+/// their checkpoints, runs and events). Returns the runs that were running, to stop.
+fn delete_assistant(
+    conn: &rusqlite::Connection,
+    scope: &Scope,
+    assistant: Uuid,
+    delete_threads: bool,
+) -> StorageResult<Vec<Uuid>> {
+    let visible = conn
+        .prepare_cached(
+            "SELECT 1 FROM assistants WHERE assistant_id = ?1 AND (user_id = ?2 OR user_id IS NULL)",
+        )?
+        .exists((id(assistant), &scope.user_id))?;
+    if !visible {
+        return Err(StorageError::NotFound("assistant"));
+    }
+    let mut stopped = Vec::new();
+    if delete_threads {
+        let threads: Vec<Uuid> = conn
+            .prepare_cached(
+                "SELECT thread_id FROM threads WHERE json_extract(metadata, '$.assistant_id') = ?1 \
+                 AND (user_id = ?2 OR user_id IS NULL)",
+            )?
+            .query_map((id(assistant), &scope.user_id), |r| r.uuid("thread_id"))?
+            .collect::<rusqlite::Result<_>>()?;
+        stopped = crate::runs::sqlite::running_runs_of_threads(conn, &threads)?;
+        for thread in threads {
+            crate::thread_state::sqlite::delete_rows(conn, thread)?;
+        }
+    }
+    stopped.extend(crate::runs::sqlite::delete_assistant_runs(
+        conn,
+        assistant,
+        Utc::now(),
+    )?);
+    conn.prepare_cached("DELETE FROM assistants WHERE assistant_id = ?1")?
+        .execute([id(assistant)])?;
+    Ok(stopped)
 }
 
 /// A thread the caller can see (on the write connection or a point-read one).
@@ -719,9 +756,14 @@ impl ThreadStore for SqliteStorage {
                     .prepare_cached(
                         "INSERT INTO threads (thread_id, user_id, status, metadata, config, \
                          state_values, interrupts, error, created_at, updated_at, state_updated_at) \
-                         SELECT ?3, user_id, 'idle', metadata, config, state_values, '{}', NULL, \
-                         ?4, ?4, ?4 FROM threads WHERE thread_id = ?1 \
-                         AND (user_id = ?2 OR user_id IS NULL)",
+                         SELECT ?3, user_id, 'idle', COALESCE(( \
+                             SELECT json_insert(t.metadata, '$.graph_id', a.graph_id, \
+                                                '$.assistant_id', a.assistant_id) \
+                             FROM runs r JOIN assistants a ON a.assistant_id = r.assistant_id \
+                             WHERE r.thread_id = t.thread_id \
+                             ORDER BY r.created_at DESC LIMIT 1), metadata), \
+                         config, state_values, '{}', NULL, ?4, ?4, ?4 FROM threads t \
+                         WHERE thread_id = ?1 AND (user_id = ?2 OR user_id IS NULL)",
                     )?
                     .execute((id(from), &scope.user_id, id(to), ts(Utc::now())))
                     .map_err(|e| {
@@ -730,6 +772,7 @@ impl ThreadStore for SqliteStorage {
                 if copied == 0 {
                     return Err(StorageError::NotFound("thread"));
                 }
+                copy_checkpoints_sqlite(conn, &id(from), &id(to))?;
                 thread_now(conn, &scope, to)
             })
             .await

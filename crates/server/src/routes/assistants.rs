@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use spindle_graph::Graph;
 use spindle_storage::{
     Assistant, AssistantFields, AssistantFilter, AssistantPatch, AssistantSearch, AssistantSortBy,
-    AssistantVersion, NewAssistant, Owner, Scope, ThreadFilter, ThreadSearch,
+    AssistantVersion, NewAssistant, Owner, Scope,
 };
 use std::sync::Arc;
 use utoipa::{IntoParams, ToSchema};
@@ -548,35 +548,18 @@ async fn delete_assistant(
     ApiQuery(query): ApiQuery<DeleteAssistantQuery>,
 ) -> ApiResult<StatusCode> {
     let id = resolve_assistant_id(&state, &assistant_id)?;
-    state.storage.delete_assistant(&scope, id).await?;
-    if query.delete_threads.unwrap_or(false) {
-        delete_threads_of(&state, &scope, id).await?;
+    // One transaction: its active runs stop, its runs go (and, when asked, the threads its
+    // runs named in their metadata), then the assistant; the workers running them are told.
+    let delete_threads = query.delete_threads.unwrap_or(false);
+    let stopped = state
+        .storage
+        .delete_assistant(&scope, id, delete_threads)
+        .await?;
+    if !stopped.is_empty() {
+        tracing::info!(assistant_id = %id, runs = stopped.len(), "stopping the deleted assistant's running runs");
     }
+    state.workers.cancel_local(&stopped);
     Ok(StatusCode::NO_CONTENT)
-}
-
-/// Deletes every thread whose metadata names the assistant (runs record it there).
-async fn delete_threads_of(state: &AppState, scope: &Scope, assistant_id: Uuid) -> ApiResult<()> {
-    let mut metadata = JsonObject::new();
-    metadata.insert("assistant_id".into(), json!(assistant_id.to_string()));
-    loop {
-        let search = ThreadSearch {
-            filter: ThreadFilter {
-                metadata: Some(metadata.clone()),
-                ..Default::default()
-            },
-            sort_by: Default::default(),
-            sort_order: Default::default(),
-            page: page(Some(crate::wire::MAX_LIMIT), None),
-        };
-        let found = state.storage.search_threads(scope, search).await?;
-        if found.items.is_empty() {
-            return Ok(());
-        }
-        for thread in found.items {
-            state.storage.delete_thread(scope, thread.thread_id).await?;
-        }
-    }
 }
 
 /// The graph an assistant runs.

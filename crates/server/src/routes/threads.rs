@@ -601,7 +601,7 @@ async fn stop_active_runs(state: &AppState, scope: &Scope, thread_id: Uuid) -> A
 
 #[utoipa::path(post, path = "/threads/{thread_id}/copy", tag = "threads", request_body = ThreadCopyRequest,
     params(("thread_id" = Uuid, Path)),
-    responses((status = 200, description = "the copy: a new id, the same metadata, idle", body = ThreadOut),
+    responses((status = 200, description = "the copy: a new id, the same metadata and checkpoint history, idle", body = ThreadOut),
               (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn copy_thread(
     State(state): State<AppState>,
@@ -610,21 +610,11 @@ async fn copy_thread(
     ApiJson(_body): ApiJson<ThreadCopyRequest>,
 ) -> ApiResult<Json<ThreadOut>> {
     let id = path_uuid("thread_id", &thread_id)?;
+    // The thread row and its whole checkpoint history, in one transaction.
     let copy = state
         .storage
         .copy_thread(&scope, id, spindle_storage::new_thread_id())
         .await?;
-    let checkpoints = state.storage.checkpointer();
-    if let Err(err) = checkpoints
-        .copy_thread(&id.to_string(), &copy.thread_id.to_string())
-        .await
-    {
-        // Without its history the copy is not a copy: remove it and report the failure.
-        let _ = state.storage.delete_thread(&scope, copy.thread_id).await;
-        return Err(ApiError::internal(format!(
-            "cannot copy the thread's checkpoints: {err}"
-        )));
-    }
     Ok(Json(copy.into()))
 }
 

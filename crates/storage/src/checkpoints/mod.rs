@@ -29,11 +29,17 @@ use spindle_graph::checkpoint::{
 };
 use sqlx::types::Json;
 
+pub(crate) use postgres::copy_checkpoints as copy_checkpoints_pg;
+pub(crate) use postgres::delete_run_checkpoints as delete_run_checkpoints_pg;
+pub(crate) use postgres::delete_unreached_blobs as delete_unreached_blobs_pg;
 pub(crate) use postgres::insert_checkpoint as insert_checkpoint_pg;
 pub(crate) use postgres::save_logged as save_logged_pg;
 pub use postgres::PostgresCheckpointer;
 pub(crate) use sqlite::checkpoint_stored as checkpoint_stored_sqlite;
+pub(crate) use sqlite::copy_checkpoints as copy_checkpoints_sqlite;
 pub(crate) use sqlite::delete_checkpoints as delete_checkpoints_sqlite;
+pub(crate) use sqlite::delete_run_checkpoints as delete_run_checkpoints_sqlite;
+pub(crate) use sqlite::delete_unreached_blobs as delete_unreached_blobs_sqlite;
 pub(crate) use sqlite::insert_checkpoint as insert_checkpoint_sqlite;
 pub use sqlite::SqliteCheckpointer;
 
@@ -135,6 +141,19 @@ struct EncodedBlob {
     /// The version a delta applies to; `None` for full and empty values.
     base: Option<i64>,
     value: Vec<u8>,
+}
+
+/// The run a checkpoint the engine saves belongs to: its metadata's `run_id`, when it names
+/// one. A run's saves are refused once that run is gone (see `require_live_run` per backend).
+fn saved_by(metadata: &Value) -> Option<uuid::Uuid> {
+    metadata.get("run_id")?.as_str()?.parse().ok()
+}
+
+/// The refusal of a checkpoint whose run was deleted (rolled back) while it still ran.
+fn run_gone(run_id: impl std::fmt::Display, checkpoint_id: &str) -> CheckpointError {
+    CheckpointError::Backend(format!(
+        "run {run_id} was deleted (rolled back); its checkpoint {checkpoint_id} is not saved"
+    ))
 }
 
 fn backend(error: impl std::fmt::Display) -> CheckpointError {

@@ -19,8 +19,8 @@ use sqlx::{PgConnection, Postgres, QueryBuilder};
 
 use super::{
     assemble, backend, encode_blobs, encode_write, limit_to_db, metadata_filter, plan_writes,
-    stored_checkpoint, wanted_blobs, BlobRow, Blobs, CheckpointRow, Put, WriteRow,
-    CHECKPOINT_COLUMNS,
+    run_gone, saved_by, stored_checkpoint, wanted_blobs, BlobRow, Blobs, CheckpointRow, Put,
+    WriteRow, CHECKPOINT_COLUMNS,
 };
 use crate::runs::postgres::insert_events;
 use crate::LoggedSave;
@@ -152,9 +152,18 @@ async fn load(
 
 /// Saves one checkpoint with its blobs on `conn`, in one statement, so callers can make it part
 /// of a larger transaction (a state update saves it with the thread's new columns).
+///
+/// `saved_by`, the run saving it, must still exist, else nothing is saved: a rolled-back run
+/// is deleted with its checkpoints in one transaction (its end, or the claim that ends it
+/// after its worker was lost), and a worker still executing it afterwards (one that lost its
+/// lease, not its process) must not put checkpoints back on the thread. The statement locks
+/// the run's row (`FOR KEY SHARE`, which only a deletion of the run waits for), so a save
+/// either commits before the deletion takes the row, and is then seen and deleted by that
+/// transaction's later statements, or waits for it and finds the run gone.
 pub(crate) async fn insert_checkpoint(
     conn: &mut PgConnection,
     put: &Put<'_>,
+    saved_by: Option<uuid::Uuid>,
 ) -> Result<(), CheckpointError> {
     let stored = stored_checkpoint(put.checkpoint);
     let blobs = encode_blobs(put.blobs)?;
@@ -164,19 +173,24 @@ pub(crate) async fn insert_checkpoint(
     let values: Vec<&[u8]> = blobs.iter().map(|b| b.value.as_slice()).collect();
     // Saved again under the same id, a checkpoint replaces the earlier one, writes
     // included; for a new id the `DELETE` finds nothing.
-    sqlx::query(
-        "WITH new_blobs AS ( \
+    let saved = sqlx::query(
+        "WITH live AS ( \
+             SELECT $11::uuid IS NULL OR EXISTS ( \
+                 SELECT 1 FROM runs WHERE run_id = $11 FOR KEY SHARE) AS ok \
+         ), new_blobs AS ( \
              INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, base, value) \
              SELECT $1, $2, ch, v, b, val \
              FROM UNNEST($7::text[], $8::bigint[], $9::bigint[], $10::bytea[]) AS u(ch, v, b, val) \
+             WHERE (SELECT ok FROM live) \
              ON CONFLICT DO NOTHING \
          ), stale_writes AS ( \
              DELETE FROM checkpoint_writes \
              WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3 \
+               AND (SELECT ok FROM live) \
          ) \
          INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, \
                                   checkpoint, metadata) \
-         VALUES ($1, $2, $3, $4, $5, $6) \
+         SELECT $1, $2, $3, $4, $5, $6 WHERE (SELECT ok FROM live) \
          ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET \
              parent_checkpoint_id = EXCLUDED.parent_checkpoint_id, \
              checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata",
@@ -191,9 +205,101 @@ pub(crate) async fn insert_checkpoint(
     .bind(versions)
     .bind(bases)
     .bind(values)
+    .bind(saved_by)
     .execute(conn)
     .await
     .map_err(backend)?;
+    if saved.rows_affected() == 0 {
+        return Err(run_gone(
+            saved_by.map(|r| r.to_string()).unwrap_or_default(),
+            &stored.id,
+        ));
+    }
+    Ok(())
+}
+
+/// Copies every checkpoint, blob and pending write of thread `from` to thread `to`, in SQL
+/// (on the caller's transaction). Checkpoint ids stay as they are, as LangGraph's copy keeps
+/// them; delta chains stay valid since blobs keep their versions and bases.
+pub(crate) async fn copy_checkpoints(
+    conn: &mut PgConnection,
+    from: &str,
+    to: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "WITH c AS ( \
+             INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, \
+                                      parent_checkpoint_id, checkpoint, metadata, created_at) \
+             SELECT $2, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, \
+                    metadata, created_at \
+             FROM checkpoints WHERE thread_id = $1 \
+         ), b AS ( \
+             INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, base, value) \
+             SELECT $2, checkpoint_ns, channel, version, base, value \
+             FROM checkpoint_blobs WHERE thread_id = $1 \
+         ) \
+         INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, idx, task_id, \
+                                        channel, value) \
+         SELECT $2, checkpoint_ns, checkpoint_id, idx, task_id, channel, value \
+         FROM checkpoint_writes WHERE thread_id = $1",
+    )
+    .bind(from)
+    .bind(to)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Removes the checkpoints a run saved (every namespace: its metadata's `run_id`), their
+/// pending writes, and the blobs no checkpoint left reaches (on the caller's transaction).
+pub(crate) async fn delete_run_checkpoints(
+    conn: &mut PgConnection,
+    thread_id: &str,
+    run_id: uuid::Uuid,
+) -> Result<(), sqlx::Error> {
+    let deleted: i64 = sqlx::query_scalar(
+        "WITH gone AS ( \
+             DELETE FROM checkpoints WHERE thread_id = $1 AND metadata ->> 'run_id' = $2 \
+             RETURNING checkpoint_ns, checkpoint_id \
+         ), writes AS ( \
+             DELETE FROM checkpoint_writes w USING gone g WHERE w.thread_id = $1 \
+               AND w.checkpoint_ns = g.checkpoint_ns AND w.checkpoint_id = g.checkpoint_id \
+         ) \
+         SELECT COUNT(*) FROM gone",
+    )
+    .bind(thread_id)
+    .bind(run_id.to_string())
+    .fetch_one(&mut *conn)
+    .await?;
+    if deleted > 0 {
+        delete_unreached_blobs(conn, thread_id).await?;
+    }
+    Ok(())
+}
+
+/// Removes the thread's blobs that no checkpoint of it reaches, through its channel versions
+/// and the delta chains they build on (`base`).
+pub(crate) async fn delete_unreached_blobs(
+    conn: &mut PgConnection,
+    thread_id: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "WITH RECURSIVE reached(checkpoint_ns, channel, version) AS ( \
+             SELECT c.checkpoint_ns, v.key COLLATE \"C\", v.value::bigint FROM checkpoints c, \
+                    jsonb_each_text(c.checkpoint -> 'channel_versions') v WHERE c.thread_id = $1 \
+           UNION \
+             SELECT b.checkpoint_ns, b.channel, b.base FROM reached r \
+             JOIN checkpoint_blobs b ON b.thread_id = $1 AND b.checkpoint_ns = r.checkpoint_ns \
+              AND b.channel = r.channel AND b.version = r.version \
+             WHERE b.base IS NOT NULL \
+         ) \
+         DELETE FROM checkpoint_blobs b WHERE b.thread_id = $1 AND NOT EXISTS ( \
+             SELECT 1 FROM reached r WHERE r.checkpoint_ns = b.checkpoint_ns \
+               AND r.channel = b.channel AND r.version = b.version)",
+    )
+    .bind(thread_id)
+    .execute(conn)
+    .await?;
     Ok(())
 }
 
@@ -319,7 +425,7 @@ impl Checkpointer for PostgresCheckpointer {
             parent_id,
             blobs,
         };
-        insert_checkpoint(&mut conn, &put).await
+        insert_checkpoint(&mut conn, &put, saved_by(metadata)).await
     }
 
     async fn put_writes(
@@ -434,28 +540,7 @@ impl Checkpointer for PostgresCheckpointer {
         .execute(&mut *tx)
         .await
         .map_err(backend)?;
-        sqlx::query(
-            "WITH c AS ( \
-                 INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, \
-                                          parent_checkpoint_id, checkpoint, metadata, created_at) \
-                 SELECT $2, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, \
-                        metadata, created_at \
-                 FROM checkpoints WHERE thread_id = $1 \
-             ), b AS ( \
-                 INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, base, value) \
-                 SELECT $2, checkpoint_ns, channel, version, base, value \
-                 FROM checkpoint_blobs WHERE thread_id = $1 \
-             ) \
-             INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, idx, task_id, \
-                                            channel, value) \
-             SELECT $2, checkpoint_ns, checkpoint_id, idx, task_id, channel, value \
-             FROM checkpoint_writes WHERE thread_id = $1",
-        )
-        .bind(from)
-        .bind(to)
-        .execute(&mut *tx)
-        .await
-        .map_err(backend)?;
+        copy_checkpoints(&mut tx, from, to).await.map_err(backend)?;
         tx.commit().await.map_err(backend)
     }
 }

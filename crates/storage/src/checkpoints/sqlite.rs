@@ -19,8 +19,8 @@ use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 
 use super::{
     assemble, backend, encode_blobs, encode_write, limit_to_db, metadata_filter, plan_writes,
-    stored_checkpoint, wanted_blobs, BlobRow, Blobs, CheckpointRow, EncodedBlob, Put, WriteRow,
-    CHECKPOINT_COLUMNS,
+    run_gone, saved_by, stored_checkpoint, wanted_blobs, BlobRow, Blobs, CheckpointRow,
+    EncodedBlob, Put, WriteRow, CHECKPOINT_COLUMNS,
 };
 use crate::json_filter::push_sqlite_contains;
 use crate::runs::sqlite::{insert_events, EventRows};
@@ -200,6 +200,8 @@ struct EncodedCheckpoint {
     checkpoint: String,
     metadata: String,
     blobs: Vec<EncodedBlob>,
+    /// The run whose save this is (as `runs.run_id` stores it), if the metadata names one.
+    saved_by: Option<String>,
 }
 
 impl EncodedCheckpoint {
@@ -213,6 +215,7 @@ impl EncodedCheckpoint {
             parent_id: put.parent_id.map(str::to_owned),
             metadata: serde_json::to_string(put.metadata).map_err(encoding)?,
             blobs: encode_blobs(put.blobs)?,
+            saved_by: saved_by(put.metadata).map(|run| run.hyphenated().to_string()),
         })
     }
 }
@@ -246,6 +249,26 @@ fn require_parent(conn: &Connection, put: &EncodedCheckpoint) -> Result<(), Chec
             "checkpoint {parent} of {}, the parent of {}",
             put.thread_id, put.checkpoint_id
         )));
+    }
+    Ok(())
+}
+
+/// Refuses a run's checkpoint once its run is gone. A rolled-back run is deleted with its
+/// checkpoints in one write (its end, or the claim that ends it after its worker was lost);
+/// a worker that still executes it after that (one that lost its lease, not its process)
+/// must not put checkpoints back on the thread, where the next run would continue from
+/// them. Every write goes through the one writer thread, so this check and that deletion
+/// never interleave: a save is either before the deletion (and deleted by it) or refused.
+fn require_live_run(conn: &Connection, put: &EncodedCheckpoint) -> Result<(), CheckpointError> {
+    let Some(run_id) = &put.saved_by else {
+        return Ok(());
+    };
+    let live = conn
+        .prepare_cached("SELECT 1 FROM runs WHERE run_id = ?1")
+        .and_then(|mut s| s.exists([run_id]))
+        .map_err(backend)?;
+    if !live {
+        return Err(run_gone(run_id, &put.checkpoint_id));
     }
     Ok(())
 }
@@ -435,6 +458,52 @@ pub(crate) fn delete_checkpoints(conn: &Connection, thread_id: &str) -> rusqlite
     Ok(())
 }
 
+/// Removes the checkpoints a run saved (every namespace: its metadata's `run_id`), their
+/// pending writes, and the blobs no checkpoint left reaches (inside the caller's write).
+pub(crate) fn delete_run_checkpoints(
+    conn: &Connection,
+    thread_id: &str,
+    run_id: &str,
+) -> rusqlite::Result<()> {
+    const OF_RUN: &str = "SELECT checkpoint_ns, checkpoint_id FROM checkpoints \
+         WHERE thread_id = ?1 AND json_extract(metadata, '$.run_id') = ?2";
+    conn.prepare_cached(&format!(
+        "DELETE FROM checkpoint_writes WHERE thread_id = ?1 \
+         AND (checkpoint_ns, checkpoint_id) IN ({OF_RUN})"
+    ))?
+    .execute([thread_id, run_id])?;
+    let deleted = conn
+        .prepare_cached(
+            "DELETE FROM checkpoints WHERE thread_id = ?1 \
+             AND json_extract(metadata, '$.run_id') = ?2",
+        )?
+        .execute([thread_id, run_id])?;
+    if deleted > 0 {
+        delete_unreached_blobs(conn, thread_id)?;
+    }
+    Ok(())
+}
+
+/// Removes the thread's blobs that no checkpoint of it reaches, through its channel versions
+/// and the delta chains they build on (`base`).
+pub(crate) fn delete_unreached_blobs(conn: &Connection, thread_id: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "WITH RECURSIVE reached(checkpoint_ns, channel, version) AS ( \
+             SELECT c.checkpoint_ns, v.key, v.value FROM checkpoints c, \
+                    json_each(c.checkpoint, '$.channel_versions') v WHERE c.thread_id = ?1 \
+           UNION \
+             SELECT b.checkpoint_ns, b.channel, b.base FROM reached r \
+             JOIN checkpoint_blobs b ON b.thread_id = ?1 AND b.checkpoint_ns = r.checkpoint_ns \
+              AND b.channel = r.channel AND b.version = r.version \
+             WHERE b.base IS NOT NULL \
+         ) \
+         DELETE FROM checkpoint_blobs WHERE thread_id = ?1 \
+         AND (checkpoint_ns, channel, version) NOT IN (SELECT * FROM reached)",
+    )?
+    .execute([thread_id])?;
+    Ok(())
+}
+
 /// A save encoded on the caller's thread (the writer thread, which only inserts it, is the
 /// bottleneck), ready to be applied there.
 enum EncodedSave {
@@ -483,6 +552,7 @@ impl EncodedSave {
         match self {
             Self::Checkpoint(put) => {
                 require_parent(conn, put)?;
+                require_live_run(conn, put)?;
                 insert_encoded(conn, put)
             }
             Self::Writes(writes) => insert_writes(conn, writes),
@@ -702,7 +772,10 @@ impl Checkpointer for SqliteCheckpointer {
     }
 }
 
-fn copy_checkpoints(conn: &Connection, from: &str, to: &str) -> rusqlite::Result<()> {
+/// Copies every checkpoint, blob and pending write of thread `from` to thread `to`, in SQL
+/// (inside the caller's write). Checkpoint ids stay as they are, as LangGraph's copy keeps
+/// them; delta chains stay valid since blobs keep their versions and bases.
+pub(crate) fn copy_checkpoints(conn: &Connection, from: &str, to: &str) -> rusqlite::Result<()> {
     let exists = conn
         .prepare_cached("SELECT 1 FROM checkpoints WHERE thread_id = ?1 LIMIT 1")?
         .exists([from])?;

@@ -19,6 +19,7 @@ use sqlx::{PgConnection, Postgres, QueryBuilder, Transaction};
 use uuid::Uuid;
 
 use super::*;
+use crate::checkpoints::delete_run_checkpoints_pg as delete_run_checkpoints;
 use crate::crons::firing_made;
 use crate::error::conflict_if_taken;
 use crate::postgres::PostgresStorage;
@@ -348,10 +349,7 @@ async fn end_abandoned(
     let id = run.run_id;
     match run.cancel {
         Some(CancelAction::Rollback) => {
-            sqlx::query("DELETE FROM runs WHERE run_id = $1")
-                .bind(id)
-                .execute(&mut *conn)
-                .await?;
+            roll_back(conn, run.thread_id, id).await?;
             release_thread(conn, run.thread_id, ThreadStatus::Idle, None, now).await
         }
         Some(CancelAction::Interrupt) => {
@@ -383,6 +381,66 @@ async fn end_abandoned(
             release_thread(conn, run.thread_id, ThreadStatus::Error, Some(&error), now).await
         }
     }
+}
+
+/// Deletes every run of an assistant being deleted, the active ones included, and releases
+/// the threads those held (`idle`, or `busy` while another run of theirs is active). The
+/// runs' events go by cascade. Returns the runs that were running, for the caller to stop
+/// their workers (a worker elsewhere stops when its lease renewal finds the run gone, and
+/// its later saves are refused).
+pub(crate) async fn delete_assistant_runs(
+    conn: &mut PgConnection,
+    assistant: Uuid,
+    now: DateTime<Utc>,
+) -> StorageResult<Vec<Uuid>> {
+    // The threads' rows first, in a fixed order (see the lock order in the module docs).
+    let threads: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT thread_id FROM threads WHERE thread_id IN (SELECT thread_id FROM runs \
+         WHERE assistant_id = $1 AND status IN ('pending', 'running')) \
+         ORDER BY thread_id FOR NO KEY UPDATE",
+    )
+    .bind(assistant)
+    .fetch_all(&mut *conn)
+    .await?;
+    let running: Vec<Uuid> = sqlx::query_scalar(
+        "WITH gone AS (DELETE FROM runs WHERE assistant_id = $1 RETURNING run_id, status) \
+         SELECT run_id FROM gone WHERE status = 'running'",
+    )
+    .bind(assistant)
+    .fetch_all(&mut *conn)
+    .await?;
+    for thread in threads {
+        release_thread(conn, thread, ThreadStatus::Idle, None, now).await?;
+    }
+    Ok(running)
+}
+
+/// The running runs of threads, whatever their assistant (their threads are being deleted).
+pub(crate) async fn running_runs_of_threads(
+    conn: &mut PgConnection,
+    threads: &[Uuid],
+) -> StorageResult<Vec<Uuid>> {
+    Ok(sqlx::query_scalar(
+        "SELECT run_id FROM runs WHERE status = 'running' AND thread_id = ANY($1)",
+    )
+    .bind(threads)
+    .fetch_all(conn)
+    .await?)
+}
+
+/// Deletes a rolled-back run with what it left on its thread: its events (by cascade), its
+/// checkpoints in every namespace, their pending writes and the blobs only they reached, so
+/// the thread's next run continues from where it was before this one. The run's row goes
+/// first: a save its worker is making holds that row (`FOR KEY SHARE`), so the deletion
+/// waits for it and the checkpoint deletion after it sees what it saved; a later save finds
+/// the run gone and is refused (`checkpoints::postgres::insert_checkpoint`).
+async fn roll_back(conn: &mut PgConnection, thread_id: Uuid, run_id: Uuid) -> StorageResult<()> {
+    sqlx::query("DELETE FROM runs WHERE run_id = $1")
+        .bind(run_id)
+        .execute(&mut *conn)
+        .await?;
+    delete_run_checkpoints(conn, &thread_id.to_string(), run_id).await?;
+    Ok(())
 }
 
 /// Moves the thread's event counter past whatever the lost worker streamed without logging
@@ -505,11 +563,21 @@ impl RunStore for PostgresStorage {
                 .fetch_one(&mut *tx)
                 .await
                 .map_err(|e| conflict_if_taken(e, || format!("run {} already exists", new.run_id)))?;
-            sqlx::query("UPDATE threads SET status = 'busy', updated_at = $2 WHERE thread_id = $1")
-                .bind(new.thread_id)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
+            // A run on a thread that is not busy names its graph and assistant in the thread's
+            // metadata, over what was there, as the reference does (UIs list a graph's threads
+            // by them). A run queued behind another leaves them to the one running.
+            sqlx::query(
+                "UPDATE threads SET metadata = COALESCE(CASE WHEN status <> 'busy' THEN ( \
+                     SELECT threads.metadata || jsonb_build_object('graph_id', a.graph_id, \
+                                                                   'assistant_id', a.assistant_id) \
+                     FROM assistants a WHERE a.assistant_id = $3) END, metadata), \
+                 status = 'busy', updated_at = $2 WHERE thread_id = $1",
+            )
+            .bind(new.thread_id)
+            .bind(now)
+            .bind(new.assistant_id)
+            .execute(&mut *tx)
+            .await?;
             let claimed = match start.status {
                 RunStatus::Running => Some(claim_start(&mut tx, new.thread_id).await?),
                 _ => None,
@@ -781,28 +849,29 @@ impl RunStore for PostgresStorage {
                 require_checkpoint(&mut tx, thread_id, checkpoint_id).await?;
             }
             let now = Utc::now();
-            let ended = if cancel.as_deref() == Some(CancelAction::Rollback.as_str()) {
-                sqlx::query("DELETE FROM runs WHERE run_id = $1")
-                    .bind(run_id)
-                    .execute(&mut *tx)
-                    .await?;
-                None
-            } else {
-                let sql = format!(
-                    "UPDATE runs SET status = $2, error = $3, lease_expires_at = NULL, \
-                     updated_at = $4, ended_at = $4 WHERE run_id = $1 RETURNING {RUN_COLUMNS}"
-                );
-                let row: RunRow<Uuid> = sqlx::query_as(&sql)
-                    .bind(run_id)
-                    .bind(end.status.as_str())
-                    .bind(end.error.as_ref().map(Json))
-                    .bind(now)
-                    .fetch_one(&mut *tx)
-                    .await?;
-                insert_events(&mut tx, &end.events).await?;
-                log_run_end(&mut tx, thread_id, run_id, end.status, now).await?;
-                Some(Run::try_from(row)?)
-            };
+            if cancel.as_deref() == Some(CancelAction::Rollback.as_str()) {
+                // Its saves all committed before this transaction (`after_checkpoint` was
+                // checked, and the engine waits for a cancelled run's saves), so deleting them
+                // here leaves none behind. The thread keeps the values and interrupts it had
+                // before the run, as the reference does.
+                roll_back(&mut tx, thread_id, run_id).await?;
+                release_thread(&mut tx, thread_id, ThreadStatus::Idle, None, now).await?;
+                return Ok(None);
+            }
+            let sql = format!(
+                "UPDATE runs SET status = $2, error = $3, lease_expires_at = NULL, \
+                 updated_at = $4, ended_at = $4 WHERE run_id = $1 RETURNING {RUN_COLUMNS}"
+            );
+            let row: RunRow<Uuid> = sqlx::query_as(&sql)
+                .bind(run_id)
+                .bind(end.status.as_str())
+                .bind(end.error.as_ref().map(Json))
+                .bind(now)
+                .fetch_one(&mut *tx)
+                .await?;
+            insert_events(&mut tx, &end.events).await?;
+            log_run_end(&mut tx, thread_id, run_id, end.status, now).await?;
+            let ended = Some(Run::try_from(row)?);
             let status = thread_status_after(&mut tx, thread_id, end.thread_status).await?;
             let error = end.error.as_ref().filter(|_| status == ThreadStatus::Error);
             sqlx::query(

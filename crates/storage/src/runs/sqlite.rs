@@ -18,6 +18,7 @@ use uuid::Uuid;
 
 use super::*;
 use crate::checkpoints::checkpoint_stored_sqlite as checkpoint_stored;
+use crate::checkpoints::delete_run_checkpoints_sqlite as delete_run_checkpoints;
 use crate::crons::firing_made;
 use crate::error::{sqlite_conflict_if_taken, sqlite_constraint};
 use crate::sqlite::SqliteStorage;
@@ -340,7 +341,7 @@ fn end_abandoned(conn: &Connection, run: &Run, now: DateTime<Utc>) -> StorageRes
     let run_id = id(run.run_id);
     match run.cancel {
         Some(CancelAction::Rollback) => {
-            exec(conn, "DELETE FROM runs WHERE run_id = ?1", [run_id])?;
+            roll_back(conn, run.thread_id, run.run_id)?;
             release_thread(conn, run.thread_id, ThreadStatus::Idle, None, now)
         }
         Some(CancelAction::Interrupt) => {
@@ -367,6 +368,75 @@ fn end_abandoned(conn: &Connection, run: &Run, now: DateTime<Utc>) -> StorageRes
             release_thread(conn, run.thread_id, ThreadStatus::Error, Some(&error), now)
         }
     }
+}
+
+/// Deletes every run of an assistant being deleted, the active ones included, and releases
+/// the threads those held (`idle`, or `busy` while another run of theirs is active). The
+/// runs' events go by cascade. Returns the runs that were running, for the caller to stop
+/// their workers (a worker elsewhere stops when its lease renewal finds the run gone, and
+/// its later saves are refused).
+pub(crate) fn delete_assistant_runs(
+    conn: &Connection,
+    assistant: Uuid,
+    now: DateTime<Utc>,
+) -> StorageResult<Vec<Uuid>> {
+    let active: Vec<(Uuid, Uuid, String)> = conn
+        .prepare_cached(
+            "SELECT run_id, thread_id, status FROM runs WHERE assistant_id = ?1 \
+             AND status IN ('pending', 'running')",
+        )?
+        .query_map([id(assistant)], |r| {
+            Ok((r.uuid("run_id")?, r.uuid("thread_id")?, r.get("status")?))
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    exec(
+        conn,
+        "DELETE FROM runs WHERE assistant_id = ?1",
+        [id(assistant)],
+    )?;
+    let mut threads: Vec<Uuid> = active.iter().map(|(_, thread, _)| *thread).collect();
+    threads.sort();
+    threads.dedup();
+    for thread in threads {
+        release_thread(conn, thread, ThreadStatus::Idle, None, now)?;
+    }
+    Ok(running_of(active))
+}
+
+/// The running ones among `(run_id, thread_id, status)` rows.
+fn running_of(rows: Vec<(Uuid, Uuid, String)>) -> Vec<Uuid> {
+    rows.into_iter()
+        .filter(|(_, _, status)| status == RunStatus::Running.as_str())
+        .map(|(run, _, _)| run)
+        .collect()
+}
+
+/// The running runs of threads, whatever their assistant (their threads are being deleted).
+pub(crate) fn running_runs_of_threads(
+    conn: &Connection,
+    threads: &[Uuid],
+) -> StorageResult<Vec<Uuid>> {
+    let rows: Vec<(Uuid, Uuid, String)> = conn
+        .prepare_cached(
+            "SELECT run_id, thread_id, status FROM runs WHERE status = 'running' \
+             AND thread_id IN (SELECT value FROM json_each(?1))",
+        )?
+        .query_map([id_list(threads)], |r| {
+            Ok((r.uuid("run_id")?, r.uuid("thread_id")?, r.get("status")?))
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(running_of(rows))
+}
+
+/// Deletes a rolled-back run with what it left on its thread: its events (by cascade), its
+/// checkpoints in every namespace, their pending writes and the blobs only they reached, so
+/// the thread's next run continues from where it was before this one. The run's row goes
+/// first; from then on any save its worker still makes is refused
+/// (`checkpoints::sqlite::require_live_run`), so nothing of it lands on the thread later.
+fn roll_back(conn: &Connection, thread_id: Uuid, run_id: Uuid) -> StorageResult<()> {
+    exec(conn, "DELETE FROM runs WHERE run_id = ?1", [id(run_id)])?;
+    delete_run_checkpoints(conn, &id(thread_id), &id(run_id))?;
+    Ok(())
 }
 
 /// Moves the thread's event counter past whatever the lost worker streamed without logging
@@ -479,10 +549,17 @@ fn create_run(
         ),
     )
     .map_err(|e| taken(e, || format!("run {} already exists", new.run_id)))?;
+    // A run on a thread that is not busy names its graph and assistant in the thread's
+    // metadata, over what was there, as the reference does (UIs list a graph's threads by
+    // them). A run queued behind another leaves them to the one running.
     exec(
         conn,
-        "UPDATE threads SET status = 'busy', updated_at = ?2 WHERE thread_id = ?1",
-        (id(new.thread_id), ts(now)),
+        "UPDATE threads SET metadata = COALESCE(CASE WHEN status <> 'busy' THEN ( \
+             SELECT json_set(threads.metadata, '$.graph_id', a.graph_id, \
+                             '$.assistant_id', a.assistant_id) \
+             FROM assistants a WHERE a.assistant_id = ?3) END, metadata), \
+         status = 'busy', updated_at = ?2 WHERE thread_id = ?1",
+        (id(new.thread_id), ts(now), id(new.assistant_id)),
     )?;
     let claimed = match start.status {
         RunStatus::Running => Some(claim_start(conn, new.thread_id)?),
@@ -628,32 +705,34 @@ fn finish_run(
         require_checkpoint(conn, thread_id, checkpoint_id)?;
     }
     let now = Utc::now();
-    let (ended, event_seq) = if cancel.as_deref() == Some(CancelAction::Rollback.as_str()) {
-        exec(conn, "DELETE FROM runs WHERE run_id = ?1", [id(run_id)])?;
-        (None, logged)
-    } else {
-        let sql = format!(
-            "UPDATE runs SET status = ?2, error = ?3, lease_expires_at = NULL, updated_at = ?4, \
-             ended_at = ?4 WHERE run_id = ?1 RETURNING {RUN_COLUMNS}"
-        );
-        let run = run_row(
-            conn,
-            &sql,
-            (id(run_id), end.status.as_str(), &end.error, ts(now)),
-        )?;
-        // The run's own events: all of its thread, after what the thread has logged.
-        let mut last = logged;
-        for &(_, low, high) in &end.events.ranges {
-            if low <= logged {
-                return Err(seq_taken(thread_id));
-            }
-            last = last.max(high);
+    if cancel.as_deref() == Some(CancelAction::Rollback.as_str()) {
+        // Its saves were all applied before this write (the end is queued behind them and
+        // `after_checkpoint` was checked), so deleting them here leaves none behind. The
+        // thread keeps the values and interrupts it had before the run, as the reference does.
+        roll_back(conn, thread_id, run_id)?;
+        release_thread(conn, thread_id, ThreadStatus::Idle, None, now)?;
+        return Ok(None);
+    }
+    let sql = format!(
+        "UPDATE runs SET status = ?2, error = ?3, lease_expires_at = NULL, updated_at = ?4, \
+         ended_at = ?4 WHERE run_id = ?1 RETURNING {RUN_COLUMNS}"
+    );
+    let run = run_row(
+        conn,
+        &sql,
+        (id(run_id), end.status.as_str(), &end.error, ts(now)),
+    )?;
+    // The run's own events: all of its thread, after what the thread has logged.
+    let mut last = logged;
+    for &(_, low, high) in &end.events.ranges {
+        if low <= logged {
+            return Err(seq_taken(thread_id));
         }
-        end.events.insert(conn)?;
-        let end_seq = last + 1;
-        insert_run_end(conn, thread_id, end_seq, run_id, end.status, now)?;
-        (run, end_seq)
-    };
+        last = last.max(high);
+    }
+    end.events.insert(conn)?;
+    let end_seq = last + 1;
+    insert_run_end(conn, thread_id, end_seq, run_id, end.status, now)?;
     let status = thread_status_after(conn, thread_id, end.thread_status)?;
     let error = end.error.filter(|_| status == ThreadStatus::Error);
     exec(
@@ -667,10 +746,10 @@ fn finish_run(
             end.thread_interrupts,
             error,
             ts(now),
-            event_seq,
+            end_seq,
         ),
     )?;
-    Ok(ended)
+    Ok(run)
 }
 
 /// Refuses a run's end whose last checkpoint is not stored (its save failed).

@@ -84,7 +84,7 @@ pub(crate) async fn save_state(
 ) -> StorageResult<()> {
     let thread_id = engine_id(id);
     for checkpoint in &write.checkpoints {
-        insert_checkpoint_pg(&mut *conn, &put(&thread_id, checkpoint)).await?;
+        insert_checkpoint_pg(&mut *conn, &put(&thread_id, checkpoint), None).await?;
     }
     let columns = &write.columns;
     sqlx::query(
@@ -157,7 +157,7 @@ pub(crate) async fn set_ttl(
 }
 
 /// Removes a thread with its checkpoints (its runs and events go by cascade).
-async fn delete_rows(conn: &mut PgConnection, id: Uuid) -> StorageResult<bool> {
+pub(crate) async fn delete_rows(conn: &mut PgConnection, id: Uuid) -> StorageResult<bool> {
     sqlx::query(
         "WITH w AS (DELETE FROM checkpoint_writes WHERE thread_id = $1), \
               b AS (DELETE FROM checkpoint_blobs WHERE thread_id = $1) \
@@ -191,23 +191,7 @@ async fn keep_latest(conn: &mut PgConnection, id: Uuid) -> StorageResult<()> {
         .bind(&thread_id)
         .execute(&mut *conn)
         .await?;
-    sqlx::query(
-        "WITH RECURSIVE reached(checkpoint_ns, channel, version) AS ( \
-             SELECT c.checkpoint_ns, v.key COLLATE \"C\", v.value::bigint FROM checkpoints c, \
-                    jsonb_each_text(c.checkpoint -> 'channel_versions') v WHERE c.thread_id = $1 \
-           UNION \
-             SELECT b.checkpoint_ns, b.channel, b.base FROM reached r \
-             JOIN checkpoint_blobs b ON b.thread_id = $1 AND b.checkpoint_ns = r.checkpoint_ns \
-              AND b.channel = r.channel AND b.version = r.version \
-             WHERE b.base IS NOT NULL \
-         ) \
-         DELETE FROM checkpoint_blobs b WHERE b.thread_id = $1 AND NOT EXISTS ( \
-             SELECT 1 FROM reached r WHERE r.checkpoint_ns = b.checkpoint_ns \
-               AND r.channel = b.channel AND r.version = b.version)",
-    )
-    .bind(&thread_id)
-    .execute(conn)
-    .await?;
+    crate::checkpoints::delete_unreached_blobs_pg(conn, &thread_id).await?;
     Ok(())
 }
 

@@ -170,21 +170,7 @@ fn keep_latest(conn: &Connection, thread: Uuid) -> StorageResult<()> {
         "UPDATE checkpoints SET parent_checkpoint_id = NULL WHERE thread_id = ?1",
         [&thread_id],
     )?;
-    exec(
-        conn,
-        "WITH RECURSIVE reached(checkpoint_ns, channel, version) AS ( \
-             SELECT c.checkpoint_ns, v.key, v.value FROM checkpoints c, \
-                    json_each(c.checkpoint, '$.channel_versions') v WHERE c.thread_id = ?1 \
-           UNION \
-             SELECT b.checkpoint_ns, b.channel, b.base FROM reached r \
-             JOIN checkpoint_blobs b ON b.thread_id = ?1 AND b.checkpoint_ns = r.checkpoint_ns \
-              AND b.channel = r.channel AND b.version = r.version \
-             WHERE b.base IS NOT NULL \
-         ) \
-         DELETE FROM checkpoint_blobs WHERE thread_id = ?1 \
-         AND (checkpoint_ns, channel, version) NOT IN (SELECT * FROM reached)",
-        [&thread_id],
-    )?;
+    crate::checkpoints::delete_unreached_blobs_sqlite(conn, &thread_id)?;
     Ok(())
 }
 

@@ -127,7 +127,10 @@ async fn scopes_isolate_users_and_share_system_assistants() {
             s.list_assistant_versions(&bob, id, None, all()).await,
             "bob lists alice's versions",
         );
-        assert_not_found(s.delete_assistant(&bob, id).await, "bob deletes alice's");
+        assert_not_found(
+            s.delete_assistant(&bob, id, false).await,
+            "bob deletes alice's",
+        );
         assert_eq!(
             s.get_assistant(&alice, id).await.unwrap(),
             private,
@@ -496,9 +499,9 @@ async fn delete_removes_the_assistant_and_its_versions() {
             .await
             .unwrap();
 
-        s.delete_assistant(&user, id).await.unwrap();
+        s.delete_assistant(&user, id, false).await.unwrap();
         assert_not_found(s.get_assistant(&user, id).await, "get after delete");
-        assert_not_found(s.delete_assistant(&user, id).await, "delete twice");
+        assert_not_found(s.delete_assistant(&user, id, false).await, "delete twice");
         assert_not_found(
             s.list_assistant_versions(&user, id, None, all()).await,
             "versions after delete",

@@ -7,6 +7,7 @@ mod assistants;
 mod checkpoints;
 mod common;
 mod crons;
+mod history;
 mod migrations;
 mod runs;
 mod store;
