@@ -393,7 +393,7 @@ pub(crate) async fn save_logged(pool: &PgPool, save: &LoggedSave) -> Result<(), 
                 parent_id: parent_id.as_deref(),
                 blobs,
             };
-            insert_checkpoint(&mut tx, &put).await?;
+            insert_checkpoint(&mut tx, &put, saved_by(metadata)).await?;
         }
         QueuedWrite::Writes {
             thread_id,
