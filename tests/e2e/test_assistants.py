@@ -11,6 +11,7 @@ from e2e_util import (
     assert_status,
     default_assistant_id,
     describe,
+    spindle_serving,
 )
 from langgraph_sdk.errors import ConflictError, NotFoundError, UnprocessableEntityError
 
@@ -525,6 +526,59 @@ async def test_subgraphs(client):
     assert isinstance(s, dict)
     s = await client.assistants.get_subgraphs(default_assistant_id("nested"), recurse=True)
     assert isinstance(s, dict)
+
+
+# `mid` runs a subgraph that runs `grand`; `side` runs `grand` directly (the reference's twin:
+# crates/graph/tests/fixtures/ref_extra/deep_graph.py).
+DEEP = """
+state: {messages: messages}
+graphs:
+  grand:
+    state: {messages: messages}
+    nodes: {g1: {kind: script, code: '#{ messages: [ai("g1")] }'}}
+    edges: [{from: __start__, to: g1}, {from: g1, to: __end__}]
+  mid:
+    state: {messages: messages}
+    nodes:
+      m1: {kind: script, code: '#{ messages: [ai("m1")] }'}
+      grand: {kind: subgraph, graph: grand}
+    edges: [{from: __start__, to: m1}, {from: m1, to: grand}, {from: grand, to: __end__}]
+nodes:
+  prep: {kind: script, code: '#{ messages: [ai("prep")] }'}
+  mid: {kind: subgraph, graph: mid}
+  side: {kind: subgraph, graph: grand}
+edges:
+  - {from: __start__, to: prep}
+  - {from: prep, to: mid}
+  - {from: mid, to: side}
+  - {from: side, to: __end__}
+"""
+
+
+async def test_subgraphs_recurse_only_when_asked():
+    """As the reference answers: `recurse=false` lists the immediate subgraphs only, `true`
+    their subgraphs too; `/subgraphs/{namespace}` answers that namespace alone, a nested one
+    only with `recurse`."""
+    from langgraph_sdk import get_client
+
+    with spindle_serving("deep", DEEP) as srv:
+        client = get_client(url=srv.base_url, api_key=None, timeout=30)
+        try:
+            aid = default_assistant_id("deep")
+            flat = await client.assistants.get_subgraphs(aid, recurse=False)
+            assert sorted(flat) == ["mid", "side"]
+            assert sorted(await client.assistants.get_subgraphs(aid)) == ["mid", "side"]
+            deep = await client.assistants.get_subgraphs(aid, recurse=True)
+            assert sorted(deep) == ["mid", "mid|grand", "side"]
+            assert "messages" in deep["mid|grand"]["state_schema"]["properties"]
+            assert sorted(await client.assistants.get_subgraphs(aid, namespace="mid")) == ["mid"]
+            assert sorted(await client.assistants.get_subgraphs(aid, namespace="mid", recurse=True)) == ["mid"]
+            assert await client.assistants.get_subgraphs(aid, namespace="mid|grand") == {}
+            nested = await client.assistants.get_subgraphs(aid, namespace="mid|grand", recurse=True)
+            assert sorted(nested) == ["mid|grand"]
+            assert await client.assistants.get_subgraphs(aid, namespace="nope", recurse=True) == {}
+        finally:
+            await client.aclose()
 
 
 async def test_schemas_of_unknown_assistant_is_404(client):

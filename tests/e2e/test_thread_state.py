@@ -5,11 +5,17 @@ interrupts), state updates, time travel, thread TTL and prune, supersteps, and t
 from __future__ import annotations
 
 import asyncio
+import json
+import tempfile
 import time
 import uuid
+from pathlib import Path
 
+import httpx
 import pytest
+from conftest import BACKENDS, _loop, _session_server
 from e2e_util import assert_status, assert_validation_error
+from langgraph_sdk import get_client
 from langgraph_sdk.errors import ConflictError, NotFoundError
 
 HI = {"messages": [{"role": "user", "content": "hi"}]}
@@ -444,3 +450,216 @@ async def test_prune_deletes_or_keeps_the_latest(client, http, tag):
         http.post("/threads/prune", json={"thread_ids": [kept], "strategy": "x"}), "body", "strategy"
     )
     assert_validation_error(http.post("/threads/prune", json={"thread_ids": ["nope"]}), "body")
+
+
+# --------------------------------------------------------------------------------------------
+# a run given a checkpoint; edits of a subgraph's state and as the input
+# --------------------------------------------------------------------------------------------
+
+
+def debug_checkpoints(parts) -> list[tuple]:
+    """(source, step, checkpoint id) of the root graph's `debug` checkpoint events."""
+    out = []
+    for p in parts:
+        if p.event == "debug" and p.data["type"] == "checkpoint":
+            payload = p.data["payload"]
+            out.append((payload["metadata"]["source"], payload["metadata"]["step"],
+                        payload["config"]["configurable"]["checkpoint_id"]))
+    return out
+
+
+@pytest.mark.parametrize("given", ["checkpoint_id", "checkpoint"])
+async def test_a_run_given_the_latest_edit_continues_from_it(client, tag, given):
+    """As the reference: a run given the thread's latest checkpoint, made by an edit, continues
+    from it (its debug stream starts with that checkpoint, no `fork` copy is written); given a
+    checkpoint the thread has moved past, it branches off with a `fork`."""
+    thread = await client.threads.create(metadata={"tag": tag})
+    tid = thread["thread_id"]
+    await client.runs.wait(tid, "chain", input={"n": 0}, interrupt_before=["b"])
+    edit = await client.threads.update_state(tid, {"n": 10})
+    cid = edit["checkpoint_id"]
+    where = {"checkpoint_id": cid} if given == "checkpoint_id" else {"checkpoint": {"checkpoint_id": cid}}
+    parts = [p async for p in client.runs.stream(tid, "chain", input=None, stream_mode="debug", **where)]
+    seen = debug_checkpoints(parts)
+    assert seen[0] == ("update", 2, cid)
+    assert [(s, n) for s, n, _ in seen] == [("update", 2), ("loop", 3), ("loop", 4)]
+    history = await client.threads.get_history(tid, limit=20)
+    assert brief(history) == [
+        ("loop", 4, []), ("loop", 3, ["c"]), ("update", 2, ["b"]),
+        ("loop", 1, ["b"]), ("loop", 0, ["a"]), ("input", -1, ["__start__"]),
+    ]
+    assert history[0]["values"] == {"n": 12}
+
+    again = [p async for p in client.runs.stream(tid, "chain", input=None, stream_mode="debug", **where)]
+    source, step, fork_id = debug_checkpoints(again)[0]
+    assert (source, step) == ("fork", 3)
+    fork = await client.threads.get_state(tid, checkpoint_id=fork_id)
+    assert fork["parent_checkpoint_id"] == cid
+
+
+# `nested_ask` (the reference's twin: crates/graph/tests/fixtures/ref_extra/stream_graph.py):
+# `prep`, then `child`, whose `c1` runs and whose `ask` waits at an interrupt.
+NESTED_ASK = """
+state: {messages: messages}
+graphs:
+  child:
+    state: {messages: messages}
+    nodes:
+      c1: {kind: script, code: '#{ messages: [ai("c1")] }'}
+      ask:
+        kind: script
+        code: |
+          let v = interrupt(#{ question: "approve?" });
+          #{ messages: [ai("decision: " + v)] }
+    edges:
+      - {from: START, to: c1}
+      - {from: c1, to: ask}
+      - {from: ask, to: END}
+nodes:
+  prep: {kind: script, code: '#{ messages: [ai("prep")] }'}
+  child: {kind: subgraph, graph: child}
+edges:
+  - {from: START, to: prep}
+  - {from: prep, to: child}
+  - {from: child, to: END}
+"""
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def nested_ask_server(request):
+    folder = Path(tempfile.mkdtemp(prefix="spindle-e2e-nested-ask-"))
+    (folder / "nested_ask.yaml").write_text(NESTED_ASK)
+    (folder / "spindle.json").write_text(json.dumps({"graphs": {"nested_ask": "./nested_ask.yaml"}}))
+    yield from _session_server(request.param, extra_args=["--config", str(folder / "spindle.json")])
+
+
+@pytest.fixture
+def nested_ask_client(nested_ask_server):
+    c = get_client(url=nested_ask_server.base_url, api_key=None, timeout=30)
+    yield c
+    _loop().run_until_complete(c.aclose())
+
+
+async def nested_ask_waiting(client, tag: str) -> tuple[str, str]:
+    """A thread whose `child` waits at `ask`; answers it and the subgraph's namespace."""
+    thread = await client.threads.create(metadata={"tag": tag})
+    tid = thread["thread_id"]
+    await client.runs.wait(tid, "nested_ask", input=HI)
+    state = await client.threads.get_state(tid, subgraphs=True)
+    return tid, state["tasks"][0]["state"]["checkpoint"]["checkpoint_ns"]
+
+
+def texts(values: dict) -> list[str]:
+    return [m["content"] for m in values["messages"]]
+
+
+async def test_a_subgraph_edited_at_its_interrupt_resumes_from_the_edit(nested_ask_client, tag):
+    """As the reference: `update_state` with the subgraph's `checkpoint_ns` writes a checkpoint
+    in that namespace (as its node that ran last, `c1`, so `ask` is next); the root state is
+    untouched; resumed, the run continues from the edited subgraph state."""
+    client = nested_ask_client
+    tid, ns = await nested_ask_waiting(client, tag)
+    root_before = await client.threads.get_state(tid)
+    edited = [{"type": "ai", "content": "edited", "id": "e1"}]
+    answer = await client.threads.update_state(tid, {"messages": edited}, checkpoint={"checkpoint_ns": ns})
+    assert answer["checkpoint"]["checkpoint_ns"] == ns
+    sub = await client.threads.get_state(tid, checkpoint={"checkpoint_ns": ns})
+    assert sub["checkpoint_id"] == answer["checkpoint_id"]
+    assert texts(sub["values"]) == ["hi", "prep", "c1", "edited"]
+    assert sub["next"] == ["ask"]
+    assert (sub["metadata"]["source"], sub["metadata"]["step"]) == ("update", 2)
+    assert sub["metadata"]["parents"] == {"": root_before["checkpoint_id"]}
+    root = await client.threads.get_state(tid)
+    assert root["checkpoint_id"] == root_before["checkpoint_id"]
+    assert root["interrupts"] == root_before["interrupts"] and root["next"] == ["child"]
+    assert (await client.threads.get(tid))["status"] == "interrupted"
+
+    final = await client.runs.wait(tid, "nested_ask", command={"resume": "yes"})
+    assert texts(final) == ["hi", "prep", "c1", "edited", "decision: yes"]
+    sub_history = await client.threads.get_history(tid, limit=20, checkpoint={"checkpoint_ns": ns})
+    assert brief(sub_history) == [
+        ("loop", 3, []), ("update", 2, ["ask"]), ("loop", 1, ["ask"]),
+        ("loop", 0, ["c1"]), ("input", -1, ["__start__"]),
+    ]
+    assert (await client.threads.get(tid))["status"] == "idle"
+
+
+async def test_a_subgraph_edited_as_its_last_node_ends_on_the_next_run(nested_ask_client, tag):
+    """Edited as `ask`, the subgraph has nothing left to run: a run without input ends it with
+    the edited state, as the reference does."""
+    client = nested_ask_client
+    tid, ns = await nested_ask_waiting(client, tag)
+    x = [{"type": "ai", "content": "x", "id": "x1"}]
+    await client.threads.update_state(tid, {"messages": x}, as_node="ask", checkpoint={"checkpoint_ns": ns})
+    sub = await client.threads.get_state(tid, checkpoint={"checkpoint_ns": ns})
+    assert sub["next"] == []
+    final = await client.runs.wait(tid, "nested_ask", input=None)
+    assert texts(final) == ["hi", "prep", "c1", "x"]
+    assert (await client.threads.get_state(tid))["next"] == []
+
+
+@pytest.mark.spindle_only
+async def test_a_subgraph_edit_refuses_what_the_subgraph_lacks(nested_ask_server, nested_ask_client, tag):
+    """422 naming the field, nothing written: a namespace that names no subgraph, a node of the
+    parent graph. (The reference answers 400 with the same messages.)"""
+    client = nested_ask_client
+    tid, ns = await nested_ask_waiting(client, tag)
+    http = httpx.Client(base_url=nested_ask_server.base_url, timeout=30)
+    try:
+        x = {"messages": [{"type": "ai", "content": "x"}]}
+        r = http.post(f"/threads/{tid}/state", json={"values": x, "checkpoint": {"checkpoint_ns": "nope:1"}})
+        detail = assert_validation_error(r, "body", "checkpoint_ns")
+        assert "Subgraph nope not found" in detail[0]["msg"]
+        r = http.post(f"/threads/{tid}/state", json={"values": x, "as_node": "prep", "checkpoint": {"checkpoint_ns": ns}})
+        assert_validation_error(r, "body", "as_node")
+    finally:
+        http.close()
+    history = await client.threads.get_history(tid, limit=20, checkpoint={"checkpoint_ns": ns})
+    assert all(s["metadata"]["source"] != "update" for s in history)
+
+
+async def test_supersteps_as_the_input(client, tag):
+    """As the reference: an update as `__input__` writes the input as a run's input would (an
+    `input` checkpoint, `__start__` next, the step after the last or -1); a run without input
+    then goes on from there. `update_state` takes it too."""
+    steps = [{"updates": [{"values": {"n": 5}, "as_node": "__input__"}]}]
+    thread = await client.threads.create(metadata={"tag": tag}, graph_id="chain", supersteps=steps)
+    tid = thread["thread_id"]
+    assert thread["status"] == "interrupted" and thread["values"] == {}
+    [state] = await client.threads.get_history(tid, limit=10)
+    assert brief([state]) == [("input", -1, ["__start__"])]
+    assert [t["name"] for t in state["tasks"]] == ["__start__"]
+    assert await client.runs.wait(tid, "chain", input=None) == {"n": 8}
+    assert brief(await client.threads.get_history(tid, limit=10)) == [
+        ("loop", 3, []), ("loop", 2, ["c"]), ("loop", 1, ["b"]), ("loop", 0, ["a"]),
+        ("input", -1, ["__start__"]),
+    ]
+
+    after_c = await client.threads.create(
+        metadata={"tag": tag}, graph_id="chain",
+        supersteps=[{"updates": [{"values": {"n": 1}, "as_node": "c"}]}, *steps],
+    )
+    history = await client.threads.get_history(after_c["thread_id"], limit=10)
+    assert brief(history) == [("input", 1, ["__start__"]), ("update", 0, [])]
+    assert await client.runs.wait(after_c["thread_id"], "chain", input=None) == {"n": 8}
+
+    tid = await chain_thread(client, tag)
+    await client.threads.update_state(tid, {"n": 100}, as_node="__input__")
+    state = await client.threads.get_state(tid)
+    assert brief([state]) == [("input", 4, ["__start__"])] and state["values"] == {"n": 3}
+    assert await client.runs.wait(tid, "chain", input=None) == {"n": 103}
+
+
+@pytest.mark.spindle_only
+async def test_supersteps_as_the_input_refuse_what_a_run_would(http, tag):
+    """422, nothing created: `__input__` with other updates in its superstep, or values that are
+    not an object (the reference answers 400 for both)."""
+    tid = str(uuid.uuid4())
+    for updates in (
+        [{"values": {"n": 5}, "as_node": "__input__"}, {"values": {"n": 5}, "as_node": "a"}],
+        [{"values": None, "as_node": "__input__"}],
+        [{"values": [1], "as_node": "__input__"}],
+    ):
+        body = {"thread_id": tid, "metadata": {"graph_id": "chain"}, "supersteps": [{"updates": updates}]}
+        assert_validation_error(http.post("/threads", json=body), "body", "supersteps")
+    assert_status(http.get(f"/threads/{tid}"), 404)

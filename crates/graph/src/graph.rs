@@ -300,15 +300,46 @@ impl Graph {
         }
     }
 
-    /// Subgraphs by namespace (the node name), recursively as `parent|child`.
+    /// The immediate subgraphs, by namespace (the node name).
     pub fn subgraphs(&self) -> Vec<(String, Arc<Graph>)> {
+        self.nodes
+            .iter()
+            .filter_map(|n| n.subgraph.as_ref().map(|g| (n.name.clone(), g.clone())))
+            .collect()
+    }
+
+    /// LangGraph's `get_subgraphs(namespace, recurse)`: without a namespace, the immediate
+    /// subgraphs, and with `recurse` theirs too (`parent|child`), each after its parent; with
+    /// a namespace, only the subgraph at exactly that namespace, which must be immediate
+    /// unless `recurse`.
+    pub fn subgraphs_at(
+        &self,
+        namespace: Option<&str>,
+        recurse: bool,
+    ) -> Vec<(String, Arc<Graph>)> {
         let mut out = Vec::new();
-        for n in &self.nodes {
-            if let Some(sub) = &n.subgraph {
-                out.push((n.name.clone(), sub.clone()));
-                for (ns, g) in sub.subgraphs() {
-                    out.push((format!("{}|{}", n.name, ns), g));
+        for (name, sub) in self.subgraphs() {
+            let below = match namespace {
+                None => {
+                    out.push((name.clone(), sub.clone()));
+                    None
                 }
+                Some(ns) if ns == name => return vec![(name, sub)],
+                Some(ns) => match ns
+                    .strip_prefix(name.as_str())
+                    .and_then(|r| r.strip_prefix('|'))
+                {
+                    Some(rest) => Some(rest),
+                    None => continue,
+                },
+            };
+            if recurse {
+                let nested = sub.subgraphs_at(below, true);
+                out.extend(
+                    nested
+                        .into_iter()
+                        .map(|(ns, g)| (format!("{name}|{ns}"), g)),
+                );
             }
         }
         out

@@ -376,10 +376,20 @@ pub struct ThreadStateColumns {
 pub struct StateWrite {
     pub checkpoints: Vec<CheckpointWrite>,
     pub columns: ThreadStateColumns,
-    /// When the edit was computed from the thread's latest root checkpoint: that checkpoint's
-    /// id (`None` inside: the thread had none). The write is a `Conflict` if another one
-    /// became the latest meanwhile (a run started and ended between the read and the write).
+    /// When the edit was computed from the thread's latest checkpoint of its namespace (the
+    /// root's, or a subgraph's): that checkpoint's id (`None` inside: there was none). The
+    /// write is a `Conflict` if another one became the latest meanwhile (a run started and
+    /// ended between the read and the write).
     pub expect_latest: Option<Option<String>>,
+}
+
+impl StateWrite {
+    /// The namespace the edit writes in (`""`, the root graph's, when it writes nothing).
+    pub fn namespace(&self) -> &str {
+        self.checkpoints
+            .first()
+            .map_or("", |c| c.checkpoint_ns.as_str())
+    }
 }
 
 /// An event to append to the thread's log with a state change (no run made it).

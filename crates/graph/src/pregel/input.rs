@@ -42,7 +42,7 @@ impl Loop {
                 update,
                 goto,
             } => {
-                if !loaded && resume.is_some() {
+                if loaded.is_none() && resume.is_some() {
                     return Err(RunError::InvalidInput(
                         "Cannot resume: the thread has no checkpoint".into(),
                     )
@@ -63,7 +63,11 @@ impl Loop {
                 skip_interrupt_before = true;
             }
             RunInput::Continue => {
-                if forked {
+                let forks = match (&loaded, forked) {
+                    (Some(metadata), true) => self.forks_from_loaded(metadata).await?,
+                    _ => false,
+                };
+                if forks {
                     // Time travel: like LangGraph, branch off with a `fork` checkpoint (a copy
                     // one step later) and run the old checkpoint's next tasks from there.
                     self.pending.clear();

@@ -32,9 +32,10 @@ pub use run_types::{
 };
 pub use snapshot::{
     fork, get_state, get_state_history, get_state_with_subgraphs, inline_subgraph_states,
-    prepare_update, update_state, NodeUpdate, PreparedUpdate, StateSnapshot, StateTask,
-    UpdateError,
+    prepare_update, prepare_update_at, update_state, NodeUpdate, PreparedUpdate, StateSnapshot,
+    StateTask, UpdateError, INPUT,
 };
+pub use snapshot::{subgraph_at, without_task_ids};
 use state::{LoopState, BRANCH_TO, START_INPUT, TASKS};
 use task::{Task, TaskKind};
 
@@ -156,6 +157,7 @@ async fn run_root(
         steps_behind: 0,
         exit: Default::default(),
         events: trace.as_ref().map(|t| t.scope.clone()),
+        null_resume: None,
     };
     if let Some(t) = &trace {
         let data = json!({"input": run_input_json(&input)});
@@ -230,6 +232,7 @@ pub(crate) async fn run_subgraph(
         steps_behind: 0,
         exit: Default::default(),
         events: trace.as_ref().map(|t| t.scope.clone()),
+        null_resume: None,
     };
     // A saved checkpoint in this namespace means the parent task is running again (resume
     // or crash recovery): continue it instead of starting over.
@@ -252,12 +255,20 @@ pub(crate) async fn run_subgraph(
     let input = match existing {
         Some(t) => {
             let interrupted = t.pending_writes.iter().any(|w| w.channel == W_INTERRUPT);
+            let edited = t.metadata.get("source").and_then(Value::as_str) == Some("update");
             match ctx.resume.last() {
                 Some(v) if interrupted => RunInput::Command {
                     resume: Some(v.clone()),
                     update: None,
                     goto: Vec::new(),
                 },
+                // Its state was edited while it waited at an interrupt: the edit has no
+                // interrupt to answer, so the resume value goes to the tasks that run next,
+                // as LangGraph's null resume does.
+                Some(v) if edited => {
+                    lp.null_resume = Some(v.clone());
+                    RunInput::Continue
+                }
                 _ => RunInput::Continue,
             }
         }
@@ -336,6 +347,9 @@ pub(crate) struct Loop {
     pub exit: persist::ExitBuffer,
     /// This graph's run in `events`, when the run streams them.
     pub events: Option<EventScope>,
+    /// The resume value for the tasks of the next step that have none of their own (a
+    /// subgraph resumed after an edit of its state); used by that step only.
+    pub null_resume: Option<Value>,
 }
 
 /// What one step produced.
@@ -351,14 +365,16 @@ impl Loop {
         self.thread_id.as_deref().unwrap_or_default()
     }
 
-    async fn load(&mut self, origin: Origin<'_>) -> Result<bool, LoopError> {
+    /// Loads the checkpoint the run starts from; answers its metadata, `None` when there is
+    /// none.
+    async fn load(&mut self, origin: Origin<'_>) -> Result<Option<Value>, LoopError> {
         let checkpoint_id = match origin {
             Origin::Latest => None,
             Origin::Checkpoint(id) => Some(id),
-            Origin::Fresh => return Ok(false),
+            Origin::Fresh => return Ok(None),
         };
         let Some(saver) = self.saver.clone() else {
-            return Ok(false);
+            return Ok(None);
         };
         let Some(t) = saver
             .get_tuple(self.thread(), &self.ns_str, checkpoint_id)
@@ -367,14 +383,30 @@ impl Loop {
             if let Some(id) = checkpoint_id {
                 return Err(RunError::InvalidInput(format!("checkpoint {id} not found")).into());
             }
-            return Ok(false);
+            return Ok(None);
         };
         self.step = t.metadata.get("step").and_then(Value::as_i64).unwrap_or(-1);
         self.checkpoint_id = Some(t.checkpoint.id.clone());
         self.parent_id = t.parent_id.clone();
         self.pending = t.pending_writes;
         self.state = LoopState::take_checkpoint(&self.graph, t.checkpoint);
-        Ok(true)
+        Ok(Some(t.metadata))
+    }
+
+    /// Whether a run given the loaded checkpoint (time travel) branches off with a `fork` copy
+    /// of it. LangGraph's does, except from the thread's latest checkpoint when a state edit
+    /// or an earlier fork made it (source `update` or `fork`): that one is already the start
+    /// of its own branch, so the run continues from it as from the latest.
+    async fn forks_from_loaded(&self, metadata: &Value) -> Result<bool, LoopError> {
+        let source = metadata.get("source").and_then(Value::as_str);
+        if !matches!(source, Some("update" | "fork")) {
+            return Ok(true);
+        }
+        let Some(saver) = &self.saver else {
+            return Ok(true);
+        };
+        let latest = saver.get_tuple(self.thread(), &self.ns_str, None).await?;
+        Ok(latest.map(|t| t.checkpoint.id) != self.checkpoint_id)
     }
 
     /// Apply the writes of several tasks (already in deterministic order).
@@ -515,6 +547,7 @@ impl Loop {
             // were still queued, and the run resumes from the last one saved.
             self.bound_saves_behind().await?;
             let result = self.run_step(&tasks).await?;
+            self.null_resume = None;
             if let Some((ti, err)) = result.error {
                 let t = &tasks[ti];
                 if let NodeError::ParentCommand(cmd) = err {

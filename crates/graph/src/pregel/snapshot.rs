@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 
-use super::state::LoopState;
+use super::state::{LoopState, START_INPUT, TASKS};
 use super::task::{normalise_writes, prepare_parts, route};
 use super::{W_DONE, W_ERROR, W_INTERRUPT};
 use crate::checkpoint::{
@@ -394,9 +394,10 @@ impl PreparedUpdate {
         &self.tuple.at
     }
 
-    /// The thread's state once the checkpoint is saved.
+    /// The state of its namespace once the checkpoint is saved (`graph` is the root graph).
     pub fn snapshot(&self, graph: &Graph) -> StateSnapshot {
-        snapshot(graph, &self.tuple)
+        let sub = graph_for_ns(graph, &self.tuple.at.checkpoint_ns);
+        snapshot(sub.as_deref().unwrap_or(graph), &self.tuple)
     }
 
     /// Saves it.
@@ -442,24 +443,60 @@ pub async fn update_state(
 
 /// The checkpoint a state edit makes on top of `base` (`None`: an empty thread), without
 /// saving it. Several updates are one super-step (LangGraph's `bulk_update_state` step): their
-/// writes are applied together, and each must name its node.
+/// writes are applied together, and each must name its node. An update as [`INPUT`] writes
+/// the input as a run's would (see [`prepare_update_at`]).
 pub async fn prepare_update(
     graph: &Graph,
     thread_id: &str,
     base: Option<&CheckpointTuple>,
     updates: &[NodeUpdate],
 ) -> Result<PreparedUpdate, UpdateError> {
+    prepare_update_at(graph, thread_id, "", base, updates).await
+}
+
+/// The node name of an edit that writes the graph's input, as a run's input would: LangGraph's
+/// `as_node="__input__"`.
+pub const INPUT: &str = "__input__";
+
+/// [`prepare_update`] of the state at `checkpoint_ns`: `""` for the root graph (`graph`), or a
+/// subgraph's namespace (`node:task_id[|node:task_id...]`), edited with the subgraph's own
+/// nodes, as LangGraph's `update_state` on a subgraph's config does; `base` is then that
+/// namespace's checkpoint. A run that resumes the subgraph's task continues from the edit.
+///
+/// An update as [`INPUT`] must be the only one: it makes an `input` checkpoint whose next
+/// task is `__start__` with the values as input, dropping the tasks `base` left waiting, so a
+/// run without input continues from there as if it had been given them.
+pub async fn prepare_update_at(
+    graph: &Graph,
+    thread_id: &str,
+    checkpoint_ns: &str,
+    base: Option<&CheckpointTuple>,
+    updates: &[NodeUpdate],
+) -> Result<PreparedUpdate, UpdateError> {
     if updates.is_empty() {
         return Err(UpdateError::Invalid("No updates provided".into()));
     }
-    let (mut state, step, parent) = match base {
-        Some(t) => (
-            LoopState::from_checkpoint(graph, &t.checkpoint),
-            t.metadata.get("step").and_then(Value::as_i64).unwrap_or(-1),
-            Some(t.checkpoint.id.clone()),
-        ),
-        None => (LoopState::fresh(graph), -1, None),
+    let sub = match checkpoint_ns {
+        "" => None,
+        ns => Some(subgraph_at(graph, ns).ok_or_else(|| {
+            UpdateError::Invalid(format!("Subgraph {} not found", without_task_ids(ns)))
+        })?),
     };
+    let graph = sub.as_deref().unwrap_or(graph);
+    let at = CheckpointRef {
+        thread_id: thread_id.to_string(),
+        checkpoint_ns: checkpoint_ns.to_string(),
+        checkpoint_id: String::new(),
+    };
+    if updates.iter().any(|u| u.as_node.as_deref() == Some(INPUT)) {
+        let [update] = updates else {
+            return Err(UpdateError::Invalid(
+                "Cannot apply multiple updates when updating as input".into(),
+            ));
+        };
+        return prepare_input(graph, at, base, &update.values);
+    }
+    let (mut state, step, parent) = base_of(graph, base);
     let base_state = state.state_object(graph);
     let mut all_writes: Vec<(String, Value)> = Vec::new();
     let mut routed: Vec<(String, Value)> = Vec::new();
@@ -530,34 +567,124 @@ pub async fn prepare_update(
         state.start_version = version;
         blobs.push(state.bookkeeping_blob(super::state::START_INPUT));
     }
+    let metadata = edit_metadata("update", step + 1, base, Value::Object(md_writes));
+    Ok(prepared(
+        graph, at, &state, blobs, updated, metadata, parent,
+    ))
+}
+
+/// The state an edit starts from: `base`'s (with its step and id), or an empty thread's.
+fn base_of(graph: &Graph, base: Option<&CheckpointTuple>) -> (LoopState, i64, Option<String>) {
+    match base {
+        Some(t) => (
+            LoopState::from_checkpoint(graph, &t.checkpoint),
+            t.metadata.get("step").and_then(Value::as_i64).unwrap_or(-1),
+            Some(t.checkpoint.id.clone()),
+        ),
+        None => (LoopState::fresh(graph), -1, None),
+    }
+}
+
+/// An edit's checkpoint metadata. `parents` (the checkpoints of the enclosing graphs) are
+/// the base's: a subgraph's edit stays under the parent checkpoint its task runs from.
+fn edit_metadata(source: &str, step: i64, base: Option<&CheckpointTuple>, writes: Value) -> Value {
+    let parents = base
+        .and_then(|t| t.metadata.get("parents"))
+        .filter(|p| p.is_object())
+        .cloned()
+        .unwrap_or_else(|| json!({}));
+    json!({"source": source, "step": step, "parents": parents, "writes": writes})
+}
+
+/// The new checkpoint of `state`, as saved and as a load would return it.
+fn prepared(
+    graph: &Graph,
+    mut at: CheckpointRef,
+    state: &LoopState,
+    blobs: Vec<ChannelBlob>,
+    updated: Vec<String>,
+    metadata: Value,
+    parent: Option<String>,
+) -> PreparedUpdate {
     let id = new_checkpoint_id();
     let checkpoint = state.to_checkpoint(graph, id.clone(), updated);
-    let mut md = Map::new();
-    md.insert("source".into(), json!("update"));
-    md.insert("step".into(), json!(step + 1));
-    md.insert("parents".into(), json!({}));
-    md.insert("writes".into(), Value::Object(md_writes));
-    let metadata = Value::Object(md);
     let mut materialised = checkpoint.clone();
     materialised.channel_values = state.materialised_values(graph);
+    at.checkpoint_id = id;
     let tuple = CheckpointTuple {
-        at: CheckpointRef {
-            thread_id: thread_id.to_string(),
-            checkpoint_ns: String::new(),
-            checkpoint_id: id,
-        },
+        at,
         checkpoint: materialised,
         metadata: metadata.clone(),
         parent_id: parent.clone(),
         pending_writes: Vec::new(),
     };
-    Ok(PreparedUpdate {
+    PreparedUpdate {
         checkpoint,
         metadata,
         parent_id: parent,
         blobs,
         tuple,
-    })
+    }
+}
+
+/// An edit as [`INPUT`]: the `input` checkpoint a run given `values` would write (the input
+/// waits in `__start__`; the step is the base's + 1, or -1 on an empty thread), so a run
+/// without input goes on from it as that run would have.
+fn prepare_input(
+    graph: &Graph,
+    at: CheckpointRef,
+    base: Option<&CheckpointTuple>,
+    values: &Value,
+) -> Result<PreparedUpdate, UpdateError> {
+    if !values.is_object() {
+        return Err(UpdateError::Invalid(format!(
+            "Received no input writes for {START}: the input must be an object, got {values}"
+        )));
+    }
+    let (mut state, step, parent) = base_of(graph, base);
+    // As a run's input does: the tasks the base left waiting are dropped.
+    state.sends.clear();
+    for i in 0..graph.nodes.len() {
+        state.seen[i] = state.trig[i];
+    }
+    let version = state.next_version();
+    state.start_input = Some(values.clone());
+    state.start_version = version;
+    let mut blobs = vec![state.bookkeeping_blob(START_INPUT)];
+    if state.sends_version > 0 {
+        state.sends_version = version;
+        blobs.push(state.bookkeeping_blob(TASKS));
+    }
+    let step = if base.is_some() { step + 1 } else { -1 };
+    let metadata = edit_metadata("input", step, base, json!({ START: values }));
+    let updated = vec![START_INPUT.to_string()];
+    Ok(prepared(
+        graph, at, &state, blobs, updated, metadata, parent,
+    ))
+}
+
+/// The subgraph at exactly `ns` (`child:task|grandchild:task`), every part naming a
+/// subgraph node; `None` when a part does not.
+pub fn subgraph_at(graph: &Graph, ns: &str) -> Option<Arc<Graph>> {
+    let mut current: Option<Arc<Graph>> = None;
+    for part in ns.split('|') {
+        let name = part.split(':').next().unwrap_or_default();
+        let g: &Graph = current.as_deref().unwrap_or(graph);
+        let sub = g
+            .node_index
+            .get(name)
+            .and_then(|&i| g.nodes[i].subgraph.clone())?;
+        current = Some(sub);
+    }
+    current
+}
+
+/// A namespace without its task ids (`child|grandchild`), as LangGraph names a subgraph.
+pub fn without_task_ids(ns: &str) -> String {
+    ns.split('|')
+        .map(|p| p.split(':').next().unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("|")
 }
 
 /// The node that ran most recently, or `__start__` when none has.

@@ -325,7 +325,7 @@ pub(crate) async fn execute(
         .iter()
         .find(|w| w.channel == W_RESUME)
         .and_then(|w| w.value.as_array().cloned())
-        .unwrap_or_default();
+        .unwrap_or_else(|| lp.null_resume.iter().cloned().collect());
     let graph = &lp.graph;
     let def = &graph.nodes[task.node];
     let input = match &task.kind {

@@ -311,7 +311,7 @@ impl Validate for GraphQuery {}
 
 #[derive(Debug, Default, Deserialize, IntoParams)]
 pub struct SubgraphsQuery {
-    /// Also list the subgraphs of subgraphs.
+    /// Also list the subgraphs of subgraphs (with a namespace: reach a nested one).
     #[serde(default, deserialize_with = "crate::wire::query_bool")]
     #[param(value_type = Option<bool>)]
     pub recurse: Option<bool>,
@@ -636,23 +636,15 @@ async fn get_assistant_schemas(
     Ok(Json(Value::Object(body)))
 }
 
-/// Subgraphs by namespace (`child`, or `child|grandchild` when recursing), with their schemas.
-fn subgraph_schemas(
-    graph: &Graph,
-    prefix: Option<&str>,
-    recurse: bool,
-    out: &mut serde_json::Map<String, Value>,
-) {
-    for (namespace, sub) in graph.subgraphs() {
-        let ns = match prefix {
-            Some(p) => format!("{p}|{namespace}"),
-            None => namespace.clone(),
-        };
-        out.insert(ns.clone(), Value::Object(schemas_json(&sub)));
-        if recurse {
-            subgraph_schemas(&sub, Some(&ns), true, out);
-        }
-    }
+/// The schemas of subgraphs by namespace (`child`, `child|grandchild`), as LangGraph's
+/// `get_subgraphs(namespace, recurse)` lists them.
+fn subgraph_schemas(graph: &Graph, namespace: Option<&str>, recurse: bool) -> Value {
+    let out = graph
+        .subgraphs_at(namespace, recurse)
+        .into_iter()
+        .map(|(ns, sub)| (ns, Value::Object(schemas_json(&sub))))
+        .collect();
+    Value::Object(out)
 }
 
 #[utoipa::path(get, path = "/assistants/{assistant_id}/subgraphs", tag = "assistants",
@@ -666,15 +658,14 @@ async fn get_assistant_subgraphs(
     ApiQuery(query): ApiQuery<SubgraphsQuery>,
 ) -> ApiResult<Json<Value>> {
     let (_, graph) = assistant_graph(&state, &scope, &assistant_id).await?;
-    let mut out = serde_json::Map::new();
-    subgraph_schemas(&graph, None, query.recurse.unwrap_or(false), &mut out);
-    Ok(Json(Value::Object(out)))
+    let recurse = query.recurse.unwrap_or(false);
+    Ok(Json(subgraph_schemas(&graph, None, recurse)))
 }
 
 #[utoipa::path(get, path = "/assistants/{assistant_id}/subgraphs/{namespace}", tag = "assistants",
     params(("assistant_id" = String, Path, description = "assistant UUID or graph id"),
            ("namespace" = String, Path, description = "subgraph namespace, `|`-separated when nested"), SubgraphsQuery),
-    responses((status = 200, description = "schemas of the subgraphs under that namespace", body = Object),
+    responses((status = 200, description = "the schemas of the subgraph at that namespace (`{}` when there is none; a nested one needs `recurse`)", body = Object),
               (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn get_assistant_subgraphs_of(
     State(state): State<AppState>,
@@ -683,12 +674,10 @@ async fn get_assistant_subgraphs_of(
     ApiQuery(query): ApiQuery<SubgraphsQuery>,
 ) -> ApiResult<Json<Value>> {
     let (_, graph) = assistant_graph(&state, &scope, &assistant_id).await?;
-    let mut all = serde_json::Map::new();
-    subgraph_schemas(&graph, None, true, &mut all);
+    // Only the subgraph at exactly that namespace (a nested one needs `recurse`), as the
+    // reference answers: `{}` when there is none.
     let recurse = query.recurse.unwrap_or(false);
-    let nested_prefix = format!("{namespace}|");
-    all.retain(|ns, _| ns == &namespace || (recurse && ns.starts_with(&nested_prefix)));
-    Ok(Json(Value::Object(all)))
+    Ok(Json(subgraph_schemas(&graph, Some(&namespace), recurse)))
 }
 
 #[utoipa::path(post, path = "/assistants/{assistant_id}/versions", tag = "assistants", request_body = AssistantVersionsRequest,

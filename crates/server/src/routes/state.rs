@@ -89,7 +89,9 @@ pub struct StateUpdateRequest {
     /// The node that "wrote" them; by default the node that ran last.
     #[serde(default)]
     pub as_node: Option<String>,
-    /// Edit the state at this checkpoint instead of the latest (the thread forks from it).
+    /// Edit the state at this checkpoint instead of the latest (the thread forks from it);
+    /// with `checkpoint_ns`, the state of that subgraph (e.g. while it waits at an interrupt:
+    /// the run that resumes it continues from the edit).
     #[serde(default)]
     pub checkpoint: Option<CheckpointRefIn>,
     /// Short form of `checkpoint.checkpoint_id`.
@@ -109,19 +111,6 @@ impl Validate for StateUpdateRequest {
                     Value::Null,
                 );
             }
-        }
-        let ns = self
-            .checkpoint
-            .as_ref()
-            .and_then(|c| c.checkpoint_ns.as_deref());
-        if ns.is_some_and(|ns| !ns.is_empty()) {
-            v.push(
-                &["checkpoint", "checkpoint_ns"],
-                "not_supported",
-                "updating a subgraph's state is not supported: edit the root graph's state",
-                json!(ns),
-                Value::Null,
-            );
         }
     }
 }
@@ -509,11 +498,47 @@ pub(crate) fn refused_update(err: UpdateError, loc: Vec<Value>) -> ApiError {
     }
 }
 
-/// Whether `node` can "write" an update to `graph`: one of its nodes, or `__start__` (an
-/// update as the input). LangGraph's special `__end__`, `__input__` and `__copy__` updates are
-/// not supported, so they are refused as unknown nodes.
+/// Whether `node` can "write" an update to `graph`: one of its nodes, `__start__`, or
+/// `__input__` (the input, as a run's). LangGraph's special `__end__` and `__copy__` updates
+/// are not supported, so they are refused as unknown nodes.
 pub(crate) fn is_node(graph: &Graph, node: &str) -> bool {
-    node == spindle_graph::START || graph.node_names().any(|n| n == node)
+    node == spindle_graph::START || node == pregel::INPUT || graph.node_names().any(|n| n == node)
+}
+
+/// The graph whose state lives at `checkpoint_ns`: the thread's own for `""`, else the
+/// subgraph there (422 naming the field when there is none).
+fn graph_at(graph: &Arc<Graph>, checkpoint_ns: &str) -> ApiResult<Arc<Graph>> {
+    if checkpoint_ns.is_empty() {
+        return Ok(graph.clone());
+    }
+    pregel::subgraph_at(graph, checkpoint_ns).ok_or_else(|| {
+        ApiError::field(
+            vec![json!("body"), json!("checkpoint"), json!("checkpoint_ns")],
+            "invalid_update",
+            format!(
+                "Subgraph {} not found",
+                pregel::without_task_ids(checkpoint_ns)
+            ),
+        )
+    })
+}
+
+/// The thread's state after an edit: the edit's own for the root graph; for a subgraph's,
+/// the root state, which an edit inside a subgraph does not change.
+async fn thread_state_after(
+    state: &AppState,
+    graph: &Graph,
+    prepared: &PreparedUpdate,
+) -> ApiResult<StateSnapshot> {
+    let at = prepared.at();
+    if at.checkpoint_ns.is_empty() {
+        return Ok(prepared.snapshot(graph));
+    }
+    let saver = state.storage.checkpointer();
+    let root = pregel::get_state(graph, saver.as_ref(), &at.thread_id, "", None)
+        .await
+        .map_err(checkpoint_failed)?;
+    Ok(root.unwrap_or_else(|| StateSnapshot::empty(&at.thread_id, "")))
 }
 
 #[utoipa::path(post, path = "/threads/{thread_id}/state", tag = "threads",
@@ -538,7 +563,13 @@ async fn update_state(
             ),
         ));
     };
-    if let Some(node) = body.as_node.as_deref().filter(|n| !is_node(&graph, n)) {
+    let ns = body
+        .checkpoint
+        .as_ref()
+        .and_then(|c| c.checkpoint_ns.clone())
+        .unwrap_or_default();
+    let target = graph_at(&graph, &ns)?;
+    if let Some(node) = body.as_node.as_deref().filter(|n| !is_node(&target, n)) {
         return Err(ApiError::field(
             vec![json!("body"), json!("as_node")],
             "invalid_update",
@@ -553,7 +584,7 @@ async fn update_state(
         .or(body.checkpoint_id);
     let saver = state.storage.checkpointer();
     let base = saver
-        .get_tuple(&tid, "", checkpoint_id.as_deref())
+        .get_tuple(&tid, &ns, checkpoint_id.as_deref())
         .await
         .map_err(checkpoint_failed)?;
     if let (Some(cid), None) = (&checkpoint_id, &base) {
@@ -564,10 +595,10 @@ async fn update_state(
         as_node: body.as_node,
         goto: Vec::new(),
     };
-    let prepared = pregel::prepare_update(&graph, &tid, base.as_ref(), &[update])
+    let prepared = pregel::prepare_update_at(&graph, &tid, &ns, base.as_ref(), &[update])
         .await
         .map_err(|e| refused_update(e, vec![json!("body"), json!("values")]))?;
-    let snapshot = prepared.snapshot(&graph);
+    let snapshot = thread_state_after(&state, &graph, &prepared).await?;
     let event = ThreadEvent {
         event: STATE_UPDATE_EVENT.into(),
         data: json!({"state": snapshot.to_json(), "thread_id": tid}),
@@ -575,8 +606,8 @@ async fn update_state(
     let write = StateWrite {
         checkpoints: vec![checkpoint_write(&prepared)],
         columns: state_columns(&snapshot),
-        // An edit of the latest state must still apply to the latest state when it is saved;
-        // an edit of an older checkpoint forks from it whatever came since.
+        // An edit of the latest state (of its namespace) must still apply to the latest state
+        // when it is saved; an edit of an older checkpoint forks from it whatever came since.
         expect_latest: checkpoint_id
             .is_none()
             .then(|| base.as_ref().map(|t| t.at.checkpoint_id.clone())),

@@ -61,9 +61,10 @@ pub(crate) async fn ensure_latest(
         return Ok(());
     };
     let latest: Option<String> = sqlx::query_scalar(
-        "SELECT MAX(checkpoint_id) FROM checkpoints WHERE thread_id = $1 AND checkpoint_ns = ''",
+        "SELECT MAX(checkpoint_id) FROM checkpoints WHERE thread_id = $1 AND checkpoint_ns = $2",
     )
     .bind(engine_id(id))
+    .bind(write.namespace())
     .fetch_one(conn)
     .await?;
     if &latest != expected {

@@ -46,9 +46,9 @@ pub(crate) fn ensure_latest(
     };
     let latest: Option<String> = conn
         .prepare_cached(
-            "SELECT MAX(checkpoint_id) FROM checkpoints WHERE thread_id = ?1 AND checkpoint_ns = ''",
+            "SELECT MAX(checkpoint_id) FROM checkpoints WHERE thread_id = ?1 AND checkpoint_ns = ?2",
         )?
-        .query_row([engine_id(thread)], |r| r.get(0))?;
+        .query_row((engine_id(thread), write.namespace()), |r| r.get(0))?;
     if &latest != expected {
         return Err(crate::StorageError::Conflict(format!(
             "thread {thread} has a newer checkpoint than the state this edit was made from; \
