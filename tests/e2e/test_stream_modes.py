@@ -51,6 +51,43 @@ async def test_messages_mode_sends_metadata_then_complete_messages(client, tag):
     assert completes[-1][0]["content"] == "The sum is 5."
 
 
+async def test_tasks_mode_task_starts_carry_empty_interrupts(client, tag, backend):
+    """`tasks` on `chain`: each task's start has `interrupts: []`, as the JS client's
+    `TasksStreamCreateEvent` declares it (the reference leaves it out), and its result the
+    interrupts it raised (none)."""
+    if backend == "external":
+        pytest.skip("the reference's task starts have no `interrupts`")
+    tid = (await client.threads.create(metadata={"tag": tag}))["thread_id"]
+    parts = await stream(client, tid, "chain", input={"n": 0}, stream_mode="tasks")
+    tasks = [p.data for p in parts if p.event == "tasks"]
+    starts = [t for t in tasks if "input" in t]
+    results = [t for t in tasks if "result" in t]
+    assert [t["name"] for t in starts] == ["a", "b", "c"], tasks
+    assert all(t["interrupts"] == [] for t in starts), starts
+    assert all(t["interrupts"] == [] for t in results), results
+    assert list(starts[0]) == ["id", "name", "interrupts", "input", "triggers", "metadata"]
+
+
+async def test_messages_mode_a_streamed_reply_ends_with_its_whole_text(streaming_server):
+    """As the reference sends a streamed reply (checked live, langgraph-api 0.16.7): metadata,
+    then partials only, the last one the whole final AI message; no `messages/complete`
+    follows (the message a node returns after streaming it is not sent again)."""
+    client = get_client(url=streaming_server.base_url, api_key=None, timeout=30)
+    try:
+        tid = (await client.threads.create())["thread_id"]
+        parts = await stream(client, tid, "streamer",
+                             input={"messages": [{"role": "user", "content": "hi"}]},
+                             stream_mode="messages")
+        events = [p.event for p in parts[1:]]
+        assert events == ["messages/metadata"] + ["messages/partial"] * 5, events
+        state = await client.threads.get_state(tid)
+        final = state["values"]["messages"][-1]
+        last = parts[-1].data[0]
+        assert (last["id"], last["content"], last["type"]) == (final["id"], final["content"], "ai")
+    finally:
+        await client.aclose()
+
+
 async def test_asked_for_both_message_forms_the_tuple_form_is_sent(client, tag):
     """As on LangGraph Platform, `messages-tuple` wins when both forms are asked for."""
     tid = (await client.threads.create(metadata={"tag": tag}))["thread_id"]

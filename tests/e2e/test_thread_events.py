@@ -134,8 +134,11 @@ def events_of(frames, method):
 
 def test_agent_run_streams_every_method_in_protocol_shapes(base_url, http):
     """A stream opened first sees a run started through `run.start`: lifecycle running ...
-    completed, the model's message as message/content-block events with usage, the tool call
-    as tool-started/tool-finished, values, updates (with node), tasks and checkpoints."""
+    completed, the tool call as tool-started/tool-finished, values, updates (`{node: update}`,
+    node also in `params.node`), tasks and checkpoints. `messages` carries what a chat model
+    streams, and agent's model does not stream (`stream: false`): its messages, returned whole
+    by its nodes, are not on `messages`, as the reference sends its twin's (see
+    `test_a_streaming_models_reply_is_on_messages_and_node_messages_are_not`)."""
     tid = new_thread(http)
     reader = EventReader(base_url, tid, {"channels": ALL_CHANNELS}, until=ended())
     result = ok(command(http, tid, "run.start", {"assistant_id": "agent", "input": AGENT_INPUT}))
@@ -149,18 +152,7 @@ def test_agent_run_streams_every_method_in_protocol_shapes(base_url, http):
     # The checkpoint to fork from is the last one the run wrote.
     assert life[-1]["checkpoint"]["id"] == events_of(frames, "checkpoints")[-1]["id"]
 
-    msgs = events_of(frames, "messages")
-    kinds = [m["event"] for m in msgs]
-    assert kinds.count("message-start") >= 2, kinds  # the tool call, then the answer
-    assert kinds.count("message-start") == kinds.count("message-finish"), kinds
-    starts = [m for m in msgs if m["event"] == "message-start"]
-    assert all(isinstance(m["id"], str) and m["role"] in ("ai", "tool", "human", "system") for m in starts)
-    finished = [m["content"] for m in msgs if m["event"] == "content-block-finish"]
-    assert {"type": "text", "text": "The sum is 5."} in finished, finished
-    calls = [c for c in finished if c["type"] == "tool_call"]
-    assert calls and calls[0]["name"] == "add" and calls[0]["args"] == {"a": 2, "b": 3}
-    deltas = [m["delta"] for m in msgs if m["event"] == "content-block-delta"]
-    assert all(d["type"] in ("text-delta", "tool-call-delta") for d in deltas), deltas
+    assert events_of(frames, "messages") == []
 
     tools = events_of(frames, "tools")
     assert [t["event"] for t in tools] == ["tool-started", "tool-finished"], tools
@@ -172,7 +164,9 @@ def test_agent_run_streams_every_method_in_protocol_shapes(base_url, http):
     assert values[-1]["messages"][-1]["content"] == "The sum is 5."
     updates = [f["data"] for f in frames if f["data"]["method"] == "updates"]
     assert {u["params"]["node"] for u in updates} >= {"model", "tools"}
-    assert all(u["params"]["data"]["node"] == u["params"]["node"] for u in updates)
+    assert all(list(u["params"]["data"]) == [u["params"]["node"]] for u in updates), updates
+    tool_update = next(u["params"]["data"] for u in updates if u["params"]["node"] == "tools")
+    assert tool_update["tools"]["messages"][0]["content"] == "5"
     assert events_of(frames, "tasks"), "no tasks events"
     checkpoints = events_of(frames, "checkpoints")
     assert checkpoints and all(isinstance(c["id"], str) and isinstance(c["step"], int) for c in checkpoints)
@@ -200,7 +194,9 @@ def test_interrupt_answered_through_input_respond(base_url, http):
     while not events_of(reader.frames, "input.requested") and time.monotonic() < deadline:
         time.sleep(0.05)
     [asked] = events_of(reader.frames, "input.requested")
-    assert asked["payload"] == {"question": "approve?"}
+    # The protocol's `payload`, and `value`, which the Python client reads.
+    assert asked == {"interrupt_id": asked["interrupt_id"], "payload": {"question": "approve?"},
+                     "value": {"question": "approve?"}}, asked
     answer = command(http, tid, "input.respond",
                      {"namespace": [], "interrupt_id": "nope", "response": "yes"}, cid=2)
     assert answer["type"] == "error" and answer["error"] == "no_such_interrupt", answer
@@ -265,7 +261,7 @@ def test_dropped_connection_resumes_without_gap_or_duplicate(base_url, http):
     joined = [f["id"] for f in first + second]
     assert joined == [f["id"] for f in full.wait()]
     assert len(joined) == len(set(joined))
-    ticks = [c["payload"] for c in events_of(first + second, "custom")]
+    ticks = events_of(first + second, "custom")
     assert ticks == [{"tick": "a"}, {"tick": "b"}]
 
 
@@ -278,7 +274,8 @@ def test_channel_filters(base_url, http):
     ok(command(http, tid, "run.start", {"assistant_id": "slow", "input": {"delay_ms": 0}}))
     assert {f["event"] for f in life.wait()} == {"lifecycle"}
     assert {f["event"] for f in custom.wait()} == {"custom", "lifecycle"}
-    assert [c["payload"] for c in events_of(custom.frames, "custom")] == [{"tick": "a"}, {"tick": "b"}]
+    # The written values themselves.
+    assert events_of(custom.frames, "custom") == [{"tick": "a"}, {"tick": "b"}]
     # `custom:NAME` takes only custom events of that name; these have none.
     assert {f["event"] for f in named.wait()} == {"lifecycle"}
 
@@ -336,7 +333,7 @@ def test_namespace_prefix_and_depth(base_url, http):
     all_frames = everything.wait()
     assert any(f["data"]["params"]["namespace"] == [] for f in all_frames)
     assert any(f["data"]["params"]["namespace"] for f in all_frames)
-    # The subgraph's lifecycle: started when first seen, completed with its parent's update,
+    # The subgraph's lifecycle: started when first seen, completed after its parent's update,
     # before the root completes.
     life = [(f["data"]["params"]["namespace"], f["data"]["params"]["data"]["event"],
              f["data"]["params"]["data"]["graph_name"])
@@ -344,6 +341,36 @@ def test_namespace_prefix_and_depth(base_url, http):
     assert [(len(ns), event, name) for ns, event, name in life] == [
         (0, "running", "nested"), (1, "started", "child"), (1, "completed", "child"),
         (0, "completed", "nested")], life
+
+
+def test_subgraph_lifecycle_names_its_task_and_completes_after_its_parents_update(base_url, http):
+    """As the reference sends them: a subgraph's `started` carries its `namespace` and the id of
+    the task that runs it (`trigger_call_id`); its `completed` follows the parent's update of
+    that node (and the task's result), so a client that reads the state on `completed` sees the
+    subgraph's writes; then the parent's values and checkpoint."""
+    tid = new_thread(http)
+    reader = EventReader(base_url, tid, {"channels": ["lifecycle", "updates", "values", "tasks",
+                                                      "checkpoints"]}, until=ended())
+    ok(command(http, tid, "run.start", {"assistant_id": "nested", "input": {"messages": []}}))
+    frames = reader.wait()
+    check_envelopes(frames)
+    at = {i: f["data"] for i, f in enumerate(frames)}
+    [started] = [i for i, e in at.items() if e["method"] == "lifecycle"
+                 and e["params"]["data"]["event"] == "started"]
+    ns = at[started]["params"]["namespace"]
+    assert at[started]["params"]["data"] == {
+        "event": "started", "namespace": ns, "graph_name": "child",
+        "trigger_call_id": ns[0].split(":", 1)[1]}
+    [completed] = [i for i, e in at.items() if e["method"] == "lifecycle"
+                   and e["params"]["namespace"] == ns and e["params"]["data"]["event"] == "completed"]
+    assert at[completed]["params"]["data"] == {"event": "completed", "graph_name": "child"}
+    [update] = [i for i, e in at.items() if e["method"] == "updates"
+                and e["params"]["namespace"] == [] and "child" in e["params"]["data"]]
+    root_after = [e["method"] for e in list(at.values())[update + 1:]
+                  if e["params"]["namespace"] == [] and e["method"] != "lifecycle"]
+    assert update < completed, "completed before the parent's update"
+    assert [at[i]["method"] for i in range(update + 1, completed)] == ["tasks"]
+    assert root_after[:3] == ["tasks", "values", "checkpoints"], root_after
 
 
 def test_bad_requests_are_refused(base_url, http):
@@ -437,9 +464,9 @@ async def test_official_client_agent_messages_and_tools(client, http):
 
 
 async def test_official_client_events_and_messages(client):
-    """The client's event iterator sees lifecycle, messages and tools; its message projection
-    assembles the model's text. (The thread exists first: a stream on a thread that is not
-    visible is refused with 404 before it opens.)"""
+    """The client's event iterator sees lifecycle, tools, values and updates, in seq order; no
+    messages, since agent's model does not stream. (The thread exists first: a stream on a
+    thread that is not visible is refused with 404 before it opens.)"""
     created = await client.threads.create()
     async with client.threads.stream(created["thread_id"], assistant_id="agent") as thread:
         seen: list[dict] = []
@@ -448,8 +475,9 @@ async def test_official_client_events_and_messages(client):
         await thread.run.start(input=AGENT_INPUT)
         await asyncio.wait_for(task, 30)
     methods = [e["method"] for e in seen]
-    for m in ("lifecycle", "messages", "tools", "values", "updates"):
+    for m in ("lifecycle", "tools", "values", "updates"):
         assert m in methods, methods
+    assert "messages" not in methods, methods
     seqs = [e["seq"] for e in seen]
     assert seqs == sorted(set(seqs))
 
@@ -463,9 +491,11 @@ async def test_official_client_answers_an_interrupt(client):
         while not thread.interrupted and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         assert thread.interrupted
-        # The client reads `data.value`; the protocol (and the reference) send `data.payload`,
-        # so only the id and namespace reach `thread.interrupts` (checked raw elsewhere).
-        assert thread.interrupts[0]["interrupt_id"] and thread.interrupts[0]["namespace"] == []
+        # The client reads `data.value`; the protocol (and the reference) name it `payload`:
+        # both are sent.
+        [asked] = thread.interrupts
+        assert asked["interrupt_id"] and asked["namespace"] == []
+        assert asked["value"] == {"question": "approve?"}
         await thread.run.respond("ok")
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
@@ -820,3 +850,132 @@ async def test_tool_output_arrives_as_deltas_before_the_tool_finishes(job_server
     assert [f["data"]["params"]["data"]["event"] for f in frames] == (
         ["tool-started"] + ["tool-output-delta"] * len(JOB_PARTS) + ["tool-finished"]
     )
+
+
+# ------------------------------------------------------------------------------------------
+# what the `messages` and `custom` channels carry
+# ------------------------------------------------------------------------------------------
+
+# agent, with a model that streams: its tool call, then its answer word by word.
+STREAMING_AGENT = """
+state: {messages: messages}
+models:
+  m:
+    provider: scripted
+    chunk: word
+    responses:
+      - content: ""
+        tool_calls: [{name: add, args: {a: 2, b: 3}, id: call_add_1}]
+      - "The sum is 5."
+tools:
+  add:
+    kind: script
+    description: Add two integers.
+    parameters: {type: object, properties: {a: {type: integer}, b: {type: integer}}}
+    code: "args.a + args.b"
+nodes:
+  model: {kind: model, model: m, tools: [add]}
+  tools: {kind: tools, tools: [add]}
+edges:
+  - {from: __start__, to: model}
+  - {from: model, route: tools_condition, to: [tools, __end__]}
+  - {from: tools, to: model}
+"""
+
+# One node that writes a named custom value, an unnamed one and a value that is not a dict.
+CUSTOM_WRITER = """
+state: {ticks: integer}
+nodes:
+  a:
+    kind: script
+    code: |
+      emit(#{ name: "progress", pct: 50 });
+      emit(#{ tick: "a" });
+      emit("plain");
+      #{ ticks: 1 }
+edges:
+  - {from: __start__, to: a}
+  - {from: a, to: __end__}
+"""
+
+
+@pytest.fixture(scope="module")
+def streaming_agent_server():
+    with spindle_serving("streamagent", STREAMING_AGENT) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def custom_server():
+    with spindle_serving("writer", CUSTOM_WRITER) as srv:
+        yield srv
+
+
+def test_a_streaming_models_reply_is_on_messages_and_node_messages_are_not(streaming_agent_server):
+    """As the reference sends it: `messages` carries the model's two streamed replies (the tool
+    call as a tool_call block, the answer as text deltas), and not the tool message the tools
+    node returned; the tool call is on `tools`."""
+    base_url = streaming_agent_server.base_url
+    with httpx.Client(base_url=base_url, timeout=30) as http:
+        tid = new_thread(http)
+        reader = EventReader(base_url, tid, {"channels": ["messages", "tools", "lifecycle"]},
+                             until=ended())
+        ok(command(http, tid, "run.start", {"assistant_id": "streamagent", "input": AGENT_INPUT}))
+        frames = reader.wait()
+    check_envelopes(frames)
+    msgs = events_of(frames, "messages")
+    starts = [m for m in msgs if m["event"] == "message-start"]
+    assert [m["role"] for m in starts] == ["ai", "ai"], msgs
+    assert [m["event"] for m in msgs].count("message-finish") == 2, msgs
+    finished = [m["content"] for m in msgs if m["event"] == "content-block-finish"]
+    assert finished == [
+        {"type": "tool_call", "id": "call_add_1", "name": "add", "args": {"a": 2, "b": 3}},
+        {"type": "text", "text": "The sum is 5."},
+    ], finished
+    deltas = [m["delta"]["text"] for m in msgs if m["event"] == "content-block-delta"
+              and m["delta"]["type"] == "text-delta"]
+    assert deltas == ["The", " ", "sum", " ", "is", " ", "5."], deltas
+    tools = events_of(frames, "tools")
+    assert [t["event"] for t in tools] == ["tool-started", "tool-finished"], tools
+    assert tools[1]["output"]["content"] == "5"
+
+
+def test_custom_events_carry_the_written_value_and_custom_name_selects_by_its_name(custom_server):
+    """`custom` data is the value the node wrote, as the reference sends it; `custom:progress`
+    selects the dicts whose `name` is `progress`, and nothing else."""
+    base_url = custom_server.base_url
+    with httpx.Client(base_url=base_url, timeout=30) as http:
+        tid = new_thread(http)
+        every = EventReader(base_url, tid, {"channels": ["custom", "lifecycle"]}, until=ended())
+        named = EventReader(base_url, tid, {"channels": ["custom:progress", "lifecycle"]},
+                            until=ended())
+        ok(command(http, tid, "run.start", {"assistant_id": "writer", "input": {}}))
+        assert events_of(every.wait(), "custom") == [
+            {"name": "progress", "pct": 50}, {"tick": "a"}, "plain"]
+        assert events_of(named.wait(), "custom") == [{"name": "progress", "pct": 50}]
+
+
+async def test_official_client_reads_a_named_custom_stream(custom_server):
+    """`thread.extensions["progress"]` (custom events whose `data.name` is `progress`)."""
+    from langgraph_sdk import get_client
+
+    client = get_client(url=custom_server.base_url, api_key=None, timeout=30)
+    try:
+        created = await client.threads.create()
+        async with client.threads.stream(created["thread_id"], assistant_id="writer") as thread:
+            got: asyncio.Queue = asyncio.Queue()
+
+            async def watch():
+                async for item in thread.extensions["progress"]:
+                    got.put_nowait(item)
+
+            watcher = asyncio.create_task(watch())
+            await asyncio.sleep(0.2)
+            await thread.run.start(input={})
+            item = await asyncio.wait_for(got.get(), 20)
+            await thread.output.with_timeout(30)
+            watcher.cancel()
+        assert item == {"name": "progress", "pct": 50}
+        assert got.empty()
+    finally:
+        await client.aclose()

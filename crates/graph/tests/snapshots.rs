@@ -96,8 +96,29 @@ fn reference(stream: &Value) -> Vec<Value> {
         .unwrap()
         .iter()
         .filter(|e| e["event"] != "metadata" && e["event"] != "error")
-        .map(|e| engine_view(e["event"].as_str().unwrap(), &e["data"]))
+        .map(|e| {
+            let event = e["event"].as_str().unwrap();
+            engine_view(event, &with_start_interrupts(event, &e["data"]))
+        })
         .collect()
+}
+
+/// A `tasks` start as Spindle sends it: the reference's, with `interrupts: []` after the
+/// name, which the JS client's `TasksStreamCreateEvent` declares and the reference leaves
+/// out (issue 26, item 12).
+fn with_start_interrupts(event: &str, data: &Value) -> Value {
+    let is_start = event.split('|').next() == Some("tasks") && data.get("input").is_some();
+    if !is_start {
+        return data.clone();
+    }
+    let mut out = Map::new();
+    for (key, value) in data.as_object().unwrap() {
+        out.insert(key.clone(), value.clone());
+        if key == "name" {
+            out.insert("interrupts".into(), json!([]));
+        }
+    }
+    Value::Object(out)
 }
 
 fn ours(events: &[StreamEvent]) -> Vec<Value> {
@@ -145,6 +166,45 @@ async fn echo_stream_matches_reference() {
 #[tokio::test]
 async fn chain_stream_matches_reference() {
     compare("chain", json!({"n": 0})).await.0.unwrap();
+}
+
+#[tokio::test]
+async fn task_starts_carry_empty_interrupts_in_tasks_mode_only() {
+    let (out, events) = Harness::new()
+        .run(
+            &example("chain"),
+            Some(THREAD),
+            RunInput::Values(json!({"n": 0})),
+            &[StreamMode::Tasks, StreamMode::Debug],
+            |_| {},
+        )
+        .await;
+    out.unwrap();
+    let starts: Vec<&Value> = events
+        .iter()
+        .filter(|e| e.mode == StreamMode::Tasks && e.data.get("input").is_some())
+        .map(|e| &e.data)
+        .collect();
+    assert_eq!(starts.len(), 3);
+    for start in starts {
+        let keys: Vec<&str> = start
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(
+            keys,
+            ["id", "name", "interrupts", "input", "triggers", "metadata"]
+        );
+        assert_eq!(start["interrupts"], json!([]));
+    }
+    // `debug` keeps LangGraph's task payload.
+    let debug_start = events
+        .iter()
+        .find(|e| e.mode == StreamMode::Debug && e.data["type"] == "task")
+        .unwrap();
+    assert!(debug_start.data["payload"].get("interrupts").is_none());
 }
 
 #[tokio::test]

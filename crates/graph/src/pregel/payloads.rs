@@ -33,7 +33,7 @@ pub(crate) async fn emit_task_start(lp: &Loop, task: &Task, input: &Value) {
     });
     if tasks {
         lp.run
-            .emit(&lp.ns, StreamMode::Tasks, payload.clone())
+            .emit(&lp.ns, StreamMode::Tasks, with_no_interrupts(&payload))
             .await;
     }
     if debug {
@@ -45,6 +45,20 @@ pub(crate) async fn emit_task_start(lp: &Loop, task: &Task, input: &Value) {
             )
             .await;
     }
+}
+
+/// A task start as the `tasks` mode sends it: with `interrupts: []` after its name. The JS
+/// client's `TasksStreamCreateEvent` declares `interrupts` required (LangGraph's own start
+/// payload leaves it out, and so does its `debug` task payload, which stays as LangGraph's).
+fn with_no_interrupts(payload: &Value) -> Value {
+    let mut out = Map::new();
+    for (key, value) in payload.as_object().into_iter().flatten() {
+        out.insert(key.clone(), value.clone());
+        if key == "name" {
+            out.insert("interrupts".into(), json!([]));
+        }
+    }
+    Value::Object(out)
 }
 
 /// `tasks` (and `debug` type `task_result`) at a task's end.

@@ -11,7 +11,7 @@
 use std::collections::HashSet;
 
 use bytes::Bytes;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use spindle_storage::{LoggedEvent, RUN_END_EVENT};
 use uuid::Uuid;
 
@@ -159,7 +159,9 @@ pub fn envelope(event: &LoggedEvent, ended: bool) -> Option<Value> {
         "messages" if data.get("event").is_some_and(Value::is_string) => ("messages", data.clone()),
         "values" => ("values", strip_interrupt(data)?),
         "updates" => return update(event, namespace),
-        "custom" => ("custom", json!({"payload": data})),
+        // The written value itself, as the reference's v2 runs send it: a dict's `name` is
+        // what `custom:NAME` selects and what the clients' extension streams read.
+        "custom" => ("custom", data.clone()),
         "checkpoints" => ("checkpoints", checkpoint(data)?),
         RUN_END_EVENT if !ended => ("lifecycle", run_end(data)?),
         _ => return None,
@@ -191,42 +193,34 @@ fn wrap(
     })
 }
 
-/// `{node: update}` as `{node, values}`; an interrupt reported by a plain run as
+/// `{node: update}` as the engine made it, which is what the reference's v2 runs send, with
+/// the node in `params.node` as well; an interrupt reported by a plain run as
 /// `input.requested` (v2 runs log that event themselves).
 fn update(event: &LoggedEvent, namespace: Vec<String>) -> Option<Value> {
     let object = event.data.as_object()?;
-    let (node, values) = match object.len() {
-        1 => object
-            .iter()
-            .next()
-            .map(|(k, v)| (Some(k.clone()), v.clone()))?,
-        _ => (None, event.data.clone()),
+    let node = match object.len() {
+        1 => object.keys().next().cloned(),
+        _ => None,
     };
     if node.as_deref() == Some("__interrupt__") {
-        let first = values.as_array()?.first()?;
-        let data = json!({
-            "interrupt_id": first.get("id")?,
-            "payload": first.get("value").cloned().unwrap_or(Value::Null),
-        });
+        let first = object.get("__interrupt__")?.as_array()?.first()?;
+        let data = input_requested(first.get("id")?, first.get("value"));
         return Some(wrap(event, "input.requested", namespace, data, None));
     }
-    let values = if values.is_object() {
-        values
-    } else {
-        json!({"value": values})
-    };
-    let mut data = Map::new();
-    if let Some(node) = &node {
-        data.insert("node".into(), json!(node));
-    }
-    data.insert("values".into(), values);
     Some(wrap(
         event,
         "updates",
         namespace,
-        Value::Object(data),
+        event.data.clone(),
         node.map(Value::String),
     ))
+}
+
+/// `input.requested` data: the protocol's `payload`, and the same value as `value`, which
+/// the Python client reads (`InterruptPayload.value`).
+pub fn input_requested(interrupt_id: &Value, value: Option<&Value>) -> Value {
+    let value = value.cloned().unwrap_or(Value::Null);
+    json!({"interrupt_id": interrupt_id, "payload": value, "value": value})
 }
 
 fn strip_interrupt(values: &Value) -> Option<Value> {
@@ -311,17 +305,44 @@ mod tests {
     }
 
     #[test]
-    fn updates_name_their_node() {
+    fn updates_are_keyed_by_their_node() {
         let e = envelope(
             &logged(1, Uuid::nil(), "updates", json!({"ask": {"x": 1}})),
             false,
         )
         .unwrap();
+        assert_eq!(e["params"]["data"], json!({"ask": {"x": 1}}));
+        assert_eq!(e["params"]["node"], "ask");
+    }
+
+    #[test]
+    fn custom_data_is_the_written_value_and_its_name_selects_it() {
+        let run = Uuid::nil();
+        let at = |seq, data: Value| envelope(&logged(seq, run, "custom", data), false).unwrap();
+        let named = at(1, json!({"name": "progress", "pct": 50}));
+        assert_eq!(
+            named["params"]["data"],
+            json!({"name": "progress", "pct": 50})
+        );
+        let plain = at(2, json!("plain"));
+        assert_eq!(plain["params"]["data"], json!("plain"));
+        let progress = filter(&["custom:progress"]);
+        assert!(progress.matches(&named));
+        assert!(!progress.matches(&plain));
+        assert!(!progress.matches(&at(3, json!({"tick": "a"}))));
+        assert!(!progress.matches(&at(4, json!({"name": "other"}))));
+        assert!(filter(&["custom"]).matches(&plain));
+    }
+
+    #[test]
+    fn a_plain_runs_interrupt_is_input_requested_with_payload_and_value() {
+        let update = json!({"__interrupt__": [{"id": "i1", "value": {"q": 1}}]});
+        let e = envelope(&logged(1, Uuid::nil(), "updates", update), false).unwrap();
+        assert_eq!(e["method"], "input.requested");
         assert_eq!(
             e["params"]["data"],
-            json!({"node": "ask", "values": {"x": 1}})
+            json!({"interrupt_id": "i1", "payload": {"q": 1}, "value": {"q": 1}})
         );
-        assert_eq!(e["params"]["node"], "ask");
     }
 
     #[test]

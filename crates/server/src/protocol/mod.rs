@@ -13,6 +13,8 @@
 pub mod commands;
 pub mod envelope;
 pub mod normalize;
+#[cfg(test)]
+mod reference_tests;
 pub mod socket;
 
 use serde_json::Value;

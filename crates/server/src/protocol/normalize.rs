@@ -7,6 +7,10 @@
 //! the tool messages that answer them); `input.requested` from an
 //! interrupt; the run's `lifecycle`. Everything else is logged as the engine made it and
 //! shaped by the read side ([`super::envelope`]), which also serves plain runs.
+//!
+//! As in the reference, the `messages` channel carries what a chat model streams, and only
+//! that: a message a node returns whole (an AI message with tool calls, a tool message) is in
+//! the node's update and the state, not on `messages`.
 
 use std::collections::{HashMap, HashSet};
 
@@ -14,6 +18,7 @@ use serde_json::{json, Map, Value};
 use spindle_graph::stream::{StreamEvent, StreamMode};
 use spindle_storage::{RunStatus, ThreadStatus};
 
+use super::envelope::input_requested;
 use super::join_name;
 
 /// A protocol event ready to be numbered and logged: `(event name, data)`.
@@ -32,6 +37,9 @@ pub struct Normalizer {
     requested: HashSet<String>,
     /// Subgraph namespaces announced `started` and not completed yet, in order.
     subgraphs: Vec<Vec<String>>,
+    /// Subgraphs whose node's update has been logged: they complete after it and after the
+    /// task's result, as the reference's lifecycle follows the task result.
+    finishing: Vec<Vec<String>>,
 }
 
 /// A message whose chunks are arriving.
@@ -59,9 +67,13 @@ impl Normalizer {
     /// The protocol events one engine event becomes.
     pub fn push(&mut self, event: StreamEvent) -> Vec<Logged> {
         let mut out = Vec::new();
+        let tasks = event.mode == StreamMode::Tasks;
+        if !tasks {
+            self.complete_finished(&mut out);
+        }
         self.announce(&event.namespace, &mut out);
         if event.mode == StreamMode::Updates {
-            self.complete_children(&event, &mut out);
+            self.finish_children(&event);
         }
         match event.mode {
             StreamMode::Messages => self.message(&event.namespace, &event.data, &mut out),
@@ -83,6 +95,10 @@ impl Normalizer {
                 out.push((event.event_name(), event.data));
             }
         }
+        if tasks {
+            // A task's result (or the next task's start) follows its update.
+            self.complete_finished(&mut out);
+        }
         out
     }
 
@@ -91,6 +107,7 @@ impl Normalizer {
     /// subgraphs still open complete, deepest first.
     pub fn finish(&mut self, error: Option<&str>) -> Vec<Logged> {
         let mut out = Vec::new();
+        self.complete_finished(&mut out);
         let mut keys: Vec<String> = self.open.keys().cloned().collect();
         keys.sort();
         for key in keys {
@@ -112,41 +129,47 @@ impl Normalizer {
         out
     }
 
+    /// `lifecycle completed` of the subgraphs whose node's update (and task result) is logged.
+    fn complete_finished(&mut self, out: &mut Vec<Logged>) {
+        for ns in std::mem::take(&mut self.finishing) {
+            self.close(&ns, out);
+            self.subgraphs.retain(|open| open != &ns);
+            out.push(lifecycle(&ns, "completed", &graph_of(&ns), None));
+        }
+    }
+
     /// `lifecycle started` the first time a subgraph namespace (or any prefix of it) shows up.
     fn announce(&mut self, ns: &[String], out: &mut Vec<Logged>) {
         for depth in 1..=ns.len() {
             let prefix = &ns[..depth];
             if !self.subgraphs.iter().any(|open| open == prefix) {
                 self.subgraphs.push(prefix.to_vec());
-                out.push(lifecycle(prefix, "started", &graph_of(prefix), None));
+                out.push(started(prefix));
             }
         }
     }
 
-    /// A node's update in namespace P completes its subgraph `P + [node:task]` (and anything
-    /// below it): the task that ran the subgraph is done.
-    fn complete_children(&mut self, event: &StreamEvent, out: &mut Vec<Logged>) {
+    /// A node's update in namespace P finishes its subgraph `P + [node:task]` (and anything
+    /// below it): the task that ran the subgraph is done. They complete once the update and
+    /// the task's result are logged, so a client that reads the state on `completed` sees it.
+    fn finish_children(&mut self, event: &StreamEvent) {
         let Some(nodes) = event.data.as_object() else {
             return;
         };
         let parent = &event.namespace;
-        let done: Vec<Vec<String>> = self
+        let mut done: Vec<Vec<String>> = self
             .subgraphs
             .iter()
             .filter(|ns| {
                 ns.len() > parent.len()
                     && ns.starts_with(parent)
                     && nodes.contains_key(&graph_of(&ns[..=parent.len()]))
+                    && !self.finishing.contains(ns)
             })
             .cloned()
             .collect();
-        let mut done = done;
         done.sort_by_key(|ns| std::cmp::Reverse(ns.len()));
-        for ns in done {
-            self.close(&ns, out);
-            self.subgraphs.retain(|open| open != &ns);
-            out.push(lifecycle(&ns, "completed", &graph_of(&ns), None));
-        }
+        self.finishing.extend(done);
     }
 
     fn update(&mut self, event: StreamEvent, out: &mut Vec<Logged>) {
@@ -157,10 +180,9 @@ impl Normalizer {
                     continue;
                 };
                 if self.requested.insert(id.to_owned()) {
-                    let payload = interrupt.get("value").cloned().unwrap_or(Value::Null);
                     out.push((
                         join_name("input.requested", ns),
-                        json!({"interrupt_id": id, "payload": payload}),
+                        input_requested(&json!(id), interrupt.get("value")),
                     ));
                 }
             }
@@ -217,12 +239,13 @@ impl Normalizer {
             }
             return;
         }
+        // A whole message is one a node returned (a model that streams sends chunks): not
+        // on `messages`, but its tool calls and results still make tool events.
         self.close(ns, out);
         if kind == "tool" {
             self.tool_result(ns, message, out);
         }
         self.remember_tool_calls(message);
-        whole_message(ns, message, &id, out);
     }
 
     /// Finishes the namespace's open message, if any.
@@ -419,60 +442,6 @@ impl OpenMessage {
     }
 }
 
-/// Every event of a message that arrived whole (a node returned it, or a model that does not
-/// stream answered).
-fn whole_message(ns: &[String], message: &Value, id: &str, out: &mut Vec<Logged>) {
-    let name = join_name("messages", ns);
-    let mut start = json!({"event": "message-start", "role": role(message), "id": id});
-    if let Some(call_id) = message.get("tool_call_id").and_then(Value::as_str) {
-        start["tool_call_id"] = json!(call_id);
-    }
-    out.push((name.clone(), start));
-    let mut index = 0;
-    if let Some(text) = text_of(message.get("content")).filter(|t| !t.is_empty()) {
-        out.push((
-            name.clone(),
-            json!({"event": "content-block-start", "index": index, "content": {"type": "text", "text": ""}}),
-        ));
-        out.push((
-            name.clone(),
-            json!({"event": "content-block-delta", "index": index, "delta": {"type": "text-delta", "text": text}}),
-        ));
-        out.push((
-            name.clone(),
-            json!({"event": "content-block-finish", "index": index, "content": {"type": "text", "text": text}}),
-        ));
-        index += 1;
-    }
-    for call in message
-        .get("tool_calls")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        let call_id = call.get("id").cloned().unwrap_or(Value::Null);
-        let call_name = call.get("name").cloned().unwrap_or(json!(""));
-        let args = call.get("args").cloned().unwrap_or_else(|| json!({}));
-        out.push((
-            name.clone(),
-            json!({"event": "content-block-start", "index": index,
-                   "content": {"type": "tool_call_chunk", "id": call_id, "name": call_name, "args": ""}}),
-        ));
-        out.push((
-            name.clone(),
-            json!({"event": "content-block-delta", "index": index,
-                   "delta": {"type": "tool-call-delta", "args": args.to_string()}}),
-        ));
-        out.push((
-            name.clone(),
-            json!({"event": "content-block-finish", "index": index,
-                   "content": {"type": "tool_call", "id": call_id, "name": call_name, "args": args}}),
-        ));
-        index += 1;
-    }
-    out.push((name, message_finish(message.get("usage_metadata"))));
-}
-
 fn message_finish(usage: Option<&Value>) -> Value {
     let mut finish = json!({"event": "message-finish"});
     if let Some(usage) = usage.and_then(Value::as_object) {
@@ -504,17 +473,6 @@ fn message_type(message: &Value) -> &str {
         .unwrap_or_default()
 }
 
-/// The protocol's role of a LangChain message (`tool` for tool results, as the reference
-/// sends them).
-fn role(message: &Value) -> &'static str {
-    match message_type(message) {
-        "human" => "human",
-        "system" => "system",
-        "tool" => "tool",
-        _ => "ai",
-    }
-}
-
 /// The text of a message's content: a string, or the text blocks of a list.
 pub fn text_of(content: Option<&Value>) -> Option<String> {
     match content? {
@@ -540,6 +498,22 @@ fn graph_of(ns: &[String]) -> String {
     ns.last()
         .map(|s| s.split(':').next().unwrap_or_default().to_owned())
         .unwrap_or_default()
+}
+
+/// A subgraph's `started`, with its namespace and the id of the task that runs it
+/// (`trigger_call_id`, the segment's part after `:`), as the reference sends them.
+fn started(ns: &[String]) -> Logged {
+    let (name, mut data) = lifecycle(ns, "started", &graph_of(ns), None);
+    let trigger = ns.last().and_then(|s| s.split_once(':')).map(|(_, id)| id);
+    data = json!({
+        "event": data["event"],
+        "namespace": ns,
+        "graph_name": data["graph_name"],
+    });
+    if let Some(id) = trigger {
+        data["trigger_call_id"] = json!(id);
+    }
+    (name, data)
 }
 
 /// A lifecycle event of a namespace.
@@ -611,34 +585,30 @@ mod tests {
     }
 
     #[test]
-    fn a_whole_ai_message_with_a_tool_call_becomes_blocks_and_then_tool_events() {
+    fn whole_messages_a_node_returned_are_not_on_messages_but_make_tool_events() {
         let mut n = Normalizer::default();
         let ai = json!({"type": "ai", "id": "m1", "content": "",
-            "tool_calls": [{"name": "add", "args": {"a": 2}, "id": "c1"}],
-            "usage_metadata": {"input_tokens": 1, "output_tokens": 2, "total_tokens": 3}});
-        let out = n.push(ev(StreamMode::Messages, json!([ai, {}])));
-        assert_eq!(
-            events(&out),
-            [
-                "messages:message-start",
-                "messages:content-block-start",
-                "messages:content-block-delta",
-                "messages:content-block-finish",
-                "messages:message-finish"
-            ]
-        );
-        assert_eq!(out[4].1["usage"]["total_tokens"], 3);
+            "tool_calls": [{"name": "add", "args": {"a": 2}, "id": "c1"}]});
+        assert!(n.push(ev(StreamMode::Messages, json!([ai, {}]))).is_empty());
         let tool = json!({"type": "tool", "id": "t1", "content": "5", "tool_call_id": "c1"});
         let out = n.push(ev(StreamMode::Messages, json!([tool, {}])));
-        assert_eq!(out[0].1["event"], "tool-started");
+        assert_eq!(events(&out), ["tools:tool-started", "tools:tool-finished"]);
         assert_eq!(out[0].1["tool_name"], "add");
         assert_eq!(out[0].1["input"], json!({"a": 2}));
-        assert_eq!(out[1].1["event"], "tool-finished");
-        assert_eq!(out[2].1["role"], "tool");
         // The same result in the node's update is not reported twice.
         let update = json!({"tools": {"messages": [tool_message()]}});
         let out = n.push(ev(StreamMode::Updates, update));
         assert_eq!(events(&out), ["updates:-"]);
+    }
+
+    #[test]
+    fn a_streamed_reply_keeps_its_usage() {
+        let mut n = Normalizer::default();
+        let chunk = json!([{"type": "AIMessageChunk", "id": "m", "content": "hi",
+            "usage_metadata": {"input_tokens": 1, "output_tokens": 2, "total_tokens": 3},
+            "chunk_position": "last"}, {}]);
+        let out = n.push(ev(StreamMode::Messages, chunk));
+        assert_eq!(out.last().unwrap().1["usage"]["total_tokens"], 3);
     }
 
     fn tool_message() -> Value {
@@ -697,7 +667,10 @@ mod tests {
         let out = n.push(ev(StreamMode::Updates, update.clone()));
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].0, "input.requested");
-        assert_eq!(out[0].1, json!({"interrupt_id": "i1", "payload": {"q": 1}}));
+        assert_eq!(
+            out[0].1,
+            json!({"interrupt_id": "i1", "payload": {"q": 1}, "value": {"q": 1}})
+        );
         assert!(n.push(ev(StreamMode::Updates, update)).is_empty());
     }
 
@@ -721,7 +694,7 @@ mod tests {
     }
 
     #[test]
-    fn subgraphs_start_when_seen_and_complete_with_their_parents_update() {
+    fn subgraphs_start_when_seen_and_complete_after_their_nodes_update_and_result() {
         let mut n = Normalizer::default();
         let ns = vec!["child:1".to_string()];
         let inner = StreamEvent {
@@ -732,11 +705,29 @@ mod tests {
         };
         let out = n.push(inner.clone());
         assert_eq!(out[0].0, "lifecycle|child:1");
-        assert_eq!(out[0].1, json!({"event": "started", "graph_name": "child"}));
+        assert_eq!(
+            out[0].1,
+            json!({"event": "started", "namespace": ["child:1"], "graph_name": "child",
+                   "trigger_call_id": "1"})
+        );
         assert_eq!(n.push(inner).len(), 1, "announced once");
         let out = n.push(ev(StreamMode::Updates, json!({"child": {"messages": []}})));
-        assert_eq!(out[0].0, "lifecycle|child:1");
-        assert_eq!(out[0].1["event"], "completed");
+        assert_eq!(events(&out), ["updates:-"]);
+        let result =
+            json!({"id": "1", "name": "child", "error": null, "result": {}, "interrupts": []});
+        let out = n.push(ev(StreamMode::Tasks, result));
+        assert_eq!(events(&out), ["tasks:-", "lifecycle|child:1:completed"]);
         assert!(n.finish(None).is_empty());
+        // Without a task result, the parent's next event completes it.
+        let mut n = Normalizer::default();
+        n.push(StreamEvent {
+            namespace: ns,
+            mode: StreamMode::Values,
+            part: None,
+            data: json!({}),
+        });
+        n.push(ev(StreamMode::Updates, json!({"child": {}})));
+        let out = n.push(ev(StreamMode::Values, json!({})));
+        assert_eq!(events(&out), ["lifecycle|child:1:completed", "values:-"]);
     }
 }
