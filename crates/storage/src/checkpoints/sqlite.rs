@@ -567,13 +567,15 @@ struct QueuedSave {
     save: EncodedSave,
 }
 
-impl QueuedSave {
-    fn apply(&self, conn: &Connection) -> Result<(), CheckpointError> {
-        if let Some(events) = &self.events {
-            insert_events(conn, events)?;
-        }
-        self.save.apply(conn)
+/// Applies a thread's batch of queued saves: the events they carry first, in one insert
+/// (one move of the thread's event counter, not one per save), then the saves in order. The
+/// batch is one write, so each save still commits with the events before it.
+fn apply_batch(conn: &Connection, batch: Vec<QueuedSave>) -> Result<(), CheckpointError> {
+    let (events, saves): (Vec<_>, Vec<_>) = batch.into_iter().map(|q| (q.events, q.save)).unzip();
+    if let Some(events) = EventRows::concat(events.into_iter().flatten()) {
+        insert_events(conn, &events)?;
     }
+    saves.iter().try_for_each(|save| save.apply(conn))
 }
 
 /// Resolves when a batch of saves is committed (or failed), for every save in it.
@@ -636,7 +638,7 @@ impl SqliteCheckpointer {
             .writer
             .submit(move |conn| {
                 let saves = batches.lock().remove(&key).map(|b| b.saves);
-                saves.iter().flatten().try_for_each(|save| save.apply(conn))
+                apply_batch(conn, saves.unwrap_or_default())
             })
             .boxed()
             .shared();

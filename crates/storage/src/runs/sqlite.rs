@@ -299,6 +299,29 @@ impl EventRows {
         }
     }
 
+    /// The events of several batches, in order, as one: inserted with one move of each
+    /// thread's counter instead of one per batch.
+    pub(crate) fn concat(parts: impl IntoIterator<Item = EventRows>) -> Option<Self> {
+        let mut all: Option<Self> = None;
+        for part in parts {
+            let Some(all) = all.as_mut() else {
+                all = Some(part);
+                continue;
+            };
+            for (thread_id, low, high) in part.ranges {
+                match all.ranges.iter_mut().find(|(t, _, _)| *t == thread_id) {
+                    Some((_, l, h)) => {
+                        *l = (*l).min(low);
+                        *h = (*h).max(high);
+                    }
+                    None => all.ranges.push((thread_id, low, high)),
+                }
+            }
+            all.rows.extend(part.rows);
+        }
+        all
+    }
+
     /// Inserts the rows, without moving the threads' counters.
     fn insert(&self, conn: &Connection) -> StorageResult<()> {
         let mut insert = conn.prepare_cached(INSERT_EVENT)?;
