@@ -172,6 +172,74 @@ async fn a_state_write_saves_checkpoints_columns_and_event_together() {
     .await;
 }
 
+/// `history(n)` in a subgraph's namespace.
+fn in_namespace(ns: &str, mut steps: Vec<CheckpointWrite>) -> Vec<CheckpointWrite> {
+    for step in steps.iter_mut() {
+        step.checkpoint_ns = ns.to_string();
+    }
+    steps
+}
+
+#[tokio::test]
+async fn an_edit_of_a_subgraph_expects_the_latest_of_its_namespace() {
+    // A subgraph's state edited while it waits: the root's latest checkpoint does not move,
+    // so the edit must be checked against the latest of the subgraph's own namespace.
+    for_each_backend(|db| async move {
+        let s = db.storage();
+        let user = fresh_user();
+        let id = s
+            .create_thread(&user, new_thread(json!({})))
+            .await
+            .unwrap()
+            .thread_id;
+        let ns = "child:task-1";
+        let mut setup = history(1);
+        setup.extend(in_namespace(ns, history(2)));
+        let write = StateWrite {
+            checkpoints: setup,
+            columns: columns(ThreadStatus::Interrupted, json!({"items": [1]})),
+            expect_latest: None,
+        };
+        s.write_thread_state(&user, id, write, None).await.unwrap();
+        let saver = s.checkpointer();
+        let tid = id.to_string();
+        let sub_latest = saver.get_tuple(&tid, ns, None).await.unwrap().unwrap();
+        let root_latest = saver.get_tuple(&tid, "", None).await.unwrap().unwrap();
+
+        // Made from the root's latest, not the subgraph's: refused, nothing written.
+        let edit = |expect: &str| StateWrite {
+            checkpoints: in_namespace(
+                ns,
+                vec![step(
+                    3,
+                    Some(&sub_latest.at.checkpoint_id),
+                    BlobValue::Full { value: json!([7]) },
+                )],
+            ),
+            columns: columns(ThreadStatus::Interrupted, json!({"items": [1]})),
+            expect_latest: Some(Some(expect.to_string())),
+        };
+        assert_conflict(
+            s.write_thread_state(&user, id, edit(&root_latest.at.checkpoint_id), None)
+                .await,
+            "an edit checked against another namespace",
+        );
+        let unchanged = saver.get_tuple(&tid, ns, None).await.unwrap().unwrap();
+        assert_eq!(unchanged.at, sub_latest.at);
+
+        s.write_thread_state(&user, id, edit(&sub_latest.at.checkpoint_id), None)
+            .await
+            .unwrap();
+        let edited = saver.get_tuple(&tid, ns, None).await.unwrap().unwrap();
+        assert_eq!(edited.checkpoint.channel_values["items"], json!([7]));
+        assert_eq!(
+            saver.get_tuple(&tid, "", None).await.unwrap().unwrap().at,
+            root_latest.at
+        );
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_state_write_is_refused_while_a_run_is_active_and_changes_nothing() {
     for_each_backend(|db| async move {
