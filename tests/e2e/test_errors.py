@@ -11,7 +11,7 @@ import json
 import uuid
 
 import pytest
-from e2e_util import assert_status, assert_validation_error, describe
+from e2e_util import assert_error_body, assert_status, assert_validation_error, describe
 from langgraph_sdk.errors import UnprocessableEntityError
 
 A = "{assistant}"  # replaced by a fresh assistant's id
@@ -30,6 +30,10 @@ CASES = [
     case("POST", "/assistants", "{bad", "body", None, id="assistants-malformed-json"),
     case("POST", "/assistants", "[1]", "body", None, id="assistants-body-array"),
     case("POST", "/assistants", "null", "body", None, id="assistants-body-null"),
+    # serde fills a struct from an array, by field position: refused where an object is due
+    case("POST", "/threads", "[]", "body", None, ref_differs=True, id="threads-body-empty-array"),
+    case("POST", "/threads/search", "[10]", "body", None, ref_differs=True, id="threads-search-body-array"),
+    case("POST", "/runs/crons/search", "[]", "body", None, ref_differs=True, id="crons-search-body-array"),
     case("POST", "/threads", "{bad", "body", None, id="threads-malformed-json"),
     case("POST", "/threads/search", '{"limit": 1,', "body", None, id="threads-search-truncated-json"),
     case("PATCH", f"/threads/{T}", "{bad", "body", None, id="threads-patch-malformed"),
@@ -233,3 +237,65 @@ def test_nul_character_is_not_500(http, ids, method, path, body):
     http.post("/threads", json={"metadata": {"odd": "row"}})
     r = _send(http, method, path, body, ids)
     assert r.status_code < 500, describe(r)
+
+
+@pytest.mark.spindle_only
+def test_an_array_is_not_an_object(http):
+    """A JSON array where the body is an object is 422 `dict_type`, and creates nothing: serde
+    alone would read `["<id>", {...}]` as a thread's fields by position."""
+    thread_id = str(uuid.uuid4())
+    for body in ([], [thread_id, {"k": "v"}]):
+        r = http.post("/threads", json=body)
+        detail = assert_validation_error(r, "body")
+        assert detail[0]["type"] == "dict_type", describe(r)
+    assert_status(http.get(f"/threads/{thread_id}"), 404)
+    # A list body stays a list.
+    assert_validation_error(http.post("/runs/batch", json={"assistant_id": "echo"}), "body")
+
+
+@pytest.mark.spindle_only
+@pytest.mark.parametrize("content_type", [
+    "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None,
+])
+def test_a_body_that_is_not_json_is_415(http, content_type):
+    """A browser sends a form or text/plain body cross-site without a CORS preflight; only a
+    JSON content type needs one. So a body must say it is JSON (application/json or +json),
+    else 415 in the interface's error body, and nothing is written."""
+    thread_id = str(uuid.uuid4())
+    headers = {"content-type": content_type} if content_type else {}
+    r = http.post("/threads", content=json.dumps({"thread_id": thread_id}), headers=headers)
+    body = assert_error_body(r, 415)
+    assert body["error"] == "unsupported_media_type", describe(r)
+    assert_status(http.get(f"/threads/{thread_id}"), 404)
+    if content_type:
+        # An empty body of such a type is refused too: it would create a thread as `{}`.
+        assert_error_body(http.post("/threads", content=b"", headers=headers), 415)
+
+
+def test_json_content_types_and_bodyless_posts_are_accepted(http):
+    """application/json with parameters, a +json type, and POSTs without a body (no content
+    type at all, as the official clients send a cancel or a copy) keep working."""
+    for content_type in ["application/json; charset=utf-8", "application/merge-patch+json"]:
+        r = http.post("/threads", content=b"{}", headers={"content-type": content_type})
+        assert_status(r, 200)
+    thread_id = r.json()["thread_id"]
+    assert_status(http.post(f"/threads/{thread_id}/copy"), 200)
+
+
+@pytest.mark.spindle_only
+def test_every_error_answers_json(http):
+    """Errors made before a handler runs (a path that does not decode, an unknown route, a
+    method a route does not serve, a body too large) answer the interface's JSON bodies."""
+    r = http.get("/threads/%ff%fe")
+    detail = assert_validation_error(r, "path", "thread_id")
+    assert detail[0]["type"] == "string_unicode", describe(r)
+    assert_validation_error(http.get("/threads/%ff%fe/runs/%c3%28"), "path", "thread_id")
+    body = assert_error_body(http.put("/threads", json={}), 405)
+    assert body["error"] == "method_not_allowed"
+    assert_error_body(http.get("/no/such/route"), 404)
+    assert_error_body(http.delete("/ok"), 405)
+    thread = http.post("/threads", json={}).json()
+    big = b'{"channels": ["values"], "pad": "' + b"x" * (3 * 1024 * 1024) + b'"}'
+    r = http.post(f"/threads/{thread['thread_id']}/commands", content=big,
+                  headers={"content-type": "application/json"})
+    assert_error_body(r, 413)

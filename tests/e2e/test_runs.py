@@ -3,11 +3,18 @@ multitask strategies, listing, deletion, join and cancel."""
 
 from __future__ import annotations
 
+import json
+import tempfile
 import time
+import uuid
+from pathlib import Path
 
+import httpx
 import pytest
+from conftest import BACKENDS, _loop, _session_server
 from e2e_util import assert_error_body, assert_status, describe
-from langgraph_sdk.errors import ConflictError
+from langgraph_sdk import get_client
+from langgraph_sdk.errors import ConflictError, NotFoundError
 
 
 async def test_wait_returns_final_values(client, tag):
@@ -338,3 +345,130 @@ async def test_batch_and_cancel_many(client, tag, http):
     await client.runs.cancel_many(thread_id=tid, run_ids=[run["run_id"]])
     assert await client.runs.join(tid, run["run_id"]) is not None
     assert (await client.runs.get(tid, run["run_id"]))["status"] == "interrupted"
+
+
+# --------------------------------------------------------------------------------------------
+# what the graph sees of its config
+# --------------------------------------------------------------------------------------------
+
+# `whoami` answers the `configurable` its node was given.
+WHOAMI_GRAPH = """
+state:
+  seen: {type: object}
+nodes:
+  who: {kind: script, code: '#{ seen: config.configurable }'}
+edges:
+  - {from: __start__, to: who}
+  - {from: who, to: __end__}
+"""
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def whoami_server(request):
+    folder = Path(tempfile.mkdtemp(prefix="spindle-e2e-whoami-graph-"))
+    (folder / "whoami.yaml").write_text(WHOAMI_GRAPH)
+    (folder / "spindle.json").write_text(json.dumps({"graphs": {"whoami": "./whoami.yaml"}}))
+    yield from _session_server(request.param, extra_args=["--config", str(folder / "spindle.json")])
+
+
+@pytest.fixture
+def whoami_client(whoami_server):
+    c = get_client(url=whoami_server.base_url, api_key=None, timeout=30)
+    yield c
+    _loop().run_until_complete(c.aclose())
+
+
+async def test_configurable_user_id_is_the_clients(whoami_client):
+    """`configurable.user_id` is the client's to set (in config or context), as on the
+    reference; the caller's identity is in `langgraph_auth_user_id` and `langgraph_auth_user`,
+    which a client cannot set. Without a user_id from the client it is the caller's."""
+    async def seen(**kwargs):
+        return (await whoami_client.runs.wait(None, "whoami", input={}, **kwargs))["seen"]
+
+    given = await seen(config={"configurable": {"user_id": "alice", "langgraph_auth_user_id": "mallory"}})
+    assert given["user_id"] == "alice", given
+    caller = given["langgraph_auth_user_id"]
+    assert caller != "mallory", given
+    assert given["langgraph_auth_user"]["identity"] == caller, given
+    assert (await seen(context={"user_id": "bob"}))["user_id"] == "bob"
+    default = await seen()
+    assert default["user_id"] == caller == default["langgraph_auth_user_id"], default
+
+
+# --------------------------------------------------------------------------------------------
+# unknown assistants, the interface's Run fields, Last-Event-ID
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("assistant_id", ["no-such-graph", "00000000-0000-4000-8000-00000000abcd"])
+async def test_a_run_of_an_unknown_assistant_is_404_naming_it(client, http, assistant_id):
+    """A run (thread or stateless; create, stream, wait, batch) or a cron of an assistant or
+    graph id that names nothing is 404 `No assistant found for "<id>"`, and nothing starts."""
+    thread = await client.threads.create()
+    tid = thread["thread_id"]
+    body = {"assistant_id": assistant_id, "input": {}}
+    cron = {**body, "schedule": "0 0 1 1 *"}
+    for path, payload in [
+        (f"/threads/{tid}/runs", body), (f"/threads/{tid}/runs/stream", body),
+        (f"/threads/{tid}/runs/wait", body), ("/runs", body), ("/runs/stream", body),
+        ("/runs/wait", body), ("/runs/batch", [body]), (f"/threads/{tid}/runs/crons", cron),
+        ("/runs/crons", cron),
+    ]:
+        r = http.post(path, json=payload)
+        error = assert_error_body(r, 404)
+        assert error["message"] == f'No assistant found for "{assistant_id}"', describe(r)
+    # The client's create maps the 404 to NotFoundError; wait reads its body as a stream and
+    # raises the plain HTTP error.
+    with pytest.raises(NotFoundError):
+        await client.runs.create(tid, assistant_id, input={})
+    with pytest.raises(httpx.HTTPStatusError) as waited:
+        await client.runs.wait(tid, assistant_id, input={})
+    assert waited.value.response.status_code == 404
+    assert await client.runs.list(tid) == []
+    assert await client.crons.search(thread_id=tid) == []
+
+
+async def test_runs_carry_input_output_error_message_config_and_context(client, tag):
+    """The interface's Run fields beside LangGraph's: `input`, `config` and `context` as the
+    run was given them; `output` null until the run ends, then its final values;
+    `error_message` null unless the run failed."""
+    thread = await client.threads.create(metadata={"tag": tag})
+    tid = thread["thread_id"]
+    config = {"configurable": {"k": "v"}, "tags": ["t"]}
+    run = await client.runs.create(
+        tid, "slow", input={"delay_ms": 300}, config=config, context={"c": 1}
+    )
+    assert run["input"] == {"delay_ms": 300}
+    assert run["config"] == config and run["context"] == {"c": 1}
+    assert run["output"] is None and run["error_message"] is None
+    final = await client.runs.join(tid, run["run_id"])
+    ended = await client.runs.get(tid, run["run_id"])
+    assert ended["status"] == "success"
+    assert ended["output"] == final == {"delay_ms": 300, "ticks": 2}
+    assert ended["error_message"] is None
+    assert (await client.runs.list(tid))[0]["output"] == final
+
+    failed = await client.runs.create(tid, "fail", input={"n": 0})
+    await client.runs.join(tid, failed["run_id"])
+    failed = await client.runs.get(tid, failed["run_id"])
+    assert failed["status"] == "error" and failed["error_message"] == "boom", failed
+
+    resumed = await client.runs.create(tid, "chain", input=None)
+    assert resumed["input"] is None and resumed["context"] is None
+
+
+async def test_a_last_event_id_naming_no_event_replays_from_the_start(client, tag, http):
+    """A join stream's `Last-Event-ID` that is not an event id (a client's own naming) reads as
+    none: the run's events from its first, not a 422."""
+    thread = await client.threads.create(metadata={"tag": tag})
+    tid = thread["thread_id"]
+    run = await client.runs.create(tid, "chain", input={"n": 0}, stream_mode=["values", "updates"])
+    await client.runs.join(tid, run["run_id"])
+    path = f"/threads/{tid}/runs/{run['run_id']}/stream"
+    everything = http.get(path)
+    r = http.get(path, headers={"Last-Event-ID": "mock_event_20"})
+    assert_status(r, 200)
+    assert r.text == everything.text and r.text.startswith("event: metadata"), r.text[:200]
+    stateless = http.get(f"/runs/{run['run_id']}/stream", headers={"Last-Event-ID": "mock_event_20"})
+    assert_status(stateless, 200)
+    assert stateless.text == everything.text

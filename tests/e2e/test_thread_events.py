@@ -384,7 +384,7 @@ def test_bad_requests_are_refused(base_url, http):
                  {"channels": ["values"], "depth": "x"}]:
         r = http.post(path, json=body)
         assert r.status_code == 422, (body, r.text)
-    r = http.post(path, content=b"{nope")
+    r = http.post(path, content=b"{nope", headers={"content-type": "application/json"})
     assert r.status_code == 400
     r = http.post(f"/threads/{uuid.uuid4()}/stream/events", json={"channels": ["values"]})
     assert r.status_code == 404
@@ -392,7 +392,7 @@ def test_bad_requests_are_refused(base_url, http):
     cpath = f"/threads/{tid}/commands"
     r = http.post(cpath, json={"id": "x", "method": "run.start"})
     assert r.status_code == 400 and r.json()["error"] == "invalid_argument"
-    r = http.post(cpath, content=b"nope")
+    r = http.post(cpath, content=b"nope", headers={"content-type": "application/json"})
     assert r.status_code == 400
     assert command(http, tid, "bogus.method", {})["error"] == "unknown_command"
     answer = command(http, tid, "run.start", {})

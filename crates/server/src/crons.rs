@@ -16,7 +16,6 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use croner::parser::{CronParser, Seconds, Year};
-use serde_json::Value;
 use spindle_storage::{Cron, CronFiring, OnRunCompleted, Scope};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -166,29 +165,31 @@ async fn fire_due(state: &AppState) {
     }
 }
 
-/// The run request a cron makes: its payload, with its metadata.
+/// The run request a cron makes: its payload, with its metadata, checked as at the cron's
+/// creation.
 pub fn run_request(cron: &Cron) -> Result<RunCreate, String> {
-    let mut payload = cron.fields.payload.clone();
-    payload.insert(
-        "metadata".into(),
-        Value::Object(cron.fields.metadata.clone()),
-    );
-    serde_json::from_value(Value::Object(payload)).map_err(|e| format!("invalid payload: {e}"))
+    crate::routes::crons::run_of(&cron.fields.payload, &cron.fields.metadata)
+        .map_err(|e| format!("invalid payload: {}", e.message()))
 }
 
-/// Creates the run of one due time: on the cron's thread, or on a new thread that the worker
-/// removes after the run (`on_run_completed: delete`, the default) or keeps.
-async fn fire(state: &AppState, firing: CronFiring) -> Result<Uuid, String> {
-    let cron = &firing.cron;
-    let scope = Scope::new(cron.user_id.clone().unwrap_or_default());
-    let body = run_request(cron)?;
-    let (thread_id, stateless) = match cron.thread_id {
+/// Where a cron's run goes: the cron's thread, or a new thread that the worker removes after
+/// the run (`on_run_completed: delete`, the default) or keeps.
+pub(crate) fn firing_thread(cron: &Cron) -> (Uuid, Stateless) {
+    match cron.thread_id {
         Some(thread_id) => (thread_id, Stateless::No),
         None => match cron.fields.on_run_completed {
             Some(OnRunCompleted::Keep) => (spindle_storage::new_thread_id(), Stateless::Keep),
             _ => (spindle_storage::new_thread_id(), Stateless::DeleteByWorker),
         },
-    };
+    }
+}
+
+/// Creates the run of one due time (see [`firing_thread`]).
+async fn fire(state: &AppState, firing: CronFiring) -> Result<Uuid, String> {
+    let cron = &firing.cron;
+    let scope = Scope::new(cron.user_id.clone().unwrap_or_default());
+    let body = run_request(cron)?;
+    let (thread_id, stateless) = firing_thread(cron);
     start_run(
         state,
         &scope,

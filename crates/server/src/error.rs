@@ -26,6 +26,9 @@ pub enum ErrorCode {
     InvalidRequest,
     /// The body is larger than the server accepts.
     PayloadTooLarge,
+    /// The body is not JSON by its `Content-Type` (a browser sends a cross-site form or
+    /// `text/plain` body without asking first; only a JSON one needs its permission).
+    UnsupportedMediaType,
     /// The database cannot be reached.
     Unavailable,
     /// A fault of the server; the message is logged, not leaked.
@@ -39,6 +42,7 @@ impl ErrorCode {
             ErrorCode::Conflict => StatusCode::CONFLICT,
             ErrorCode::Validation | ErrorCode::InvalidRequest => StatusCode::UNPROCESSABLE_ENTITY,
             ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ErrorCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -51,6 +55,7 @@ impl ErrorCode {
             ErrorCode::Validation => "validation_error",
             ErrorCode::InvalidRequest => "invalid_request",
             ErrorCode::PayloadTooLarge => "payload_too_large",
+            ErrorCode::UnsupportedMediaType => "unsupported_media_type",
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::Internal => "internal_error",
         }

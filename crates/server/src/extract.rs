@@ -17,6 +17,16 @@ use crate::error::{ApiError, ErrorCode, ValidationItem};
 /// Rules a request type checks after it deserialised.
 pub trait Validate {
     fn validate(&self, _v: &mut Violations) {}
+
+    /// Whether the body is a JSON object (every request type but a list). serde fills a
+    /// struct from a sequence too (`["<uuid>", {...}]` by field position), so a body that
+    /// is an array where an object is expected is refused before serde sees it.
+    fn is_object() -> bool
+    where
+        Self: Sized,
+    {
+        true
+    }
 }
 
 /// A free-form JSON object has no rules of its own.
@@ -24,6 +34,10 @@ impl Validate for serde_json::Map<String, Value> {}
 
 /// A list checks each item, locating failures by index (`["body", 2, "limit"]`).
 impl<T: Validate> Validate for Vec<T> {
+    fn is_object() -> bool {
+        false
+    }
+
     fn validate(&self, v: &mut Violations) {
         for (index, item) in self.iter().enumerate() {
             let mut inner = Violations::new(v.prefix);
@@ -149,6 +163,9 @@ pub fn parse_body<T: DeserializeOwned + Validate>(bytes: &[u8]) -> Result<T, Api
     } else {
         bytes
     };
+    if T::is_object() {
+        refuse_array(bytes)?;
+    }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value: T =
         serde_path_to_error::deserialize(&mut de).map_err(|err| body_error(bytes, err))?;
@@ -175,6 +192,21 @@ fn body_error(bytes: &[u8], err: serde_path_to_error::Error<serde_json::Error>) 
         &strip_position(&inner.to_string()),
         input,
     )])
+}
+
+/// Refuses a body that is a JSON array where an object is expected (see
+/// [`Validate::is_object`]). Other non-objects (strings, numbers, null) serde refuses itself.
+fn refuse_array(bytes: &[u8]) -> Result<(), ApiError> {
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'[') {
+        return Ok(());
+    }
+    let input = serde_json::from_slice::<Value>(bytes).unwrap_or(Value::Null);
+    Err(ApiError::validation(vec![ValidationItem::new(
+        vec![json!("body")],
+        "dict_type",
+        "Input should be a valid dictionary or object",
+    )
+    .with_input(input)]))
 }
 
 /// Refuses a NUL character anywhere in the body's strings (keys included). PostgreSQL cannot
@@ -482,6 +514,20 @@ mod tests {
         );
         // An escaped backslash followed by "u0000" is not a NUL.
         assert!(parse_body::<Body>(br#"{"name": "\\u0000"}"#).is_ok());
+    }
+
+    #[test]
+    fn an_array_is_not_an_object() {
+        // serde alone fills a struct from a sequence, by field position.
+        for body in [r#"[]"#, r#" ["x", null, 3]"#] {
+            let items = items(body);
+            assert_eq!(items[0].loc, vec![json!("body")], "{body}");
+            assert_eq!(items[0].kind, "dict_type", "{body}");
+        }
+        assert!(parse_body::<serde_json::Map<String, Value>>(b"[]").is_err());
+        // A list body is still a list.
+        let list = parse_body::<Vec<serde_json::Map<String, Value>>>(br#"[{"a": 1}]"#).unwrap();
+        assert_eq!(list.len(), 1);
     }
 
     #[test]

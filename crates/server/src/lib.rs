@@ -7,6 +7,7 @@ pub mod crons;
 pub mod error;
 pub mod extract;
 pub mod graphs;
+mod guard;
 mod openapi;
 pub mod protocol;
 pub mod routes;
@@ -38,6 +39,7 @@ pub fn app(state: AppState) -> Router {
     router
         .merge(openapi::docs(api))
         .fallback(fallback)
+        .layer(axum::middleware::from_fn(guard::guard))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
 }

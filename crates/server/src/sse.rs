@@ -3,9 +3,7 @@
 
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue};
 use bytes::Bytes;
-use serde_json::{json, Value};
-
-use crate::error::ApiError;
+use serde_json::Value;
 
 /// Seconds between keepalive comments, so idle proxies keep the connection open.
 pub const DEFAULT_KEEPALIVE_SECS: u64 = 5;
@@ -36,22 +34,12 @@ pub fn json_frame(event: &str, data: &Value, id: Option<i64>) -> Bytes {
 }
 
 /// The `Last-Event-ID` header a client resumes a stream with: an event id (a seq; `-1`
-/// replays everything), or none.
-pub fn last_event_id(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
-    let Some(value) = headers.get("last-event-id") else {
-        return Ok(None);
-    };
-    let raw = value.to_str().unwrap_or_default().trim();
-    if raw.is_empty() {
-        return Ok(None);
-    }
-    raw.parse::<i64>().map(Some).map_err(|_| {
-        ApiError::field(
-            vec![json!("header"), json!("Last-Event-ID")],
-            "int_parsing",
-            "Last-Event-ID should be an event id",
-        )
-    })
+/// replays everything), or none. A value that names no event (not a number: some clients
+/// send ids of their own making) reads as none, so the stream starts from its beginning
+/// rather than failing the reconnect.
+pub fn last_event_id(headers: &HeaderMap) -> Option<i64> {
+    let raw = headers.get("last-event-id")?.to_str().ok()?.trim();
+    raw.parse::<i64>().ok()
 }
 
 /// Headers of every event stream.
@@ -83,5 +71,19 @@ mod tests {
             &frame("metadata", "{}", Some(7))[..],
             b"event: metadata\r\ndata: {}\r\nid: 7\r\n\r\n"
         );
+    }
+
+    #[test]
+    fn a_last_event_id_that_names_no_event_reads_as_none() {
+        let with = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert("last-event-id", HeaderValue::from_str(value).unwrap());
+            last_event_id(&headers)
+        };
+        assert_eq!(with("7"), Some(7));
+        assert_eq!(with("-1"), Some(-1));
+        assert_eq!(with("mock_event_20"), None);
+        assert_eq!(with(""), None);
+        assert_eq!(last_event_id(&HeaderMap::new()), None);
     }
 }

@@ -87,6 +87,26 @@ impl TestApp {
         }
     }
 
+    /// A request with exactly these headers and body (no content type added).
+    async fn raw(&self, method: Method, uri: &str, headers: &[(&str, &str)], body: &str) -> Reply {
+        let mut request = Request::builder().method(method).uri(uri);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let request = request.body(Body::from(body.to_owned())).unwrap();
+        let response = self.router.clone().oneshot(request).await.unwrap();
+        let status = response.status();
+        let headers = response.headers().clone();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        let body = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
+        Reply {
+            status,
+            headers,
+            body,
+        }
+    }
+
     async fn post(&self, uri: &str, body: Value) -> Reply {
         self.call(Method::POST, uri, Some(&body.to_string())).await
     }
@@ -529,4 +549,91 @@ async fn system_routes_answer() {
     assert_eq!(info.body["flags"]["assistants"], true);
     assert!(info.body["version"].is_string());
     assert_eq!(app.get("/nope").await.status, StatusCode::NOT_FOUND);
+}
+
+/// The interface's `{error, message, details}`, served as JSON.
+fn assert_error_body(reply: &Reply, status: StatusCode, error: &str) {
+    assert_eq!(reply.status, status, "{:?}", reply.body);
+    assert_eq!(reply.headers["content-type"], "application/json");
+    assert_eq!(reply.body["error"], error, "{:?}", reply.body);
+    assert!(reply.body["message"].is_string(), "{:?}", reply.body);
+    assert!(reply.body["details"].is_object(), "{:?}", reply.body);
+}
+
+#[tokio::test]
+async fn bodies_must_be_json_objects() {
+    let app = test_app().await;
+    let id = "0190f3a4-0000-7000-8000-000000000001";
+    // An array where an object is due: serde alone would read it by field position.
+    let array = app.post("/threads", json!([id, {"k": "v"}])).await;
+    assert_eq!(array.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(array.body["detail"][0]["type"], "dict_type");
+    assert_eq!(first_loc(&array), json!(["body"]));
+    // A body that is not JSON by its type is 415: a browser sends such bodies cross-site
+    // without asking first.
+    let body = json!({"thread_id": id}).to_string();
+    for headers in [&[("content-type", "text/plain")][..], &[]] {
+        let reply = app.raw(Method::POST, "/threads", headers, &body).await;
+        assert_error_body(
+            &reply,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+        );
+    }
+    let empty_form = [("content-type", "application/x-www-form-urlencoded")];
+    let reply = app.raw(Method::POST, "/threads", &empty_form, "").await;
+    assert_eq!(reply.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert_eq!(
+        app.get(&format!("/threads/{id}")).await.status,
+        StatusCode::NOT_FOUND
+    );
+    // JSON types with parameters or a +json suffix, and bodyless POSTs, pass.
+    let json_utf8 = [("content-type", "application/json; charset=utf-8")];
+    let reply = app.raw(Method::POST, "/threads", &json_utf8, &body).await;
+    assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.body);
+    let copy = app
+        .raw(Method::POST, &format!("/threads/{id}/copy"), &[], "")
+        .await;
+    assert_eq!(copy.status, StatusCode::OK, "{:?}", copy.body);
+}
+
+#[tokio::test]
+async fn errors_made_before_a_handler_are_json() {
+    let app = test_app().await;
+    let undecodable = app.get("/threads/%ff%fe").await;
+    assert_eq!(undecodable.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(first_loc(&undecodable), json!(["path", "thread_id"]));
+    let not_allowed = app.raw(Method::PUT, "/threads", &[], "").await;
+    assert_error_body(
+        &not_allowed,
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+    );
+    let unknown = app.get("/no/such/route").await;
+    assert_error_body(&unknown, StatusCode::NOT_FOUND, "not_found");
+}
+
+#[tokio::test]
+async fn openapi_documents_the_run_fields_and_refused_media_types() {
+    let app = test_app().await;
+    let doc = app.get("/openapi.json").await.body;
+    let run = &doc["components"]["schemas"]["RunOut"]["properties"];
+    for field in [
+        "input",
+        "output",
+        "error_message",
+        "config",
+        "context",
+        "kwargs",
+    ] {
+        assert!(run.get(field).is_some(), "RunOut lacks {field}");
+    }
+    let responses = |path: &str, method: &str| doc["paths"][path][method]["responses"].clone();
+    assert!(responses("/threads", "post").get("415").is_some());
+    assert!(responses("/runs/crons", "post").get("415").is_some());
+    assert!(
+        responses("/threads/{thread_id}/runs/{run_id}/cancel", "post")
+            .get("415")
+            .is_none()
+    );
 }

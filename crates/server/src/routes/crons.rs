@@ -16,7 +16,9 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use super::runs::{locations, start_run, OnCompletion, RunCreate, RunOut, StartedRun, Stateless};
+use super::runs::{
+    check_webhook, locations, run_assistant, start_run, OnCompletion, RunCreate, RunOut, StartedRun,
+};
 use crate::crons::Schedule;
 use crate::error::{ApiError, ApiResult, ErrorBody, ValidationErrorBody};
 use crate::extract::{parse_body, ApiJson, Patch, Validate, Violations};
@@ -78,6 +80,26 @@ impl From<Cron> for CronOut {
             updated_at: c.updated_at,
         }
     }
+}
+
+/// What a cron's creation answers (for the document only): its first run, with `cron_id`
+/// added, or the cron itself when no run was started.
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub enum CronCreated {
+    Run(Box<CronFirstRun>),
+    Cron(Box<CronOut>),
+}
+
+/// A cron's first run: a run with the cron's id.
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+pub struct CronFirstRun {
+    #[schema(inline)]
+    #[serde(flatten)]
+    run: RunOut,
+    cron_id: Uuid,
 }
 
 /// A date-time with an offset, or without one (read as UTC), as Python's `isoformat` writes
@@ -185,20 +207,39 @@ fn body_assistant_id(state: &AppState, raw: &str) -> ApiResult<Uuid> {
     })
 }
 
-/// The run request each firing makes, checked as `POST /threads/{id}/runs` checks it (422s
-/// name the body's fields).
-fn run_of(payload: &JsonObject) -> ApiResult<RunCreate> {
-    let bytes = serde_json::to_vec(payload).map_err(|e| ApiError::internal(e.to_string()))?;
+/// The run request each firing makes (the cron's payload with its metadata), checked as
+/// `POST /threads/{id}/runs` checks a run, so that whatever a cron's runs would be refused
+/// for is refused when the cron is created or changed (422s name the body's fields). The
+/// scheduler builds each firing's run with it too.
+pub(crate) fn run_of(payload: &JsonObject, metadata: &JsonObject) -> ApiResult<RunCreate> {
+    let mut request = payload.clone();
+    request.insert("metadata".into(), Value::Object(metadata.clone()));
+    let bytes = serde_json::to_vec(&request).map_err(|e| ApiError::internal(e.to_string()))?;
     parse_body::<RunCreate>(&bytes)
 }
 
-/// What a creation stores: the run's fields with the resolved assistant, the schedule, and
-/// the cron's id in `config.configurable` (as the reference server writes it).
+/// [`run_of`], and the run's webhook checked as a run's is (where its host resolves): a cron
+/// whose every firing would be refused is refused itself.
+async fn checked_run(
+    state: &AppState,
+    payload: &JsonObject,
+    metadata: &JsonObject,
+) -> ApiResult<RunCreate> {
+    let run = run_of(payload, metadata)?;
+    check_webhook(state, &run, vec![json!("body"), json!("webhook")]).await?;
+    Ok(run)
+}
+
+/// What a creation stores: the run's fields with the resolved assistant, the schedule and
+/// time zone, and the cron's id in `config.configurable` (as the reference server writes it).
 fn payload_of(body: &CronCreate, assistant_id: Uuid, cron_id: Uuid) -> JsonObject {
     let mut payload = body.run.clone();
     payload.retain(|_, value| !value.is_null());
     payload.insert("assistant_id".into(), json!(assistant_id.to_string()));
     payload.insert("schedule".into(), json!(body.schedule));
+    if let Some(timezone) = &body.timezone {
+        payload.insert("timezone".into(), json!(timezone));
+    }
     let config = payload.entry("config").or_insert_with(|| json!({}));
     if let Value::Object(config) = config {
         let configurable = config.entry("configurable").or_insert_with(|| json!({}));
@@ -209,19 +250,21 @@ fn payload_of(body: &CronCreate, assistant_id: Uuid, cron_id: Uuid) -> JsonObjec
     payload
 }
 
-/// Stores a cron; for a thread's enabled cron also starts its first run, and answers that run
-/// (with the cron's id) instead of the cron.
+/// Stores a cron and, when it is enabled, starts its first run and answers that run (with
+/// the cron's id) instead of the cron: on the cron's thread, or on a new thread as each of
+/// its firings would be.
 async fn create(
     state: &AppState,
     scope: &Scope,
     thread_id: Option<Uuid>,
     body: CronCreate,
 ) -> ApiResult<Response> {
-    let assistant_id = body_assistant_id(state, &body.assistant_id)?;
-    state.storage.get_assistant(scope, assistant_id).await?;
+    let assistant = run_assistant(state, scope, &body.assistant_id).await?;
+    let assistant_id = assistant.assistant_id;
     let cron_id = Uuid::now_v7();
     let payload = payload_of(&body, assistant_id, cron_id);
-    let run = run_of(&payload)?;
+    let metadata = body.metadata.unwrap_or_default();
+    let first = checked_run(state, &payload, &metadata).await?;
     let schedule = Schedule::parse(&body.schedule, body.timezone.as_deref()).map_err(|e| {
         ApiError::field(
             vec![json!("body"), json!(e.field)],
@@ -243,7 +286,7 @@ async fn create(
             schedule: body.schedule,
             timezone: body.timezone,
             payload,
-            metadata: body.metadata.unwrap_or_default(),
+            metadata,
             on_run_completed,
             end_time: body.end_time,
             enabled,
@@ -254,12 +297,11 @@ async fn create(
     state.crons.wake();
     // A cron created past its end time has no run to make, not even the first.
     let live = enabled && cron.fields.end_time.is_none_or(|end| end > Utc::now());
-    let Some(thread_id) = thread_id.filter(|_| live) else {
+    if !live {
         return Ok(Json(CronOut::from(cron)).into_response());
-    };
-    let mut first = run;
-    first.metadata = Some(cron.fields.metadata.clone());
-    match start_run(state, scope, thread_id, &first, Stateless::No, None).await {
+    }
+    let (run_thread, stateless) = crate::crons::firing_thread(&cron);
+    match start_run(state, scope, run_thread, &first, stateless, None).await {
         Ok(StartedRun { run, .. }) => {
             let headers = locations(&run);
             let mut out = serde_json::to_value(RunOut::from(run))
@@ -280,7 +322,7 @@ async fn create(
 
 #[utoipa::path(post, path = "/threads/{thread_id}/runs/crons", tag = "crons", request_body = CronCreate,
     params(("thread_id" = Uuid, Path)),
-    responses((status = 200, description = "the cron's first run, with `cron_id` (or, with enabled false, the cron)", body = RunOut),
+    responses((status = 200, description = "the cron's first run, with `cron_id` (or, with enabled false, the cron)", body = CronCreated),
               (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn create_thread_cron(
     State(state): State<AppState>,
@@ -293,7 +335,7 @@ async fn create_thread_cron(
 }
 
 #[utoipa::path(post, path = "/runs/crons", tag = "crons", request_body = CronCreate,
-    responses((status = 200, description = "the cron; each firing runs on a new thread", body = CronOut),
+    responses((status = 200, description = "the cron's first run, on a new thread, with `cron_id` (or, with enabled false, the cron); each firing runs on a new thread", body = CronCreated),
               (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn create_cron(
     State(state): State<AppState>,
@@ -402,8 +444,14 @@ async fn patch_cron(
     }
     match body.timezone {
         Patch::Absent => {}
-        Patch::Null => fields.timezone = None,
-        Patch::Value(tz) => fields.timezone = Some(tz),
+        Patch::Null => {
+            fields.payload.remove("timezone");
+            fields.timezone = None;
+        }
+        Patch::Value(tz) => {
+            fields.payload.insert("timezone".into(), json!(tz));
+            fields.timezone = Some(tz);
+        }
     }
     match body.end_time {
         Patch::Absent => {}
@@ -422,7 +470,7 @@ async fn patch_cron(
     if let Some(metadata) = body.metadata {
         fields.metadata = metadata;
     }
-    run_of(&fields.payload)?;
+    checked_run(&state, &fields.payload, &fields.metadata).await?;
     // A changed schedule, or a cron enabled again, counts from now.
     let rescheduled = fields.schedule != current.fields.schedule
         || fields.timezone != current.fields.timezone
@@ -608,6 +656,6 @@ mod tests {
             json!(cron_id.to_string())
         );
         assert!(!payload.contains_key("webhook"));
-        assert!(run_of(&payload).is_ok());
+        assert!(run_of(&payload, &JsonObject::new()).is_ok());
     }
 }

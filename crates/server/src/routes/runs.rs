@@ -49,7 +49,9 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(cancel_many_runs))
 }
 
-/// A run as clients read it.
+/// A run as clients read it: the fields LangGraph's clients read (`kwargs`, `metadata`,
+/// `multitask_strategy`, ...) and the interface document's (`input`, `output`,
+/// `error_message`, `config`, `context`).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct RunOut {
     pub run_id: Uuid,
@@ -66,10 +68,33 @@ pub struct RunOut {
     pub kwargs: JsonObject,
     pub multitask_strategy: String,
     pub user_id: Option<String>,
+    /// The input the run was given; null for a run that only resumes or continues.
+    #[schema(value_type = Option<Object>)]
+    pub input: Option<Value>,
+    /// The thread's values when the run ended; null until it ends.
+    #[schema(value_type = Option<Object>)]
+    pub output: Option<Value>,
+    /// Why the run failed; null unless it did.
+    pub error_message: Option<String>,
+    /// The configuration the run was created with.
+    #[schema(value_type = Option<Object>)]
+    pub config: Option<JsonObject>,
+    /// The context the run was created with.
+    #[schema(value_type = Option<Object>)]
+    pub context: Option<JsonObject>,
 }
 
 impl From<Run> for RunOut {
     fn from(r: Run) -> Self {
+        let object = |key: &str| r.kwargs.get(key).and_then(Value::as_object).cloned();
+        let (config, context) = (object(keys::CONFIG), object(keys::CONTEXT));
+        let input = r.kwargs.get(keys::INPUT).cloned();
+        let error_message = r
+            .error
+            .as_ref()
+            .and_then(|e| e.get("message"))
+            .and_then(Value::as_str)
+            .map(str::to_owned);
         Self {
             run_id: r.run_id,
             thread_id: r.thread_id,
@@ -81,6 +106,11 @@ impl From<Run> for RunOut {
             kwargs: r.kwargs,
             multitask_strategy: r.multitask_strategy.as_str().to_owned(),
             user_id: r.user_id,
+            input,
+            output: r.output,
+            error_message,
+            config,
+            context,
         }
     }
 }
@@ -494,14 +524,8 @@ pub(crate) async fn start_run(
     stateless: Stateless,
     cron_firing: Option<FiringId>,
 ) -> ApiResult<StartedRun> {
-    let assistant_id = resolve_assistant_id(state, &body.assistant_id).map_err(|_| {
-        ApiError::field(
-            vec![json!("body"), json!("assistant_id")],
-            "uuid_parsing",
-            "Input should be a valid UUID or the id of a graph",
-        )
-    })?;
-    let assistant = state.storage.get_assistant(scope, assistant_id).await?;
+    let assistant = run_assistant(state, scope, &body.assistant_id).await?;
+    let assistant_id = assistant.assistant_id;
     check_webhook(state, body, vec![json!("body"), json!("webhook")]).await?;
     let mut kwargs = body.kwargs();
     if let Some(cleanup) = stateless.kwarg() {
@@ -561,9 +585,32 @@ pub(crate) async fn start_run(
     })
 }
 
+/// The assistant a run names (its id, or a graph id for the graph's default assistant), or a
+/// 404 naming what was asked for: an id that is not a UUID is as unknown as a UUID of no
+/// assistant, not malformed.
+pub(crate) async fn run_assistant(
+    state: &AppState,
+    scope: &Scope,
+    raw: &str,
+) -> ApiResult<spindle_storage::Assistant> {
+    let not_found = || {
+        ApiError::not_found(format!("No assistant found for \"{raw}\""))
+            .with_detail("assistant_id", json!(raw))
+    };
+    let assistant_id = resolve_assistant_id(state, raw).map_err(|_| not_found())?;
+    match state.storage.get_assistant(scope, assistant_id).await {
+        Err(spindle_storage::StorageError::NotFound(_)) => Err(not_found()),
+        other => Ok(other?),
+    }
+}
+
 /// Refuses a webhook whose host resolves where webhooks may not go (422 at `loc`), before
 /// anything is stored.
-async fn check_webhook(state: &AppState, body: &RunCreate, loc: Vec<Value>) -> ApiResult<()> {
+pub(crate) async fn check_webhook(
+    state: &AppState,
+    body: &RunCreate,
+    loc: Vec<Value>,
+) -> ApiResult<()> {
     let Some(url) = body.webhook.as_deref() else {
         return Ok(());
     };
@@ -677,7 +724,7 @@ fn join_response(
     run: &Run,
     headers: &HeaderMap,
 ) -> ApiResult<Response> {
-    let after = sse::last_event_id(headers)?;
+    let after = sse::last_event_id(headers);
     let source = Source::Log(after);
     Ok(stream_response(state, scope, run, source, false, false))
 }
@@ -1223,14 +1270,7 @@ async fn create_run_batch(
     // Everything a run of the batch could be refused for is checked first (its assistant,
     // its webhook), so that a refused item leaves no run of the batch behind.
     for (index, body) in bodies.iter().enumerate() {
-        let assistant_id = resolve_assistant_id(&state, &body.assistant_id).map_err(|_| {
-            ApiError::field(
-                vec![json!("body"), json!(index), json!("assistant_id")],
-                "uuid_parsing",
-                "Input should be a valid UUID or the id of a graph",
-            )
-        })?;
-        state.storage.get_assistant(&scope, assistant_id).await?;
+        run_assistant(&state, &scope, &body.assistant_id).await?;
         check_webhook(
             &state,
             body,

@@ -99,7 +99,7 @@ async fn join_thread_stream(
     let follow = Follow {
         thread_id,
         target: Target::Thread(query.modes()),
-        after: sse::last_event_id(&headers)?,
+        after: sse::last_event_id(&headers),
         with_ids: true,
     };
     let body = follow_stream(

@@ -127,8 +127,9 @@ pub fn run_config(run: &Run, assistant: &Assistant) -> RunConfig {
         "run_id": run.run_id.to_string(),
         "assistant_id": run.assistant_id.to_string(),
         "graph_id": assistant.fields.graph_id,
-        "user_id": user_id,
         "langgraph_auth_user_id": user_id,
+        "langgraph_auth_user": auth_user(&user_id),
+        "langgraph_auth_permissions": [],
         "run_attempt": run.attempt,
     });
     let configurable = config.entry("configurable").or_insert_with(|| json!({}));
@@ -137,6 +138,9 @@ pub fn run_config(run: &Run, assistant: &Assistant) -> RunConfig {
             c.entry(key.clone()).or_insert(value.clone());
         }
         c.extend(id);
+        // `user_id` is the client's to set (in config or context), as on LangGraph Platform;
+        // the caller's identity is `langgraph_auth_user_id`, which a client cannot set.
+        c.entry("user_id").or_insert(json!(user_id));
     }
     let mut metadata = object(config.get("metadata"));
     metadata.extend(run.metadata.clone());
@@ -178,6 +182,17 @@ pub fn run_config(run: &Run, assistant: &Assistant) -> RunConfig {
         // Only its worker knows (from the claim).
         new_thread: false,
     }
+}
+
+/// The caller as LangGraph's `langgraph_auth_user` (its `MinimalUserDict` shape). Without
+/// authentication every request is the local user, who is not authenticated.
+fn auth_user(user_id: &str) -> Value {
+    json!({
+        "identity": user_id,
+        "display_name": user_id,
+        "is_authenticated": user_id != spindle_storage::Scope::LOCAL_USER,
+        "permissions": [],
+    })
 }
 
 /// The modes the run streams; validated when the run was created.

@@ -136,6 +136,9 @@ pub struct Run {
     pub cancel: Option<CancelAction>,
     /// `{error, message}` once the run failed (or timed out).
     pub error: Option<Value>,
+    /// The thread's values when the run ended (its output); `None` before, and for a run
+    /// that ended without a worker to report them (cancelled while pending, worker lost).
+    pub output: Option<Value>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     /// When a worker first claimed it (a run resumed after its worker died keeps this).
@@ -215,6 +218,7 @@ impl Start {
             run_after: new.run_after,
             cancel: None,
             error: None,
+            output: None,
             created_at: now,
             updated_at: now,
             started_at: self.started_at,
@@ -461,7 +465,7 @@ fn worker_lost(run: &Run) -> Value {
 /// The columns a run is read with, in [`RunRow`]'s order.
 const RUN_COLUMNS: &str = "run_id, thread_id, assistant_id, user_id, status, kwargs, metadata, \
      multitask_strategy, attempt, run_after, cancel, error, created_at, updated_at, started_at, \
-     ended_at";
+     ended_at, output";
 
 #[derive(sqlx::FromRow)]
 struct RunRow<Id> {
@@ -481,6 +485,7 @@ struct RunRow<Id> {
     updated_at: DateTime<Utc>,
     started_at: Option<DateTime<Utc>>,
     ended_at: Option<DateTime<Utc>>,
+    output: Option<sqlx::types::Json<Value>>,
 }
 
 impl RunRow<Uuid> {
@@ -504,6 +509,7 @@ impl RunRow<Uuid> {
             updated_at: r.ts("updated_at")?,
             started_at: r.opt_ts("started_at")?,
             ended_at: r.opt_ts("ended_at")?,
+            output: r.opt_json("output")?.map(sqlx::types::Json),
         })
     }
 }
@@ -532,6 +538,7 @@ impl<Id: crate::rows::IntoUuid> TryFrom<RunRow<Id>> for Run {
                 Some(c) => Some(CancelAction::parse(c).ok_or_else(|| corrupt("cancel", c))?),
             },
             error: row.error.map(|e| e.0),
+            output: row.output.map(|o| o.0),
             created_at: row.created_at,
             updated_at: row.updated_at,
             started_at: row.started_at,

@@ -860,13 +860,15 @@ impl RunStore for PostgresStorage {
             }
             let sql = format!(
                 "UPDATE runs SET status = $2, error = $3, lease_expires_at = NULL, \
-                 updated_at = $4, ended_at = $4 WHERE run_id = $1 RETURNING {RUN_COLUMNS}"
+                 updated_at = $4, ended_at = $4, output = $5 WHERE run_id = $1 \
+                 RETURNING {RUN_COLUMNS}"
             );
             let row: RunRow<Uuid> = sqlx::query_as(&sql)
                 .bind(run_id)
                 .bind(end.status.as_str())
                 .bind(end.error.as_ref().map(Json))
                 .bind(now)
+                .bind(end.thread_values.as_ref().map(Json))
                 .fetch_one(&mut *tx)
                 .await?;
             insert_events(&mut tx, &end.events).await?;

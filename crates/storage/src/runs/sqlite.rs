@@ -738,12 +738,20 @@ fn finish_run(
     }
     let sql = format!(
         "UPDATE runs SET status = ?2, error = ?3, lease_expires_at = NULL, updated_at = ?4, \
-         ended_at = ?4 WHERE run_id = ?1 RETURNING {RUN_COLUMNS}"
+         ended_at = ?4, output = ?5 WHERE run_id = ?1 RETURNING {RUN_COLUMNS}"
     );
+    // The output is the thread's new values, bound from the text already encoded for the
+    // thread's row: no second encoding.
     let run = run_row(
         conn,
         &sql,
-        (id(run_id), end.status.as_str(), &end.error, ts(now)),
+        (
+            id(run_id),
+            end.status.as_str(),
+            &end.error,
+            ts(now),
+            &end.thread_values,
+        ),
     )?;
     // The run's own events: all of its thread, after what the thread has logged.
     let mut last = logged;

@@ -1741,3 +1741,38 @@ async fn the_search_for_dead_workers_runs_uses_an_index() {
     })
     .await;
 }
+
+/// A run's output is the thread's values its end wrote, stored with the end (read back by
+/// get, list and the run `finish_run` returns); none before it ends.
+#[tokio::test]
+async fn a_runs_end_stores_its_output() {
+    for_each_backend(|db| async move {
+        let s = db.storage();
+        let alice = fresh_user();
+        let thread = thread_of(s, &alice).await;
+        let run = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        assert_eq!(run.output, None);
+        claim(s, "w").await.unwrap();
+        assert_eq!(
+            s.get_run(&alice, thread, run.run_id).await.unwrap().output,
+            None
+        );
+        let ended = s
+            .finish_run(run.run_id, "w", end(RunStatus::Success, ThreadStatus::Idle))
+            .await
+            .unwrap()
+            .unwrap();
+        let output = Some(json!({"done": "success"}));
+        assert_eq!(ended.output, output);
+        assert_eq!(
+            s.get_run(&alice, thread, run.run_id).await.unwrap().output,
+            output
+        );
+        let listed = s
+            .list_runs(&alice, thread, RunFilter::default(), all())
+            .await
+            .unwrap();
+        assert_eq!(listed[0].output, output);
+    })
+    .await;
+}

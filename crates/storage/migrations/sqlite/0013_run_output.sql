@@ -1,0 +1,3 @@
+-- A run's final values (the interface's Run.output), written by the transaction that ends the
+-- run with the same encoded text as its thread's values; NULL until the run ends.
+ALTER TABLE runs ADD COLUMN output TEXT;
