@@ -9,8 +9,8 @@ use crate::common::*;
 /// WITHOUT ROWID, and an unread index dropped).
 fn migrations(backend: Backend) -> usize {
     match backend {
-        Backend::Sqlite => 12,
-        Backend::Postgres => 9,
+        Backend::Sqlite => 13,
+        Backend::Postgres => 10,
     }
 }
 
