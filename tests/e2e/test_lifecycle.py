@@ -283,15 +283,13 @@ def check_replay(parts: list, durability: str, what: str) -> None:
     if durability in ("sync", "async"):
         flat = [n for nodes in updates for n in nodes]
         assert flat == ["a", "b"], f"{what}: updates {updates}: {parts}"
-        # The values after each step, once in each attempt that made it (a resumed attempt
-        # first streams the state it resumes from, as LangGraph does). They may show in two
-        # attempts: the pump may log a step's `values` with the save just before the step's
-        # checkpoint (events ahead of their save, never behind), and a resumed run then
-        # applies the saved writes again and streams them once more.
-        for i, a in enumerate(attempts):
-            values = [p.data["ticks"] for j, p in enumerate(a) if p.event == "values"
-                      and not (i > 0 and j == 0)]
-            assert len(values) == len(set(values)), f"{what}: values {values}: {parts}"
+        # The values after each step, once in the whole replay (a resumed attempt first
+        # streams the state it resumes from, as LangGraph does): a save carries exactly the
+        # events emitted before it (its mark in the event channel), so a step's `values`
+        # are logged with its checkpoint, not with the save before it.
+        values = [p.data["ticks"] for i, a in enumerate(attempts) for j, p in enumerate(a)
+                  if p.event == "values" and not (i > 0 and j == 0)]
+        assert len(values) == len(set(values)), f"{what}: values {values}: {parts}"
         values = {p.data["ticks"] for a in attempts for p in a if p.event == "values"}
         assert {1, 2} <= values, f"{what}: values {values}: {parts}"
     last = [p for p in parts if p.event == "values"][-1]

@@ -363,7 +363,7 @@ edges:
 """
 
 
-@pytest.fixture(scope="session", params=BACKENDS)
+@pytest.fixture(scope="module", params=BACKENDS)
 def whoami_server(request):
     folder = Path(tempfile.mkdtemp(prefix="spindle-e2e-whoami-graph-"))
     (folder / "whoami.yaml").write_text(WHOAMI_GRAPH)

@@ -42,12 +42,12 @@ INDEX_STORE = {
 DEFAULT_TTL_STORE = {"ttl": {"default_ttl": 0.08, "sweep_interval_minutes": 0.02}}
 
 
-@pytest.fixture(scope="session", params=BACKENDS)
+@pytest.fixture(scope="module", params=BACKENDS)
 def index_server(request):
     yield from _config_server(request.param, INDEX_STORE)
 
 
-@pytest.fixture(scope="session", params=BACKENDS)
+@pytest.fixture(scope="module", params=BACKENDS)
 def default_ttl_server(request):
     yield from _config_server(request.param, DEFAULT_TTL_STORE)
 
@@ -337,7 +337,7 @@ edges:
 """
 
 
-@pytest.fixture(scope="session", params=BACKENDS)
+@pytest.fixture(scope="module", params=BACKENDS)
 def memory_server(request):
     folder = Path(tempfile.mkdtemp(prefix="spindle-e2e-memory-graph-"))
     (folder / "memory.yaml").write_text(MEMORY_GRAPH)
@@ -428,7 +428,7 @@ def _binary_features() -> list[str]:
     return _FEATURES
 
 
-@pytest.fixture(scope="session", params=BACKENDS)
+@pytest.fixture(scope="module", params=BACKENDS)
 def minilm_server(request):
     folder = _local_model_dir()
     if folder is None:

@@ -525,7 +525,7 @@ edges:
 """
 
 
-@pytest.fixture(scope="session", params=BACKENDS)
+@pytest.fixture(scope="module", params=BACKENDS)
 def nested_ask_server(request):
     folder = Path(tempfile.mkdtemp(prefix="spindle-e2e-nested-ask-"))
     (folder / "nested_ask.yaml").write_text(NESTED_ASK)
