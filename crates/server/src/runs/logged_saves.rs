@@ -9,12 +9,6 @@
 //! transaction ([`spindle_storage::LoggedSave`]). A step's checkpoint is therefore never
 //! durable while the events emitted before it are not, on every backend and durability.
 //!
-//! The pump learns where in the run's events a save stands from a mark the checkpointer puts
-//! in the event channel right behind it ([`save_mark`]): the pump cuts the batch at the mark,
-//! so a save carries exactly the events emitted before it, not also those the engine sent
-//! while the pump was busy (which, logged with the save, would show again in the replay of a
-//! run resumed after a crash before their own save).
-//!
 //! It costs no commit: on SQLite the save is queued on the writer as before (the events ride
 //! in the same write, so a run's quick steps still share one or two commits); on PostgreSQL a
 //! save was one transaction already, and the events add rows to it. The pump keeps the
@@ -30,28 +24,7 @@ use spindle_graph::checkpoint::{
     ChannelBlob, Checkpoint, CheckpointError, CheckpointTuple, Checkpointer, ListFilter,
     PendingWrite, QueuedWrite, WriteReceipt,
 };
-use spindle_graph::stream::{StreamEvent, StreamMode};
-use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot};
-
-/// The `part` of a save's mark: no event the engine streams has it.
-const SAVE_MARK: &str = "\u{0}save";
-
-/// The event a save's mark is: it stands in the event channel where the save stands among
-/// the run's events, and is never streamed or logged.
-fn save_mark() -> StreamEvent {
-    StreamEvent {
-        namespace: Vec::new(),
-        mode: StreamMode::Custom,
-        part: Some(SAVE_MARK),
-        data: Value::Null,
-    }
-}
-
-/// Whether `event` is a save's mark ([`save_mark`]).
-pub(super) fn is_save_mark(event: &StreamEvent) -> bool {
-    event.part == Some(SAVE_MARK)
-}
 
 /// A save the engine asked for, for the run's event pump to store with the events before it.
 pub(super) struct SaveRequest {
@@ -65,22 +38,14 @@ pub(super) struct SaveRequest {
 pub(super) struct LoggedSaves {
     reads: Arc<dyn Checkpointer>,
     requests: mpsc::UnboundedSender<SaveRequest>,
-    /// The run's event channel, for the saves' marks; weak, so that the channel closes when
-    /// the engine drops its sink.
-    marks: mpsc::WeakSender<StreamEvent>,
 }
 
 impl LoggedSaves {
     pub(super) fn new(
         reads: Arc<dyn Checkpointer>,
         requests: mpsc::UnboundedSender<SaveRequest>,
-        marks: mpsc::WeakSender<StreamEvent>,
     ) -> Self {
-        Self {
-            reads,
-            requests,
-            marks,
-        }
+        Self { reads, requests }
     }
 
     /// Hands the save to the pump; the receipt resolves once it is stored (or failed).
@@ -89,31 +54,12 @@ impl LoggedSaves {
         if self.requests.send(SaveRequest { write, reply }).is_err() {
             return Box::pin(std::future::ready(Err(pump_stopped())));
         }
-        self.mark();
         Box::pin(async move {
             match receipt.await {
                 Ok(receipt) => receipt.await,
                 Err(_) => Err(pump_stopped()),
             }
         })
-    }
-
-    /// Puts the save's mark in the event channel, behind the events the engine sent before
-    /// the save. Each request sends one mark after it, and the pump takes the next request
-    /// at each mark, so a save is taken at its own mark or a later one: never before the
-    /// events emitted ahead of it. When the channel is full the mark follows as soon as there
-    /// is room (later than the save, so events after it may go with it; none before it is
-    /// left out). Once the engine dropped its sink there is no mark: the pump takes the saves
-    /// left after every event.
-    fn mark(&self) {
-        let Some(sink) = self.marks.upgrade() else {
-            return;
-        };
-        if let Err(TrySendError::Full(mark)) = sink.try_send(save_mark()) {
-            tokio::spawn(async move {
-                let _ = sink.send(mark).await;
-            });
-        }
     }
 }
 

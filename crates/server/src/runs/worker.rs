@@ -29,7 +29,7 @@ use uuid::Uuid;
 
 use super::execute::{keys, resumed, run_config, run_input, Resumed};
 use super::hub::{EndedRun, EventHub, HubMessage};
-use super::logged_saves::{is_save_mark, LoggedSaves, SaveRequest};
+use super::logged_saves::{LoggedSaves, SaveRequest};
 use crate::graphs::GraphRegistry;
 use crate::protocol::{self, normalize, normalize::Normalizer};
 use crate::store::{GraphStore, StoreConfig};
@@ -293,12 +293,9 @@ impl RunWorkers {
         // The engine's saves go through the event pump, which stores each with the events
         // emitted before it (see `logged_saves`).
         let (save_requests, saves) = mpsc::unbounded_channel();
+        let checkpointer: Arc<dyn Checkpointer> =
+            Arc::new(LoggedSaves::new(self.storage.checkpointer(), save_requests));
         let (sink, events) = mpsc::channel::<StreamEvent>(1024);
-        let checkpointer: Arc<dyn Checkpointer> = Arc::new(LoggedSaves::new(
-            self.storage.checkpointer(),
-            save_requests,
-            sink.downgrade(),
-        ));
         let prepared = self.prepare(run, &scope, assistant).await;
         // Every run logs its lifecycle (running, then its end) for the thread event stream,
         // named after its graph; a run started through the protocol logs the protocol's
@@ -692,6 +689,7 @@ async fn pump_events(
         pump.log(name, data).await?;
         pump.normalizer = log.normalizer;
     }
+    let mut saves_open = true;
     loop {
         if pump
             .flush_at
@@ -701,23 +699,22 @@ async fn pump_events(
         }
         let linger = pump.flush_at;
         tokio::select! {
+            // A save first: it takes in every event sent before it anyway.
+            biased;
+            request = saves.recv(), if saves_open => match request {
+                Some(request) => pump.save(request, &mut events).await?,
+                None => saves_open = false,
+            },
             event = events.recv() => match event {
-                // Every request is sent before its mark, so one is waiting (see
-                // `logged_saves`): the next, stored with the events taken so far.
-                Some(event) if is_save_mark(&event) => {
-                    if let Ok(request) = saves.try_recv() {
-                        pump.save(request).await?;
-                    }
-                }
                 Some(event) => pump.take(event).await?,
                 None => break,
             },
             () = sleep_until(linger) => {}
         }
     }
-    // The engine is done; the saves it asked for once its sink was gone have no mark.
+    // The engine is done; the saves it asked for were sent before its sink closed.
     while let Ok(request) = saves.try_recv() {
-        pump.save(request).await?;
+        pump.save(request, &mut events).await?;
     }
     if let Some(mut normalizer) = pump.normalizer.take() {
         let error = failed.get().map(String::as_str);
@@ -847,9 +844,16 @@ impl Pump {
         Ok(())
     }
 
-    /// A save the engine asked for, at its mark: has the storage store it with the events
-    /// taken in before it, in one transaction.
-    async fn save(&mut self, request: SaveRequest) -> Result<(), String> {
+    /// A save the engine asked for: takes in the events sent before it, then has the
+    /// storage store them with it, in one transaction.
+    async fn save(
+        &mut self,
+        request: SaveRequest,
+        events: &mut mpsc::Receiver<StreamEvent>,
+    ) -> Result<(), String> {
+        while let Ok(event) = events.try_recv() {
+            self.take(event).await?;
+        }
         let save = LoggedSave {
             write: request.write,
             events: std::mem::take(&mut self.batch),
