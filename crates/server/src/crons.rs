@@ -12,6 +12,7 @@
 //! as `POST /threads/{id}/runs` (or `POST /runs` for a cron without a thread): queue, multitask
 //! strategy, webhook.
 
+use spindle_storage::ResourceId;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -174,12 +175,12 @@ pub fn run_request(cron: &Cron) -> Result<RunCreate, String> {
 
 /// Where a cron's run goes: the cron's thread, or a new thread that the worker removes after
 /// the run (`on_run_completed: delete`, the default) or keeps.
-pub(crate) fn firing_thread(cron: &Cron) -> (Uuid, Stateless) {
+pub(crate) fn firing_thread(cron: &Cron) -> (ResourceId, Stateless) {
     match cron.thread_id {
         Some(thread_id) => (thread_id, Stateless::No),
         None => match cron.fields.on_run_completed {
-            Some(OnRunCompleted::Keep) => (spindle_storage::new_thread_id(), Stateless::Keep),
-            _ => (spindle_storage::new_thread_id(), Stateless::DeleteByWorker),
+            Some(OnRunCompleted::Keep) => (ResourceId::generate(), Stateless::Keep),
+            _ => (ResourceId::generate(), Stateless::DeleteByWorker),
         },
     }
 }

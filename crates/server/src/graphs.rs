@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use spindle_graph::Graph;
+use spindle_storage::ResourceId;
 use uuid::Uuid;
 
 /// Namespace of the default assistants' ids: `uuid5(NAMESPACE, graph_id)`, as LangGraph
@@ -11,8 +12,8 @@ use uuid::Uuid;
 pub const ASSISTANT_NAMESPACE: Uuid = Uuid::from_u128(0x6ba7b821_9dad_11d1_80b4_00c04fd430c8);
 
 /// The id of the assistant created for `graph_id` at start-up.
-pub fn default_assistant_id(graph_id: &str) -> Uuid {
-    Uuid::new_v5(&ASSISTANT_NAMESPACE, graph_id.as_bytes())
+pub fn default_assistant_id(graph_id: &str) -> ResourceId {
+    Uuid::new_v5(&ASSISTANT_NAMESPACE, graph_id.as_bytes()).into()
 }
 
 #[derive(Default)]
@@ -46,14 +47,14 @@ impl GraphRegistry {
         self.graphs.is_empty()
     }
 
-    /// The assistant id a path or body names: a UUID as given, or a graph id mapped to the
-    /// graph's default assistant. `None` when it is neither.
-    pub fn resolve_assistant_id(&self, id: &str) -> Option<Uuid> {
-        match Uuid::parse_str(id) {
-            Ok(uuid) => Some(uuid),
-            Err(_) if self.contains(id) => Some(default_assistant_id(id)),
-            Err(_) => None,
+    /// The assistant id a path or body names: a graph id maps to the graph's default
+    /// assistant, any other id is the assistant's own (a UUID, or an id its creator chose).
+    /// `None` for a string that can be no id.
+    pub fn resolve_assistant_id(&self, id: &str) -> Option<ResourceId> {
+        if self.contains(id) {
+            return Some(default_assistant_id(id));
         }
+        ResourceId::parse(id).ok()
     }
 }
 

@@ -603,6 +603,7 @@ pub fn rollback_payload(run: &Run, ended_at: DateTime<Utc>) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use spindle_storage::ResourceId;
 
     fn kind(ip: &str) -> AddressKind {
         classify(ip.parse().unwrap())
@@ -976,8 +977,8 @@ mod tests {
         let now = Utc::now();
         Run {
             run_id: Uuid::now_v7(),
-            thread_id: Uuid::new_v4(),
-            assistant_id: Uuid::new_v4(),
+            thread_id: ResourceId::generate(),
+            assistant_id: ResourceId::generate(),
             user_id: None,
             status,
             kwargs: serde_json::from_value(

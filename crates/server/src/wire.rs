@@ -4,7 +4,7 @@
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
-use spindle_storage::{IfExists, Page, SortOrder};
+use spindle_storage::{IfExists, Page, ResourceId, SortOrder, StorageError};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
@@ -114,6 +114,12 @@ pub fn path_uuid(name: &str, raw: &str) -> Result<Uuid, ApiError> {
         )
         .with_input(Value::from(raw))])
     })
+}
+
+/// A path's thread id. A string that cannot be an id names no thread: 404, as an unknown id
+/// does (a client cannot tell a malformed id from a deleted thread's, and needs not).
+pub fn path_thread_id(raw: &str) -> Result<ResourceId, ApiError> {
+    ResourceId::parse(raw).map_err(|_| StorageError::NotFound("thread").into())
 }
 
 /// A boolean query parameter as clients send it: `true`/`false` (any case) or `1`/`0`.

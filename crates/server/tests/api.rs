@@ -252,9 +252,11 @@ async fn graph_id_is_accepted_as_assistant_id() {
     let subgraphs = app.get("/assistants/nested/subgraphs").await;
     assert!(subgraphs.body.get("child").is_some(), "{}", subgraphs.body);
 
-    let bad = app.get("/assistants/not-a-graph").await;
-    assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(first_loc(&bad), json!(["path", "assistant_id"]));
+    // Neither a graph's id nor an assistant's: not found, whatever its form.
+    for unknown in ["not-a-graph", "not%20an%20id"] {
+        let bad = app.get(&format!("/assistants/{unknown}")).await;
+        assert_eq!(bad.status, StatusCode::NOT_FOUND, "{unknown}");
+    }
 
     let bad_xray = app.get("/assistants/echo/graph?xray=0").await;
     assert_eq!(first_loc(&bad_xray), json!(["query", "xray"]));
@@ -369,7 +371,7 @@ async fn bad_input_names_the_field() {
         ),
         (
             "/threads",
-            r#"{"thread_id": "nope"}"#,
+            r#"{"thread_id": "not an id"}"#,
             json!(["body", "thread_id"]),
         ),
         (
@@ -408,8 +410,14 @@ async fn bad_input_names_the_field() {
     assert_eq!(malformed.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(malformed.body["detail"][0]["type"], "json_invalid");
 
-    let bad_path = app.get("/threads/not-a-uuid").await;
-    assert_eq!(first_loc(&bad_path), json!(["path", "thread_id"]));
+    // Run ids are always Spindle's UUIDs; thread ids may be a client's own (an unknown one,
+    // of any form, is not found).
+    let bad_path = app.get("/threads/some-thread/runs/not-a-uuid").await;
+    assert_eq!(first_loc(&bad_path), json!(["path", "run_id"]));
+    for unknown in ["not-a-uuid", "not%20an%20id"] {
+        let missing = app.get(&format!("/threads/{unknown}")).await;
+        assert_eq!(missing.status, StatusCode::NOT_FOUND, "{unknown}");
+    }
     let bad_query = app
         .call(
             Method::DELETE,

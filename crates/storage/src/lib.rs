@@ -10,6 +10,7 @@
 pub mod checkpoints;
 pub mod crons;
 mod error;
+mod id;
 mod json_filter;
 pub mod model;
 pub mod postgres;
@@ -36,6 +37,7 @@ pub use crons::{
     OnRunCompleted, FIRING_LEASE,
 };
 pub use error::{StorageError, StorageResult};
+pub use id::{InvalidId, ResourceId};
 pub use model::*;
 pub use runs::{
     CancelAction, Claim, ClaimStart, ClaimedRun, CreatedRun, IfThreadMissing, LoggedEvent,
@@ -59,12 +61,12 @@ pub trait AssistantStore: Send + Sync {
         owner: Owner<'_>,
         new: NewAssistant,
     ) -> StorageResult<Assistant>;
-    async fn get_assistant(&self, scope: &Scope, id: Uuid) -> StorageResult<Assistant>;
+    async fn get_assistant(&self, scope: &Scope, id: ResourceId) -> StorageResult<Assistant>;
     /// Writes a new version (max + 1) from the current one and makes it current.
     async fn update_assistant(
         &self,
         scope: &Scope,
-        id: Uuid,
+        id: ResourceId,
         patch: AssistantPatch,
     ) -> StorageResult<Assistant>;
     /// Deletes an assistant, its versions, crons and runs, in one transaction. Its active
@@ -75,7 +77,7 @@ pub trait AssistantStore: Send + Sync {
     async fn delete_assistant(
         &self,
         scope: &Scope,
-        id: Uuid,
+        id: ResourceId,
         delete_threads: bool,
     ) -> StorageResult<Vec<Uuid>>;
     async fn search_assistants(
@@ -88,7 +90,7 @@ pub trait AssistantStore: Send + Sync {
     async fn list_assistant_versions(
         &self,
         scope: &Scope,
-        id: Uuid,
+        id: ResourceId,
         metadata: Option<JsonObject>,
         page: Page,
     ) -> StorageResult<Vec<AssistantVersion>>;
@@ -96,7 +98,7 @@ pub trait AssistantStore: Send + Sync {
     async fn set_latest_assistant_version(
         &self,
         scope: &Scope,
-        id: Uuid,
+        id: ResourceId,
         version: i64,
     ) -> StorageResult<Assistant>;
 }
@@ -107,12 +109,12 @@ pub trait ThreadStore: Send + Sync {
     /// Creates an idle thread. With [`IfExists::DoNothing`] an existing thread of the same id is
     /// returned unchanged; with [`IfExists::Raise`] it is a conflict.
     async fn create_thread(&self, scope: &Scope, new: NewThread) -> StorageResult<Thread>;
-    async fn get_thread(&self, scope: &Scope, id: Uuid) -> StorageResult<Thread>;
+    async fn get_thread(&self, scope: &Scope, id: ResourceId) -> StorageResult<Thread>;
     /// Merges `metadata` key by key into the thread's metadata.
     async fn update_thread(
         &self,
         scope: &Scope,
-        id: Uuid,
+        id: ResourceId,
         metadata: JsonObject,
     ) -> StorageResult<Thread> {
         let patch = ThreadPatch {
@@ -126,7 +128,7 @@ pub trait ThreadStore: Send + Sync {
     async fn patch_thread(
         &self,
         scope: &Scope,
-        id: Uuid,
+        id: ResourceId,
         patch: ThreadPatch,
     ) -> StorageResult<Thread>;
     /// A state edit: in one transaction, saves `write`'s checkpoints, sets the thread's
@@ -135,7 +137,7 @@ pub trait ThreadStore: Send + Sync {
     async fn write_thread_state(
         &self,
         scope: &Scope,
-        id: Uuid,
+        id: ResourceId,
         write: StateWrite,
         event: Option<ThreadEvent>,
     ) -> StorageResult<StateWritten>;
@@ -145,7 +147,7 @@ pub trait ThreadStore: Send + Sync {
     async fn prune_threads(
         &self,
         scope: &Scope,
-        ids: &[Uuid],
+        ids: &[ResourceId],
         strategy: TtlStrategy,
     ) -> StorageResult<u64>;
     /// Applies the TTL of up to `limit` expired threads that have no active run, of every
@@ -157,7 +159,7 @@ pub trait ThreadStore: Send + Sync {
         default: Option<ThreadTtl>,
         limit: i64,
     ) -> StorageResult<SweepOutcome>;
-    async fn delete_thread(&self, scope: &Scope, id: Uuid) -> StorageResult<()>;
+    async fn delete_thread(&self, scope: &Scope, id: ResourceId) -> StorageResult<()>;
     async fn search_threads(
         &self,
         scope: &Scope,
@@ -167,7 +169,12 @@ pub trait ThreadStore: Send + Sync {
     /// Copies a thread to a new idle thread, in one transaction: its metadata (which names its
     /// graph), config, values and every checkpoint, pending write and blob of its history, in
     /// SQL. Its runs and events are not copied (as the reference).
-    async fn copy_thread(&self, scope: &Scope, id: Uuid, new_id: Uuid) -> StorageResult<Thread>;
+    async fn copy_thread(
+        &self,
+        scope: &Scope,
+        id: ResourceId,
+        new_id: ResourceId,
+    ) -> StorageResult<Thread>;
 }
 
 /// Everything the server needs from a database.

@@ -2,10 +2,10 @@
 //!
 //! These are domain values, not wire types: the server crate maps them to and from JSON bodies.
 
+use crate::ResourceId;
 use chrono::{DateTime, Utc};
 use serde_json::{Map, Value};
 use spindle_graph::checkpoint::{ChannelBlob, Checkpoint};
-use uuid::Uuid;
 
 /// A JSON object, as metadata, config and context are.
 pub type JsonObject = Map<String, Value>;
@@ -92,7 +92,7 @@ pub struct AssistantFields {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Assistant {
-    pub assistant_id: Uuid,
+    pub assistant_id: ResourceId,
     pub user_id: Option<String>,
     /// The version runs use: the latest, unless another was pinned with set-latest.
     pub version: i64,
@@ -103,7 +103,7 @@ pub struct Assistant {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct AssistantVersion {
-    pub assistant_id: Uuid,
+    pub assistant_id: ResourceId,
     pub version: i64,
     pub fields: AssistantFields,
     pub created_at: DateTime<Utc>,
@@ -111,7 +111,7 @@ pub struct AssistantVersion {
 
 #[derive(Debug, Clone)]
 pub struct NewAssistant {
-    pub assistant_id: Uuid,
+    pub assistant_id: ResourceId,
     pub fields: AssistantFields,
     pub if_exists: IfExists,
 }
@@ -242,16 +242,9 @@ impl ThreadStatus {
     }
 }
 
-/// A new thread id. Time-ordered (UUID v7) like run ids: every table keyed by thread (threads,
-/// checkpoints, their blobs and writes, the event log) then grows at its end, so the threads
-/// created together share B-tree pages and a commit writes a few pages, not one per thread.
-pub fn new_thread_id() -> Uuid {
-    Uuid::now_v7()
-}
-
 #[derive(Debug, Clone, PartialEq)]
 pub struct Thread {
-    pub thread_id: Uuid,
+    pub thread_id: ResourceId,
     pub user_id: Option<String>,
     pub status: ThreadStatus,
     pub metadata: JsonObject,
@@ -271,7 +264,7 @@ pub struct Thread {
 
 #[derive(Debug, Clone)]
 pub struct NewThread {
-    pub thread_id: Uuid,
+    pub thread_id: ResourceId,
     pub metadata: JsonObject,
     pub if_exists: IfExists,
     /// Expire the thread this long after its creation.
@@ -283,7 +276,7 @@ pub struct NewThread {
 
 impl NewThread {
     /// A thread with only an id and metadata.
-    pub fn new(thread_id: Uuid, metadata: JsonObject, if_exists: IfExists) -> Self {
+    pub fn new(thread_id: ResourceId, metadata: JsonObject, if_exists: IfExists) -> Self {
         Self {
             thread_id,
             metadata,
@@ -439,7 +432,7 @@ impl ThreadSortBy {
 
 #[derive(Debug, Clone, Default)]
 pub struct ThreadFilter {
-    pub ids: Option<Vec<Uuid>>,
+    pub ids: Option<Vec<ResourceId>>,
     pub metadata: Option<JsonObject>,
     pub values: Option<JsonObject>,
     pub status: Option<ThreadStatus>,

@@ -4,6 +4,7 @@
 //! Writes that read before they write lock the row (`FOR UPDATE`) so concurrent processes
 //! serialise on it.
 
+use crate::ResourceId;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -107,14 +108,14 @@ fn push_visible(qb: &mut QueryBuilder<'_, Postgres>, scope: &Scope) {
 async fn fetch_assistant(
     conn: &mut PgConnection,
     scope: &Scope,
-    id: Uuid,
+    id: ResourceId,
     lock: bool,
 ) -> StorageResult<Option<Assistant>> {
     let sql = format!(
         "SELECT {ASSISTANT_COLUMNS} FROM assistants WHERE assistant_id = $1 AND (user_id = $2 OR user_id IS NULL){}",
         if lock { " FOR UPDATE" } else { "" }
     );
-    let row: Option<AssistantRow<Uuid>> = sqlx::query_as(&sql)
+    let row: Option<AssistantRow> = sqlx::query_as(&sql)
         .bind(id)
         .bind(&scope.user_id)
         .fetch_optional(conn)
@@ -124,7 +125,7 @@ async fn fetch_assistant(
 
 async fn insert_version(
     conn: &mut PgConnection,
-    id: Uuid,
+    id: ResourceId,
     version: &AssistantVersion,
 ) -> StorageResult<()> {
     let f = &version.fields;
@@ -148,7 +149,7 @@ async fn insert_version(
 
 async fn set_current(
     conn: &mut PgConnection,
-    id: Uuid,
+    id: ResourceId,
     version: i64,
     fields: &AssistantFields,
 ) -> StorageResult<Assistant> {
@@ -156,7 +157,7 @@ async fn set_current(
         "UPDATE assistants SET graph_id = $2, name = $3, description = $4, config = $5, context = $6, \
          metadata = $7, version = $8, updated_at = $9 WHERE assistant_id = $1 RETURNING {ASSISTANT_COLUMNS}"
     );
-    let row: AssistantRow<Uuid> = sqlx::query_as(&sql)
+    let row: AssistantRow = sqlx::query_as(&sql)
         .bind(id)
         .bind(&fields.graph_id)
         .bind(&fields.name)
@@ -219,7 +220,7 @@ fn push_thread_filter(qb: &mut QueryBuilder<'_, Postgres>, scope: &Scope, filter
 async fn delete_assistant(
     conn: &mut PgConnection,
     scope: &Scope,
-    id: Uuid,
+    id: ResourceId,
     delete_threads: bool,
 ) -> StorageResult<Vec<Uuid>> {
     let visible: Option<i32> = sqlx::query_scalar(
@@ -235,7 +236,7 @@ async fn delete_assistant(
     }
     let mut stopped = Vec::new();
     if delete_threads {
-        let threads: Vec<Uuid> = sqlx::query_scalar(
+        let threads: Vec<ResourceId> = sqlx::query_scalar(
             "SELECT thread_id FROM threads WHERE metadata @> jsonb_build_object('assistant_id', $1::text) \
              AND (user_id = $2 OR user_id IS NULL) ORDER BY thread_id FOR UPDATE",
         )
@@ -279,7 +280,7 @@ impl AssistantStore for PostgresStorage {
              metadata, version, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 1, $9, $9) \
              ON CONFLICT (assistant_id) DO NOTHING RETURNING {ASSISTANT_COLUMNS}"
         );
-        let inserted: Option<AssistantRow<Uuid>> = sqlx::query_as(&sql)
+        let inserted: Option<AssistantRow> = sqlx::query_as(&sql)
             .bind(new.assistant_id)
             .bind(owner.user_id())
             .bind(&f.graph_id)
@@ -313,7 +314,7 @@ impl AssistantStore for PostgresStorage {
         Ok(inserted.into())
     }
 
-    async fn get_assistant(&self, scope: &Scope, id: Uuid) -> StorageResult<Assistant> {
+    async fn get_assistant(&self, scope: &Scope, id: ResourceId) -> StorageResult<Assistant> {
         let mut conn = self.pool.acquire().await?;
         fetch_assistant(&mut conn, scope, id, false)
             .await?
@@ -323,7 +324,7 @@ impl AssistantStore for PostgresStorage {
     async fn update_assistant(
         &self,
         scope: &Scope,
-        id: Uuid,
+        id: ResourceId,
         patch: AssistantPatch,
     ) -> StorageResult<Assistant> {
         let mut tx = self.pool.begin().await?;
@@ -351,7 +352,7 @@ impl AssistantStore for PostgresStorage {
     async fn delete_assistant(
         &self,
         scope: &Scope,
-        id: Uuid,
+        id: ResourceId,
         delete_threads: bool,
     ) -> StorageResult<Vec<Uuid>> {
         let mut tx = self.pool.begin().await?;
@@ -375,7 +376,7 @@ impl AssistantStore for PostgresStorage {
         .push_bind(search.page.limit)
         .push(" OFFSET ")
         .push_bind(search.page.offset);
-        let rows: Vec<AssistantRow<Uuid>> = qb.build_query_as().fetch_all(&self.pool).await?;
+        let rows: Vec<AssistantRow> = qb.build_query_as().fetch_all(&self.pool).await?;
         let total = self.count_assistants(scope, search.filter).await?;
         Ok(Paged {
             items: rows.into_iter().map(Assistant::from).collect(),
@@ -392,7 +393,7 @@ impl AssistantStore for PostgresStorage {
     async fn list_assistant_versions(
         &self,
         scope: &Scope,
-        id: Uuid,
+        id: ResourceId,
         metadata: Option<JsonObject>,
         page: Page,
     ) -> StorageResult<Vec<AssistantVersion>> {
@@ -409,15 +410,14 @@ impl AssistantStore for PostgresStorage {
             .push_bind(page.limit)
             .push(" OFFSET ")
             .push_bind(page.offset);
-        let rows: Vec<AssistantVersionRow<Uuid>> =
-            qb.build_query_as().fetch_all(&self.pool).await?;
+        let rows: Vec<AssistantVersionRow> = qb.build_query_as().fetch_all(&self.pool).await?;
         Ok(rows.into_iter().map(AssistantVersion::from).collect())
     }
 
     async fn set_latest_assistant_version(
         &self,
         scope: &Scope,
-        id: Uuid,
+        id: ResourceId,
         version: i64,
     ) -> StorageResult<Assistant> {
         let mut tx = self.pool.begin().await?;
@@ -425,7 +425,7 @@ impl AssistantStore for PostgresStorage {
             .await?
             .ok_or(StorageError::NotFound("assistant"))?;
         let sql = format!("SELECT {VERSION_COLUMNS} FROM assistant_versions WHERE assistant_id = $1 AND version = $2");
-        let row: Option<AssistantVersionRow<Uuid>> = sqlx::query_as(&sql)
+        let row: Option<AssistantVersionRow> = sqlx::query_as(&sql)
             .bind(id)
             .bind(version)
             .fetch_optional(&mut *tx)
@@ -441,10 +441,10 @@ impl AssistantStore for PostgresStorage {
 async fn fetch_thread(
     conn: &mut PgConnection,
     scope: &Scope,
-    id: Uuid,
+    id: ResourceId,
 ) -> StorageResult<Option<Thread>> {
     let sql = format!("SELECT {THREAD_COLUMNS} FROM threads WHERE thread_id = $1 AND (user_id = $2 OR user_id IS NULL)");
-    let row: Option<ThreadRow<Uuid>> = sqlx::query_as(&sql)
+    let row: Option<ThreadRow> = sqlx::query_as(&sql)
         .bind(id)
         .bind(&scope.user_id)
         .fetch_optional(conn)
@@ -493,7 +493,7 @@ impl ThreadStore for PostgresStorage {
         Ok(thread)
     }
 
-    async fn get_thread(&self, scope: &Scope, id: Uuid) -> StorageResult<Thread> {
+    async fn get_thread(&self, scope: &Scope, id: ResourceId) -> StorageResult<Thread> {
         let mut conn = self.pool.acquire().await?;
         fetch_thread(&mut conn, scope, id)
             .await?
@@ -503,7 +503,7 @@ impl ThreadStore for PostgresStorage {
     async fn patch_thread(
         &self,
         scope: &Scope,
-        id: Uuid,
+        id: ResourceId,
         patch: ThreadPatch,
     ) -> StorageResult<Thread> {
         let mut tx = self.pool.begin().await?;
@@ -535,7 +535,7 @@ impl ThreadStore for PostgresStorage {
     async fn write_thread_state(
         &self,
         scope: &Scope,
-        id: Uuid,
+        id: ResourceId,
         write: StateWrite,
         event: Option<ThreadEvent>,
     ) -> StorageResult<StateWritten> {
@@ -563,7 +563,7 @@ impl ThreadStore for PostgresStorage {
     async fn prune_threads(
         &self,
         scope: &Scope,
-        ids: &[Uuid],
+        ids: &[ResourceId],
         strategy: TtlStrategy,
     ) -> StorageResult<u64> {
         let mut tx = self.pool.begin().await?;
@@ -584,7 +584,7 @@ impl ThreadStore for PostgresStorage {
         Ok(outcome)
     }
 
-    async fn delete_thread(&self, scope: &Scope, id: Uuid) -> StorageResult<()> {
+    async fn delete_thread(&self, scope: &Scope, id: ResourceId) -> StorageResult<()> {
         let done = sqlx::query(
             "DELETE FROM threads WHERE thread_id = $1 AND (user_id = $2 OR user_id IS NULL)",
         )
@@ -613,7 +613,7 @@ impl ThreadStore for PostgresStorage {
         .push_bind(search.page.limit)
         .push(" OFFSET ")
         .push_bind(search.page.offset);
-        let rows: Vec<ThreadRow<Uuid>> = qb.build_query_as().fetch_all(&self.pool).await?;
+        let rows: Vec<ThreadRow> = qb.build_query_as().fetch_all(&self.pool).await?;
         let total = self.count_threads(scope, search.filter).await?;
         Ok(Paged {
             items: rows
@@ -630,7 +630,12 @@ impl ThreadStore for PostgresStorage {
         Ok(qb.build_query_scalar().fetch_one(&self.pool).await?)
     }
 
-    async fn copy_thread(&self, scope: &Scope, id: Uuid, new_id: Uuid) -> StorageResult<Thread> {
+    async fn copy_thread(
+        &self,
+        scope: &Scope,
+        id: ResourceId,
+        new_id: ResourceId,
+    ) -> StorageResult<Thread> {
         let sql = format!(
             "INSERT INTO threads (thread_id, user_id, status, metadata, config, state_values, interrupts, error, \
              created_at, updated_at, state_updated_at) \
@@ -638,7 +643,7 @@ impl ThreadStore for PostgresStorage {
              FROM threads t WHERE thread_id = $1 AND (user_id = $2 OR user_id IS NULL) RETURNING {THREAD_COLUMNS}"
         );
         let mut tx = self.pool.begin().await?;
-        let row: Option<ThreadRow<Uuid>> = sqlx::query_as(&sql)
+        let row: Option<ThreadRow> = sqlx::query_as(&sql)
             .bind(id)
             .bind(&scope.user_id)
             .bind(new_id)
@@ -647,7 +652,7 @@ impl ThreadStore for PostgresStorage {
             .await
             .map_err(|e| conflict_if_taken(e, || format!("thread {new_id} already exists")))?;
         let thread = Thread::try_from(row.ok_or(StorageError::NotFound("thread"))?)?;
-        copy_checkpoints_pg(&mut tx, &id.to_string(), &new_id.to_string()).await?;
+        copy_checkpoints_pg(&mut tx, id.as_str(), new_id.as_str()).await?;
         tx.commit().await?;
         Ok(thread)
     }

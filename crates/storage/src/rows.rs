@@ -1,5 +1,4 @@
-//! Row shapes shared by both backends. They differ only in how an id column decodes
-//! (PostgreSQL `UUID`, SQLite `TEXT`), hence the `Id` parameter.
+//! Row shapes shared by both backends.
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -10,9 +9,9 @@ use crate::model::{
     Assistant, AssistantFields, AssistantVersion, JsonObject, Thread, ThreadStatus, ThreadTtl,
     TtlStrategy,
 };
-use crate::{StorageError, StorageResult};
+use crate::{ResourceId, StorageError, StorageResult};
 
-/// An id as a backend decodes it.
+/// A UUID id (a run's, a cron's) as a backend decodes it: PostgreSQL `UUID`, SQLite `TEXT`.
 pub(crate) trait IntoUuid {
     fn into_uuid(self) -> Uuid;
 }
@@ -30,8 +29,8 @@ impl IntoUuid for uuid::fmt::Hyphenated {
 }
 
 #[derive(sqlx::FromRow)]
-pub(crate) struct AssistantRow<Id> {
-    assistant_id: Id,
+pub(crate) struct AssistantRow {
+    assistant_id: ResourceId,
     user_id: Option<String>,
     graph_id: String,
     name: String,
@@ -44,12 +43,12 @@ pub(crate) struct AssistantRow<Id> {
     updated_at: DateTime<Utc>,
 }
 
-impl AssistantRow<Uuid> {
+impl AssistantRow {
     /// A row read by rusqlite (the SQLite writer thread and point reads).
     pub(crate) fn from_sqlite(r: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
         use crate::sqlite_values::RowExt;
         Ok(Self {
-            assistant_id: r.uuid("assistant_id")?,
+            assistant_id: r.resource_id("assistant_id")?,
             user_id: r.get("user_id")?,
             graph_id: r.get("graph_id")?,
             name: r.get("name")?,
@@ -64,10 +63,10 @@ impl AssistantRow<Uuid> {
     }
 }
 
-impl<Id: IntoUuid> From<AssistantRow<Id>> for Assistant {
-    fn from(row: AssistantRow<Id>) -> Self {
+impl From<AssistantRow> for Assistant {
+    fn from(row: AssistantRow) -> Self {
         Assistant {
-            assistant_id: row.assistant_id.into_uuid(),
+            assistant_id: row.assistant_id,
             user_id: row.user_id,
             version: row.version,
             fields: AssistantFields {
@@ -85,8 +84,8 @@ impl<Id: IntoUuid> From<AssistantRow<Id>> for Assistant {
 }
 
 #[derive(sqlx::FromRow)]
-pub(crate) struct AssistantVersionRow<Id> {
-    assistant_id: Id,
+pub(crate) struct AssistantVersionRow {
+    assistant_id: ResourceId,
     version: i64,
     graph_id: String,
     name: String,
@@ -97,10 +96,10 @@ pub(crate) struct AssistantVersionRow<Id> {
     created_at: DateTime<Utc>,
 }
 
-impl<Id: IntoUuid> From<AssistantVersionRow<Id>> for AssistantVersion {
-    fn from(row: AssistantVersionRow<Id>) -> Self {
+impl From<AssistantVersionRow> for AssistantVersion {
+    fn from(row: AssistantVersionRow) -> Self {
         AssistantVersion {
-            assistant_id: row.assistant_id.into_uuid(),
+            assistant_id: row.assistant_id,
             version: row.version,
             fields: AssistantFields {
                 graph_id: row.graph_id,
@@ -116,8 +115,8 @@ impl<Id: IntoUuid> From<AssistantVersionRow<Id>> for AssistantVersion {
 }
 
 #[derive(sqlx::FromRow)]
-pub(crate) struct ThreadRow<Id> {
-    thread_id: Id,
+pub(crate) struct ThreadRow {
+    thread_id: ResourceId,
     user_id: Option<String>,
     status: String,
     metadata: Json<JsonObject>,
@@ -133,12 +132,12 @@ pub(crate) struct ThreadRow<Id> {
     expires_at: Option<DateTime<Utc>>,
 }
 
-impl ThreadRow<Uuid> {
+impl ThreadRow {
     /// A row read by rusqlite (the SQLite writer thread and point reads).
     pub(crate) fn from_sqlite(r: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
         use crate::sqlite_values::RowExt;
         Ok(Self {
-            thread_id: r.uuid("thread_id")?,
+            thread_id: r.resource_id("thread_id")?,
             user_id: r.get("user_id")?,
             status: r.get("status")?,
             metadata: Json(r.json("metadata")?),
@@ -156,15 +155,15 @@ impl ThreadRow<Uuid> {
     }
 }
 
-impl<Id: IntoUuid> TryFrom<ThreadRow<Id>> for Thread {
+impl TryFrom<ThreadRow> for Thread {
     type Error = StorageError;
 
-    fn try_from(row: ThreadRow<Id>) -> StorageResult<Self> {
+    fn try_from(row: ThreadRow) -> StorageResult<Self> {
         let status = ThreadStatus::parse(&row.status).ok_or_else(|| {
             StorageError::Corrupt(format!("unknown thread status {:?}", row.status))
         })?;
         Ok(Thread {
-            thread_id: row.thread_id.into_uuid(),
+            thread_id: row.thread_id,
             user_id: row.user_id,
             status,
             metadata: row.metadata.0,

@@ -6,6 +6,7 @@
 //! on the caller's thread (`sqlite_reader`); searches and history pages use a read-only sqlx
 //! pool.
 
+use crate::ResourceId;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +21,6 @@ use sqlx::sqlite::{
 };
 use sqlx::types::Json;
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
-use uuid::fmt::Hyphenated;
 use uuid::Uuid;
 
 use crate::checkpoints::{copy_checkpoints_sqlite, SqliteCheckpointer};
@@ -55,10 +55,6 @@ pub struct SqliteStorage {
     /// Queues runs' saves with their events ([`Storage::queue_logged`]); one for the process,
     /// so a thread's queued saves join one batch whichever worker queued them.
     logged: SqliteCheckpointer,
-}
-
-fn hyph(id: Uuid) -> Hyphenated {
-    id.hyphenated()
 }
 
 /// Accepts `sqlite://path`, `sqlite:path` and a plain file path.
@@ -189,13 +185,13 @@ fn push_visible(qb: &mut QueryBuilder<'_, Sqlite>, scope: &Scope) {
 async fn fetch_assistant(
     conn: &mut SqliteConnection,
     scope: &Scope,
-    id: Uuid,
+    id: ResourceId,
 ) -> StorageResult<Option<Assistant>> {
     let sql = format!(
         "SELECT {ASSISTANT_COLUMNS} FROM assistants WHERE assistant_id = $1 AND (user_id = $2 OR user_id IS NULL)"
     );
-    let row: Option<AssistantRow<Hyphenated>> = sqlx::query_as(&sql)
-        .bind(hyph(id))
+    let row: Option<AssistantRow> = sqlx::query_as(&sql)
+        .bind(id)
         .bind(&scope.user_id)
         .fetch_optional(conn)
         .await?;
@@ -204,7 +200,7 @@ async fn fetch_assistant(
 
 async fn insert_version(
     conn: &mut SqliteConnection,
-    id: Uuid,
+    id: ResourceId,
     version: &AssistantVersion,
 ) -> StorageResult<()> {
     let f = &version.fields;
@@ -212,7 +208,7 @@ async fn insert_version(
         "INSERT INTO assistant_versions (assistant_id, version, graph_id, name, description, config, \
          context, metadata, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
     )
-    .bind(hyph(id))
+    .bind(id)
     .bind(version.version)
     .bind(&f.graph_id)
     .bind(&f.name)
@@ -229,7 +225,7 @@ async fn insert_version(
 /// Makes `fields` at `version` the assistant's current configuration.
 async fn set_current(
     conn: &mut SqliteConnection,
-    id: Uuid,
+    id: ResourceId,
     version: i64,
     fields: &AssistantFields,
 ) -> StorageResult<()> {
@@ -237,7 +233,7 @@ async fn set_current(
         "UPDATE assistants SET graph_id = $2, name = $3, description = $4, config = $5, context = $6, \
          metadata = $7, version = $8, updated_at = $9 WHERE assistant_id = $1",
     )
-    .bind(hyph(id))
+    .bind(id)
     .bind(&fields.graph_id)
     .bind(&fields.name)
     .bind(&fields.description)
@@ -279,7 +275,7 @@ fn push_thread_filter(qb: &mut QueryBuilder<'_, Sqlite>, scope: &Scope, filter: 
         qb.push(" AND thread_id IN (");
         let mut list = qb.separated(", ");
         for id in ids {
-            list.push_bind(hyph(*id));
+            list.push_bind(*id);
         }
         // `IN ()` is a syntax error; an empty id list matches nothing.
         if ids.is_empty() {
@@ -314,7 +310,7 @@ impl AssistantStore for SqliteStorage {
         let (_permit, mut tx) = self.begin_write().await?;
         let existing: Option<(Option<String>,)> =
             sqlx::query_as("SELECT user_id FROM assistants WHERE assistant_id = $1")
-                .bind(hyph(new.assistant_id))
+                .bind(new.assistant_id)
                 .fetch_optional(&mut *tx)
                 .await?;
         if let Some((existing_owner,)) = existing {
@@ -336,7 +332,7 @@ impl AssistantStore for SqliteStorage {
             "INSERT INTO assistants (assistant_id, user_id, graph_id, name, description, config, context, \
              metadata, version, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 1, $9, $9)",
         )
-        .bind(hyph(new.assistant_id))
+        .bind(new.assistant_id)
         .bind(owner.user_id())
         .bind(&f.graph_id)
         .bind(&f.name)
@@ -365,7 +361,11 @@ impl AssistantStore for SqliteStorage {
         })
     }
 
-    async fn get_assistant(&self, scope: &Scope, assistant: Uuid) -> StorageResult<Assistant> {
+    async fn get_assistant(
+        &self,
+        scope: &Scope,
+        assistant: ResourceId,
+    ) -> StorageResult<Assistant> {
         let sql = format!(
             "SELECT {ASSISTANT_COLUMNS} FROM assistants WHERE assistant_id = ?1 \
              AND (user_id = ?2 OR user_id IS NULL)"
@@ -382,7 +382,7 @@ impl AssistantStore for SqliteStorage {
     async fn update_assistant(
         &self,
         scope: &Scope,
-        id: Uuid,
+        id: ResourceId,
         patch: AssistantPatch,
     ) -> StorageResult<Assistant> {
         let (_permit, mut tx) = self.begin_write().await?;
@@ -392,7 +392,7 @@ impl AssistantStore for SqliteStorage {
         let latest: i64 = sqlx::query_scalar(
             "SELECT MAX(version) FROM assistant_versions WHERE assistant_id = $1",
         )
-        .bind(hyph(id))
+        .bind(id)
         .fetch_one(&mut *tx)
         .await?;
         let version = AssistantVersion {
@@ -413,7 +413,7 @@ impl AssistantStore for SqliteStorage {
     async fn delete_assistant(
         &self,
         scope: &Scope,
-        assistant: Uuid,
+        assistant: ResourceId,
         delete_threads: bool,
     ) -> StorageResult<Vec<Uuid>> {
         let scope = scope.clone();
@@ -437,7 +437,7 @@ impl AssistantStore for SqliteStorage {
         .push_bind(search.page.limit)
         .push(" OFFSET ")
         .push_bind(search.page.offset);
-        let rows: Vec<AssistantRow<Hyphenated>> = qb.build_query_as().fetch_all(&self.read).await?;
+        let rows: Vec<AssistantRow> = qb.build_query_as().fetch_all(&self.read).await?;
         let total = self.count_assistants(scope, search.filter).await?;
         Ok(Paged {
             items: rows.into_iter().map(Assistant::from).collect(),
@@ -454,7 +454,7 @@ impl AssistantStore for SqliteStorage {
     async fn list_assistant_versions(
         &self,
         scope: &Scope,
-        id: Uuid,
+        id: ResourceId,
         metadata: Option<JsonObject>,
         page: Page,
     ) -> StorageResult<Vec<AssistantVersion>> {
@@ -462,7 +462,7 @@ impl AssistantStore for SqliteStorage {
         let mut qb = QueryBuilder::new(format!(
             "SELECT {VERSION_COLUMNS} FROM assistant_versions WHERE assistant_id = "
         ));
-        qb.push_bind(hyph(id));
+        qb.push_bind(id);
         if let Some(metadata) = metadata {
             qb.push(" AND ");
             push_sqlite_contains(&mut qb, "metadata", &Value::Object(metadata));
@@ -471,15 +471,14 @@ impl AssistantStore for SqliteStorage {
             .push_bind(page.limit)
             .push(" OFFSET ")
             .push_bind(page.offset);
-        let rows: Vec<AssistantVersionRow<Hyphenated>> =
-            qb.build_query_as().fetch_all(&self.read).await?;
+        let rows: Vec<AssistantVersionRow> = qb.build_query_as().fetch_all(&self.read).await?;
         Ok(rows.into_iter().map(AssistantVersion::from).collect())
     }
 
     async fn set_latest_assistant_version(
         &self,
         scope: &Scope,
-        id: Uuid,
+        id: ResourceId,
         version: i64,
     ) -> StorageResult<Assistant> {
         let (_permit, mut tx) = self.begin_write().await?;
@@ -487,8 +486,8 @@ impl AssistantStore for SqliteStorage {
             .await?
             .ok_or(StorageError::NotFound("assistant"))?;
         let sql = format!("SELECT {VERSION_COLUMNS} FROM assistant_versions WHERE assistant_id = $1 AND version = $2");
-        let row: Option<AssistantVersionRow<Hyphenated>> = sqlx::query_as(&sql)
-            .bind(hyph(id))
+        let row: Option<AssistantVersionRow> = sqlx::query_as(&sql)
+            .bind(id)
             .bind(version)
             .fetch_optional(&mut *tx)
             .await?;
@@ -507,7 +506,7 @@ impl AssistantStore for SqliteStorage {
 fn delete_visible(
     conn: &rusqlite::Connection,
     delete: &str,
-    key: Uuid,
+    key: ResourceId,
     user_id: String,
     what: &'static str,
 ) -> StorageResult<()> {
@@ -523,7 +522,7 @@ fn delete_visible(
 fn delete_assistant(
     conn: &rusqlite::Connection,
     scope: &Scope,
-    assistant: Uuid,
+    assistant: ResourceId,
     delete_threads: bool,
 ) -> StorageResult<Vec<Uuid>> {
     let visible = conn
@@ -536,12 +535,12 @@ fn delete_assistant(
     }
     let mut stopped = Vec::new();
     if delete_threads {
-        let threads: Vec<Uuid> = conn
+        let threads: Vec<ResourceId> = conn
             .prepare_cached(
                 "SELECT thread_id FROM threads WHERE json_extract(metadata, '$.assistant_id') = ?1 \
                  AND (user_id = ?2 OR user_id IS NULL)",
             )?
-            .query_map((id(assistant), &scope.user_id), |r| r.uuid("thread_id"))?
+            .query_map((id(assistant), &scope.user_id), |r| r.resource_id("thread_id"))?
             .collect::<rusqlite::Result<_>>()?;
         stopped = crate::runs::sqlite::running_runs_of_threads(conn, &threads)?;
         for thread in threads {
@@ -559,7 +558,11 @@ fn delete_assistant(
 }
 
 /// A thread the caller can see (on the write connection or a point-read one).
-fn thread_now(conn: &rusqlite::Connection, scope: &Scope, thread: Uuid) -> StorageResult<Thread> {
+fn thread_now(
+    conn: &rusqlite::Connection,
+    scope: &Scope,
+    thread: ResourceId,
+) -> StorageResult<Thread> {
     let sql = format!(
         "SELECT {THREAD_COLUMNS} FROM threads WHERE thread_id = ?1 \
          AND (user_id = ?2 OR user_id IS NULL)"
@@ -619,14 +622,14 @@ impl ThreadStore for SqliteStorage {
             .await
     }
 
-    async fn get_thread(&self, scope: &Scope, thread: Uuid) -> StorageResult<Thread> {
+    async fn get_thread(&self, scope: &Scope, thread: ResourceId) -> StorageResult<Thread> {
         self.readers.read(|conn| thread_now(conn, scope, thread))
     }
 
     async fn patch_thread(
         &self,
         scope: &Scope,
-        thread: Uuid,
+        thread: ResourceId,
         patch: ThreadPatch,
     ) -> StorageResult<Thread> {
         let scope = scope.clone();
@@ -653,7 +656,7 @@ impl ThreadStore for SqliteStorage {
     async fn write_thread_state(
         &self,
         scope: &Scope,
-        thread: Uuid,
+        thread: ResourceId,
         write: StateWrite,
         event: Option<ThreadEvent>,
     ) -> StorageResult<StateWritten> {
@@ -681,7 +684,7 @@ impl ThreadStore for SqliteStorage {
     async fn prune_threads(
         &self,
         scope: &Scope,
-        ids: &[Uuid],
+        ids: &[ResourceId],
         strategy: TtlStrategy,
     ) -> StorageResult<u64> {
         let (scope, ids) = (scope.clone(), ids.to_vec());
@@ -701,7 +704,7 @@ impl ThreadStore for SqliteStorage {
             .await
     }
 
-    async fn delete_thread(&self, scope: &Scope, thread: Uuid) -> StorageResult<()> {
+    async fn delete_thread(&self, scope: &Scope, thread: ResourceId) -> StorageResult<()> {
         let user_id = scope.user_id.clone();
         self.writer
             .write(move |conn| {
@@ -731,7 +734,7 @@ impl ThreadStore for SqliteStorage {
         .push_bind(search.page.limit)
         .push(" OFFSET ")
         .push_bind(search.page.offset);
-        let rows: Vec<ThreadRow<Hyphenated>> = qb.build_query_as().fetch_all(&self.read).await?;
+        let rows: Vec<ThreadRow> = qb.build_query_as().fetch_all(&self.read).await?;
         let total = self.count_threads(scope, search.filter).await?;
         Ok(Paged {
             items: rows
@@ -748,7 +751,12 @@ impl ThreadStore for SqliteStorage {
         count_with(qb, &self.read).await
     }
 
-    async fn copy_thread(&self, scope: &Scope, from: Uuid, to: Uuid) -> StorageResult<Thread> {
+    async fn copy_thread(
+        &self,
+        scope: &Scope,
+        from: ResourceId,
+        to: ResourceId,
+    ) -> StorageResult<Thread> {
         let scope = scope.clone();
         self.writer
             .write(move |conn| {

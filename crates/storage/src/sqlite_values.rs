@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::{StorageError, StorageResult};
+use crate::{ResourceId, StorageError, StorageResult};
 
 /// A timestamp as sqlx encodes `DateTime<Utc>` for SQLite.
 pub(crate) fn ts(at: DateTime<Utc>) -> String {
@@ -23,8 +23,26 @@ pub(crate) fn json<T: Serialize + ?Sized>(value: &T) -> StorageResult<String> {
 }
 
 /// An id as the text SQLite keeps.
-pub(crate) fn id(id: Uuid) -> String {
-    id.hyphenated().to_string()
+pub(crate) fn id(id: impl StoredId) -> String {
+    id.stored_text()
+}
+
+/// The ids SQLite keeps as text: UUIDs (runs, crons) hyphenated, threads' and assistants'
+/// ids as they are.
+pub(crate) trait StoredId {
+    fn stored_text(self) -> String;
+}
+
+impl StoredId for Uuid {
+    fn stored_text(self) -> String {
+        self.hyphenated().to_string()
+    }
+}
+
+impl StoredId for ResourceId {
+    fn stored_text(self) -> String {
+        self.as_str().to_owned()
+    }
 }
 
 fn conversion(
@@ -61,6 +79,8 @@ fn required<T>(value: Option<T>, row: &Row<'_>, col: &str) -> rusqlite::Result<T
 pub(crate) trait RowExt {
     fn uuid(&self, col: &str) -> rusqlite::Result<Uuid>;
     fn opt_uuid(&self, col: &str) -> rusqlite::Result<Option<Uuid>>;
+    fn resource_id(&self, col: &str) -> rusqlite::Result<ResourceId>;
+    fn opt_resource_id(&self, col: &str) -> rusqlite::Result<Option<ResourceId>>;
     fn ts(&self, col: &str) -> rusqlite::Result<DateTime<Utc>>;
     fn opt_ts(&self, col: &str) -> rusqlite::Result<Option<DateTime<Utc>>>;
     fn json<T: DeserializeOwned>(&self, col: &str) -> rusqlite::Result<T>;
@@ -75,6 +95,16 @@ impl RowExt for Row<'_> {
     fn opt_uuid(&self, col: &str) -> rusqlite::Result<Option<Uuid>> {
         text(self, col)?
             .map(|s| Uuid::parse_str(s).map_err(|e| conversion(0, Type::Text, e)))
+            .transpose()
+    }
+
+    fn resource_id(&self, col: &str) -> rusqlite::Result<ResourceId> {
+        required(self.opt_resource_id(col)?, self, col)
+    }
+
+    fn opt_resource_id(&self, col: &str) -> rusqlite::Result<Option<ResourceId>> {
+        text(self, col)?
+            .map(|s| ResourceId::parse(s).map_err(|e| conversion(0, Type::Text, e)))
             .transpose()
     }
 

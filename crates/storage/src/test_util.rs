@@ -43,7 +43,7 @@ use uuid::Uuid;
 use crate::model::ThreadStatus;
 use crate::postgres::PostgresStorage;
 use crate::sqlite::SqliteStorage;
-use crate::{Backend, Storage};
+use crate::{Backend, ResourceId, Storage};
 
 /// The PostgreSQL server tests use, e.g. `postgres://postgres@127.0.0.1:5432/test`.
 pub const POSTGRES_URL_ENV: &str = "SPINDLE_TEST_POSTGRES_URL";
@@ -270,12 +270,17 @@ impl TestDb {
 
     /// Sets what runs will write one day: a thread's status and the values of its latest
     /// checkpoint (and `state_updated_at` to now).
-    pub async fn set_thread_state(&self, id: Uuid, status: ThreadStatus, values: Option<Value>) {
+    pub async fn set_thread_state(
+        &self,
+        id: ResourceId,
+        status: ThreadStatus,
+        values: Option<Value>,
+    ) {
         const SQL: &str = "UPDATE threads SET status = $2, state_values = $3, \
                            state_updated_at = $4 WHERE thread_id = $1";
         let done = match &self.raw {
             Raw::Sqlite(pool) => sqlx::query(SQL)
-                .bind(id.hyphenated())
+                .bind(id)
                 .bind(status.as_str())
                 .bind(values.map(Json))
                 .bind(Utc::now())

@@ -10,6 +10,7 @@
 use serde_json::{json, Map, Value};
 use spindle_graph::checkpoint::ListFilter;
 use spindle_graph::pregel;
+use spindle_storage::ResourceId;
 use spindle_storage::{Scope, StorageError, ThreadStatus};
 use uuid::Uuid;
 
@@ -98,7 +99,7 @@ pub fn success(id: u64, result: Value, applied_through_seq: i64) -> Value {
 pub async fn run(
     state: &AppState,
     scope: &Scope,
-    thread_id: Uuid,
+    thread_id: ResourceId,
     method: &str,
     params: &Map<String, Value>,
 ) -> Result<Value, Failure> {
@@ -145,7 +146,7 @@ struct RunAsk {
 async fn create_run(
     state: &AppState,
     scope: &Scope,
-    thread_id: Uuid,
+    thread_id: ResourceId,
     ask: RunAsk,
 ) -> Result<Uuid, Failure> {
     let mut config = ask.config.unwrap_or_default();
@@ -183,7 +184,7 @@ async fn create_run(
 async fn run_start(
     state: &AppState,
     scope: &Scope,
-    thread_id: Uuid,
+    thread_id: ResourceId,
     params: &Map<String, Value>,
 ) -> Result<Value, Failure> {
     let assistant_id = params
@@ -291,7 +292,7 @@ fn responses(params: &Map<String, Value>) -> Result<Vec<(String, Value)>, Failur
 async fn input_respond(
     state: &AppState,
     scope: &Scope,
-    thread_id: Uuid,
+    thread_id: ResourceId,
     params: &Map<String, Value>,
 ) -> Result<Value, Failure> {
     let answers = responses(params)?;
@@ -348,7 +349,7 @@ const SETTLE: std::time::Duration = std::time::Duration::from_secs(5);
 async fn settled_thread(
     state: &AppState,
     scope: &Scope,
-    thread_id: Uuid,
+    thread_id: ResourceId,
 ) -> Result<spindle_storage::Thread, Failure> {
     let deadline = tokio::time::Instant::now() + SETTLE;
     loop {
@@ -393,7 +394,7 @@ async fn thread_assistant(
 async fn latest_run(
     state: &AppState,
     scope: &Scope,
-    thread_id: Uuid,
+    thread_id: ResourceId,
 ) -> Result<Option<spindle_storage::Run>, Failure> {
     let runs = state
         .storage
@@ -411,7 +412,7 @@ async fn latest_run(
 async fn agent_tree(
     state: &AppState,
     scope: &Scope,
-    thread_id: Uuid,
+    thread_id: ResourceId,
     params: &Map<String, Value>,
 ) -> Result<Value, Failure> {
     let run = match params.get("run_id").and_then(Value::as_str) {
@@ -533,7 +534,7 @@ fn root_namespace(params: &Map<String, Value>) -> Result<(), Failure> {
 async fn graph_of(
     state: &AppState,
     scope: &Scope,
-    thread_id: Uuid,
+    thread_id: ResourceId,
 ) -> Result<Option<std::sync::Arc<spindle_graph::Graph>>, Failure> {
     let thread = state.storage.get_thread(scope, thread_id).await?;
     Ok(thread_graph(state, scope, &thread).await?)
@@ -542,7 +543,7 @@ async fn graph_of(
 async fn state_get(
     state: &AppState,
     scope: &Scope,
-    thread_id: Uuid,
+    thread_id: ResourceId,
     params: &Map<String, Value>,
 ) -> Result<Value, Failure> {
     root_namespace(params)?;
@@ -550,7 +551,7 @@ async fn state_get(
         return Ok(json!({"values": {}}));
     };
     let saver = state.storage.checkpointer();
-    let snapshot = pregel::get_state(&graph, saver.as_ref(), &thread_id.to_string(), "", None)
+    let snapshot = pregel::get_state(&graph, saver.as_ref(), thread_id.as_str(), "", None)
         .await
         .map_err(|e| fail("unknown_error", e.to_string()))?;
     let Some(snapshot) = snapshot else {
@@ -583,7 +584,7 @@ fn checkpoint_ref(checkpoint: &Value) -> Value {
 async fn list_checkpoints(
     state: &AppState,
     scope: &Scope,
-    thread_id: Uuid,
+    thread_id: ResourceId,
     params: &Map<String, Value>,
 ) -> Result<Value, Failure> {
     root_namespace(params)?;
@@ -609,7 +610,7 @@ async fn list_checkpoints(
     };
     let saver = state.storage.checkpointer();
     let history =
-        pregel::get_state_history(&graph, saver.as_ref(), &thread_id.to_string(), "", &filter)
+        pregel::get_state_history(&graph, saver.as_ref(), thread_id.as_str(), "", &filter)
             .await
             .map_err(|e| fail("unknown_error", e.to_string()))?;
     let checkpoints: Vec<Value> = history
@@ -637,7 +638,7 @@ async fn list_checkpoints(
 async fn state_fork(
     state: &AppState,
     scope: &Scope,
-    thread_id: Uuid,
+    thread_id: ResourceId,
     params: &Map<String, Value>,
 ) -> Result<Value, Failure> {
     let checkpoint_id = params
@@ -652,7 +653,7 @@ async fn state_fork(
             pregel::get_state(
                 graph,
                 saver.as_ref(),
-                &thread_id.to_string(),
+                thread_id.as_str(),
                 "",
                 Some(checkpoint_id),
             )

@@ -263,10 +263,11 @@ fn run_end(data: &Value) -> Option<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use spindle_storage::ResourceId;
 
     fn logged(seq: i64, run: Uuid, name: &str, data: Value) -> LoggedEvent {
         LoggedEvent {
-            thread_id: Uuid::nil(),
+            thread_id: ResourceId::from(Uuid::nil()),
             seq,
             run_id: run,
             event: name.into(),

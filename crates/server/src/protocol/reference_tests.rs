@@ -9,6 +9,7 @@
 //! protocol's shape), tasks and checkpoints (the reference's transformers keep them off its
 //! wire), and the reference's empty `updates` for an interrupt.
 
+use spindle_storage::ResourceId;
 use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
@@ -86,7 +87,7 @@ async fn ours(graph: &Arc<Graph>, input: Value) -> Vec<Value> {
         .enumerate()
         .filter_map(|(i, (event, data))| {
             let logged = LoggedEvent {
-                thread_id: Uuid::nil(),
+                thread_id: ResourceId::from(Uuid::nil()),
                 seq: i as i64 + 1,
                 run_id: Uuid::nil(),
                 event,

@@ -8,6 +8,7 @@
 //! subscriptions stops the follower between two events and starts a new one where the
 //! socket left off; a new subscription's replay from its own `since` comes first.
 
+use spindle_storage::ResourceId;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
@@ -68,7 +69,7 @@ struct Follower {
 struct Socket {
     state: AppState,
     scope: Scope,
-    thread_id: Uuid,
+    thread_id: ResourceId,
     out: mpsc::Sender<String>,
     sent: Arc<Mutex<Sent>>,
     subscriptions: HashMap<String, Selector>,
@@ -76,7 +77,7 @@ struct Socket {
 }
 
 /// Serves one socket until the client closes it.
-pub async fn serve(socket: WebSocket, state: AppState, scope: Scope, thread_id: Uuid) {
+pub async fn serve(socket: WebSocket, state: AppState, scope: Scope, thread_id: ResourceId) {
     let (mut sink, mut incoming) = socket.split();
     let (out, mut outgoing) = mpsc::channel::<String>(256);
     let writer = tokio::spawn(async move {

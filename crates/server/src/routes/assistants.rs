@@ -8,15 +8,15 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use spindle_graph::Graph;
+use spindle_storage::ResourceId;
 use spindle_storage::{
     Assistant, AssistantFields, AssistantFilter, AssistantPatch, AssistantSearch, AssistantSortBy,
-    AssistantVersion, NewAssistant, Owner, Scope,
+    AssistantVersion, NewAssistant, Owner, Scope, StorageError,
 };
 use std::sync::Arc;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
-use uuid::Uuid;
 
 use crate::error::{ApiError, ApiResult, ErrorBody, ValidationErrorBody};
 use crate::extract::{ApiJson, ApiQuery, Patch, Validate, Violations};
@@ -42,7 +42,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 /// An assistant, at the version runs use.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct AssistantOut {
-    pub assistant_id: Uuid,
+    pub assistant_id: ResourceId,
     pub graph_id: String,
     #[schema(value_type = Object)]
     pub config: JsonObject,
@@ -79,7 +79,7 @@ impl From<Assistant> for AssistantOut {
 /// One stored version of an assistant.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct AssistantVersionOut {
-    pub assistant_id: Uuid,
+    pub assistant_id: ResourceId,
     pub version: i64,
     pub graph_id: String,
     #[schema(value_type = Object)]
@@ -113,7 +113,7 @@ impl From<AssistantVersion> for AssistantVersionOut {
 pub struct AssistantCreate {
     /// Defaults to a new random id.
     #[serde(default)]
-    pub assistant_id: Option<Uuid>,
+    pub assistant_id: Option<ResourceId>,
     pub graph_id: String,
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
@@ -335,16 +335,26 @@ pub struct GraphSchemasOut {
     pub context_schema: Value,
 }
 
-/// Parses a path's assistant id: a UUID or a graph id.
-pub fn resolve_assistant_id(state: &AppState, raw: &str) -> ApiResult<Uuid> {
-    state.graphs.resolve_assistant_id(raw).ok_or_else(|| {
-        ApiError::validation(vec![crate::error::ValidationItem::new(
-            vec![json!("path"), json!("assistant_id")],
-            "uuid_parsing",
-            "Input should be a valid UUID or the id of a graph",
-        )
-        .with_input(json!(raw))])
-    })
+/// A path's assistant id: an assistant's id or a graph's. A string that can be neither names
+/// no assistant: 404, as an unknown id does.
+pub fn resolve_assistant_id(state: &AppState, raw: &str) -> ApiResult<ResourceId> {
+    state
+        .graphs
+        .resolve_assistant_id(raw)
+        .ok_or_else(|| StorageError::NotFound("assistant").into())
+}
+
+/// A graph's id names the graph's default assistant in every path and body, so an assistant
+/// created with that id could never be reached.
+fn refuse_graph_id(state: &AppState, id: Option<ResourceId>) -> ApiResult<()> {
+    match id {
+        Some(id) if state.graphs.contains(id.as_str()) => Err(ApiError::field(
+            vec![json!("body"), json!("assistant_id")],
+            "value_error",
+            format!("\"{id}\" is a graph's id, which names that graph's default assistant"),
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn unknown_graph(state: &AppState, graph_id: &str) -> ApiError {
@@ -405,12 +415,13 @@ async fn create_assistant(
     ApiJson(body): ApiJson<AssistantCreate>,
 ) -> ApiResult<Json<AssistantOut>> {
     graph_of(&state, &body.graph_id)?;
+    refuse_graph_id(&state, body.assistant_id)?;
     let mut config = body.config.unwrap_or_default();
     let context_given = body.context.is_some();
     let mut context = body.context.unwrap_or_default();
     sync_context(&mut config, &mut context, context_given)?;
     let new = NewAssistant {
-        assistant_id: body.assistant_id.unwrap_or_else(Uuid::new_v4),
+        assistant_id: body.assistant_id.unwrap_or_else(ResourceId::generate),
         fields: AssistantFields {
             graph_id: body.graph_id,
             name: body.name.unwrap_or_else(|| "Untitled".into()),

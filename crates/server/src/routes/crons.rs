@@ -8,6 +8,7 @@ use axum::Json;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{json, Value};
+use spindle_storage::ResourceId;
 use spindle_storage::{
     Cron, CronFields, CronFilter, CronSearch, CronSortBy, NewCron, OnRunCompleted, Scope,
 };
@@ -24,7 +25,9 @@ use crate::error::{ApiError, ApiResult, ErrorBody, ValidationErrorBody};
 use crate::extract::{parse_body, ApiJson, Patch, Validate, Violations};
 use crate::routes::assistants::resolve_assistant_id;
 use crate::state::{AppState, Caller};
-use crate::wire::{page, path_uuid, select_fields, validate_page, JsonObject, SortOrderWire};
+use crate::wire::{
+    page, path_thread_id, path_uuid, select_fields, validate_page, JsonObject, SortOrderWire,
+};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -39,8 +42,8 @@ pub fn router() -> OpenApiRouter<AppState> {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct CronOut {
     pub cron_id: Uuid,
-    pub assistant_id: Uuid,
-    pub thread_id: Option<Uuid>,
+    pub assistant_id: ResourceId,
+    pub thread_id: Option<ResourceId>,
     pub user_id: Option<String>,
     pub end_time: Option<DateTime<Utc>>,
     pub schedule: String,
@@ -196,13 +199,14 @@ impl Validate for CronCreate {
     }
 }
 
-/// The body's `assistant_id` (a UUID or a graph id), or a 422 naming it.
-fn body_assistant_id(state: &AppState, raw: &str) -> ApiResult<Uuid> {
+/// The body's `assistant_id` (an assistant's id or a graph's), or a 422 naming it when it can
+/// be neither.
+fn body_assistant_id(state: &AppState, raw: &str) -> ApiResult<ResourceId> {
     resolve_assistant_id(state, raw).map_err(|_| {
         ApiError::field(
             vec![json!("body"), json!("assistant_id")],
-            "uuid_parsing",
-            "Input should be a valid UUID or the id of a graph",
+            "value_error",
+            "Input should be an assistant's id or a graph's id (1 to 128 letters, digits and . _ : -)",
         )
     })
 }
@@ -232,7 +236,7 @@ async fn checked_run(
 
 /// What a creation stores: the run's fields with the resolved assistant, the schedule and
 /// time zone, and the cron's id in `config.configurable` (as the reference server writes it).
-fn payload_of(body: &CronCreate, assistant_id: Uuid, cron_id: Uuid) -> JsonObject {
+fn payload_of(body: &CronCreate, assistant_id: ResourceId, cron_id: Uuid) -> JsonObject {
     let mut payload = body.run.clone();
     payload.retain(|_, value| !value.is_null());
     payload.insert("assistant_id".into(), json!(assistant_id.to_string()));
@@ -256,7 +260,7 @@ fn payload_of(body: &CronCreate, assistant_id: Uuid, cron_id: Uuid) -> JsonObjec
 async fn create(
     state: &AppState,
     scope: &Scope,
-    thread_id: Option<Uuid>,
+    thread_id: Option<ResourceId>,
     body: CronCreate,
 ) -> ApiResult<Response> {
     let assistant = run_assistant(state, scope, &body.assistant_id).await?;
@@ -321,7 +325,7 @@ async fn create(
 }
 
 #[utoipa::path(post, path = "/threads/{thread_id}/runs/crons", tag = "crons", request_body = CronCreate,
-    params(("thread_id" = Uuid, Path)),
+    params(("thread_id" = String, Path)),
     responses((status = 200, description = "the cron's first run, with `cron_id` (or, with enabled false, the cron)", body = CronCreated),
               (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn create_thread_cron(
@@ -330,7 +334,7 @@ async fn create_thread_cron(
     Path(thread_id): Path<String>,
     ApiJson(body): ApiJson<CronCreate>,
 ) -> ApiResult<Response> {
-    let thread_id = path_uuid("thread_id", &thread_id)?;
+    let thread_id = path_thread_id(&thread_id)?;
     create(&state, &scope, Some(thread_id), body).await
 }
 
@@ -546,7 +550,7 @@ pub struct CronSearchRequest {
     #[serde(default)]
     pub assistant_id: Option<String>,
     #[serde(default)]
-    pub thread_id: Option<Uuid>,
+    pub thread_id: Option<ResourceId>,
     #[serde(default)]
     pub enabled: Option<bool>,
     /// Containment: crons whose metadata holds every given key and value.
@@ -648,7 +652,7 @@ mod tests {
         }))
         .unwrap();
         let cron_id = Uuid::new_v4();
-        let payload = payload_of(&body, Uuid::nil(), cron_id);
+        let payload = payload_of(&body, ResourceId::from(Uuid::nil()), cron_id);
         assert_eq!(payload["input"], json!({"x": 1}));
         assert_eq!(payload["config"]["configurable"]["k"], json!(1));
         assert_eq!(

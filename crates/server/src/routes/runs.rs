@@ -1,6 +1,7 @@
 //! `/threads/{thread_id}/runs` and stateless `/runs`: create, stream, wait, list, get, delete,
 //! join and cancel runs.
 
+use spindle_storage::ResourceId;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -30,7 +31,7 @@ use crate::runs::stream::{follow_new_run, follow_stream, Follow, Target};
 use crate::runs::worker::{self, CLEANUP_BY_WORKER};
 use crate::sse;
 use crate::state::{AppState, Caller};
-use crate::wire::{page, path_uuid, validate_page, JsonObject};
+use crate::wire::{page, path_thread_id, path_uuid, validate_page, JsonObject};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -55,8 +56,8 @@ pub fn router() -> OpenApiRouter<AppState> {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct RunOut {
     pub run_id: Uuid,
-    pub thread_id: Uuid,
-    pub assistant_id: Uuid,
+    pub thread_id: ResourceId,
+    pub assistant_id: ResourceId,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     /// pending, running, error, success, timeout or interrupted.
@@ -519,7 +520,7 @@ impl StartedRun {
 pub(crate) async fn start_run(
     state: &AppState,
     scope: &Scope,
-    thread_id: Uuid,
+    thread_id: ResourceId,
     body: &RunCreate,
     stateless: Stateless,
     cron_firing: Option<FiringId>,
@@ -626,7 +627,7 @@ pub(crate) async fn check_webhook(
 pub(crate) fn locations(run: &Run) -> HeaderMap {
     let base = format!("/threads/{}/runs/{}", run.thread_id, run.run_id);
     let mut headers = HeaderMap::new();
-    // Both are built from UUIDs, so they are always valid header values.
+    // Ids have only letters, digits and . _ : -, so these are always valid header values.
     if let (Ok(join), Ok(content)) = (format!("{base}/join").parse(), base.parse()) {
         headers.insert(axum::http::header::LOCATION, join);
         headers.insert(axum::http::header::CONTENT_LOCATION, content);
@@ -640,7 +641,7 @@ enum Source {
     Log(Option<i64>),
     /// A subscription taken before the run was created: live from the start (after the
     /// run's first event, when its creator already knows it).
-    New(Subscription, Option<LoggedEvent>),
+    New(Subscription, Option<Box<LoggedEvent>>),
 }
 
 /// An SSE response following `run` from `source`. When the client leaves first and
@@ -708,7 +709,7 @@ fn stream_response(
             live,
             scope,
             follow(None),
-            first.as_ref(),
+            first.as_deref(),
             keepalive,
             on_done,
         )),
@@ -902,7 +903,7 @@ fn respond_when_ended(
 }
 
 #[utoipa::path(post, path = "/threads/{thread_id}/runs", tag = "runs", request_body = RunCreate,
-    params(("thread_id" = Uuid, Path)),
+    params(("thread_id" = String, Path)),
     responses((status = 200, description = "the run, pending; it executes in the background", body = RunOut),
               (status = 404, body = ErrorBody), (status = 409, description = "multitask_strategy reject and the thread is busy", body = ErrorBody),
               (status = 422, body = ValidationErrorBody)))]
@@ -912,7 +913,7 @@ async fn create_run(
     Path(thread_id): Path<String>,
     ApiJson(body): ApiJson<RunCreate>,
 ) -> ApiResult<Response> {
-    let thread_id = path_uuid("thread_id", &thread_id)?;
+    let thread_id = path_thread_id(&thread_id)?;
     let run = start_run(&state, &scope, thread_id, &body, Stateless::No, None)
         .await?
         .run;
@@ -920,7 +921,7 @@ async fn create_run(
 }
 
 #[utoipa::path(post, path = "/threads/{thread_id}/runs/stream", tag = "runs", request_body = RunCreate,
-    params(("thread_id" = Uuid, Path)),
+    params(("thread_id" = String, Path)),
     responses((status = 200, description = "Server-Sent Events: metadata, then the requested stream modes", content_type = "text/event-stream", body = String),
               (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn stream_run(
@@ -929,7 +930,7 @@ async fn stream_run(
     Path(thread_id): Path<String>,
     ApiJson(body): ApiJson<RunCreate>,
 ) -> ApiResult<Response> {
-    let thread_id = path_uuid("thread_id", &thread_id)?;
+    let thread_id = path_thread_id(&thread_id)?;
     let live = state.hub.subscribe(thread_id);
     let started = start_run(&state, &scope, thread_id, &body, Stateless::No, None).await?;
     Ok(stream_started(&state, scope, started, live, &body, false))
@@ -945,12 +946,12 @@ fn stream_started(
     delete_after: bool,
 ) -> Response {
     let cancel = body.on_disconnect.unwrap_or_default() == OnDisconnect::Cancel;
-    let source = Source::New(live, started.first_event());
+    let source = Source::New(live, started.first_event().map(Box::new));
     stream_response(state, scope, &started.run, source, cancel, delete_after)
 }
 
 #[utoipa::path(post, path = "/threads/{thread_id}/runs/wait", tag = "runs", request_body = RunCreate,
-    params(("thread_id" = Uuid, Path)),
+    params(("thread_id" = String, Path)),
     responses((status = 200, description = "the final values (`__interrupt__`, `__error__` when applicable)", body = Object),
               (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn wait_run(
@@ -959,7 +960,7 @@ async fn wait_run(
     Path(thread_id): Path<String>,
     ApiJson(body): ApiJson<RunCreate>,
 ) -> ApiResult<Response> {
-    let thread_id = path_uuid("thread_id", &thread_id)?;
+    let thread_id = path_thread_id(&thread_id)?;
     let live = state.hub.subscribe(thread_id);
     let run = start_run(&state, &scope, thread_id, &body, Stateless::No, None)
         .await?
@@ -998,7 +999,7 @@ impl Validate for ListRunsQuery {
 }
 
 #[utoipa::path(get, path = "/threads/{thread_id}/runs", tag = "runs",
-    params(("thread_id" = Uuid, Path), ListRunsQuery),
+    params(("thread_id" = String, Path), ListRunsQuery),
     responses((status = 200, description = "runs, newest first", body = Vec<RunOut>), (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn list_runs(
     State(state): State<AppState>,
@@ -1006,7 +1007,7 @@ async fn list_runs(
     Path(thread_id): Path<String>,
     ApiQuery(query): ApiQuery<ListRunsQuery>,
 ) -> ApiResult<Json<Vec<RunOut>>> {
-    let thread_id = path_uuid("thread_id", &thread_id)?;
+    let thread_id = path_thread_id(&thread_id)?;
     state.storage.get_thread(&scope, thread_id).await?;
     let filter = RunFilter {
         status: query.status.as_deref().and_then(RunStatus::parse),
@@ -1018,15 +1019,12 @@ async fn list_runs(
     Ok(Json(runs.into_iter().map(Into::into).collect()))
 }
 
-fn run_path(thread_id: &str, run_id: &str) -> ApiResult<(Uuid, Uuid)> {
-    Ok((
-        path_uuid("thread_id", thread_id)?,
-        path_uuid("run_id", run_id)?,
-    ))
+fn run_path(thread_id: &str, run_id: &str) -> ApiResult<(ResourceId, Uuid)> {
+    Ok((path_thread_id(thread_id)?, path_uuid("run_id", run_id)?))
 }
 
 #[utoipa::path(get, path = "/threads/{thread_id}/runs/{run_id}", tag = "runs",
-    params(("thread_id" = Uuid, Path), ("run_id" = Uuid, Path)),
+    params(("thread_id" = String, Path), ("run_id" = Uuid, Path)),
     responses((status = 200, body = RunOut), (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn get_run(
     State(state): State<AppState>,
@@ -1057,7 +1055,7 @@ impl Validate for DeleteRunQuery {
 }
 
 #[utoipa::path(delete, path = "/threads/{thread_id}/runs/{run_id}", tag = "runs",
-    params(("thread_id" = Uuid, Path), ("run_id" = Uuid, Path), DeleteRunQuery),
+    params(("thread_id" = String, Path), ("run_id" = Uuid, Path), DeleteRunQuery),
     responses((status = 204, description = "deleted"), (status = 404, body = ErrorBody),
               (status = 409, description = "the run is active and force is 0", body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn delete_run(
@@ -1089,7 +1087,7 @@ async fn delete_run(
 }
 
 #[utoipa::path(get, path = "/threads/{thread_id}/runs/{run_id}/join", tag = "runs",
-    params(("thread_id" = Uuid, Path), ("run_id" = Uuid, Path)),
+    params(("thread_id" = String, Path), ("run_id" = Uuid, Path)),
     responses((status = 200, description = "the final values once the run ended", body = Object), (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn join_run(
     State(state): State<AppState>,
@@ -1102,7 +1100,7 @@ async fn join_run(
 }
 
 #[utoipa::path(get, path = "/threads/{thread_id}/runs/{run_id}/stream", tag = "runs",
-    params(("thread_id" = Uuid, Path), ("run_id" = Uuid, Path),
+    params(("thread_id" = String, Path), ("run_id" = Uuid, Path),
            ("Last-Event-ID" = Option<String>, Header, description = "resume after this event id; -1 replays all")),
     responses((status = 200, description = "the run's events from the log, then live", content_type = "text/event-stream", body = String),
               (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
@@ -1163,7 +1161,7 @@ impl Validate for CancelQuery {
 }
 
 #[utoipa::path(post, path = "/threads/{thread_id}/runs/{run_id}/cancel", tag = "runs",
-    params(("thread_id" = Uuid, Path), ("run_id" = Uuid, Path), CancelQuery),
+    params(("thread_id" = String, Path), ("run_id" = Uuid, Path), CancelQuery),
     responses((status = 202, description = "cancel requested"), (status = 204, description = "cancelled (wait=true)"),
               (status = 404, description = "no such active run", body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn cancel_run(
@@ -1200,7 +1198,7 @@ async fn cancel_run(
 async fn start_stateless(
     state: &AppState,
     scope: &Scope,
-    thread_id: Uuid,
+    thread_id: ResourceId,
     body: &RunCreate,
     background: bool,
 ) -> ApiResult<(StartedRun, Stateless)> {
@@ -1217,14 +1215,8 @@ async fn create_stateless_run(
     Caller(scope): Caller,
     ApiJson(body): ApiJson<RunCreate>,
 ) -> ApiResult<Response> {
-    let (StartedRun { run, .. }, _) = start_stateless(
-        &state,
-        &scope,
-        spindle_storage::new_thread_id(),
-        &body,
-        true,
-    )
-    .await?;
+    let (StartedRun { run, .. }, _) =
+        start_stateless(&state, &scope, ResourceId::generate(), &body, true).await?;
     Ok((locations(&run), Json(RunOut::from(run))).into_response())
 }
 
@@ -1236,7 +1228,7 @@ async fn stream_stateless_run(
     Caller(scope): Caller,
     ApiJson(body): ApiJson<RunCreate>,
 ) -> ApiResult<Response> {
-    let thread_id = spindle_storage::new_thread_id();
+    let thread_id = ResourceId::generate();
     let live = state.hub.subscribe(thread_id);
     let (started, stateless) = start_stateless(&state, &scope, thread_id, &body, false).await?;
     let delete = stateless == Stateless::DeleteAfterResponse;
@@ -1251,7 +1243,7 @@ async fn wait_stateless_run(
     Caller(scope): Caller,
     ApiJson(body): ApiJson<RunCreate>,
 ) -> ApiResult<Response> {
-    let thread_id = spindle_storage::new_thread_id();
+    let thread_id = ResourceId::generate();
     let live = state.hub.subscribe(thread_id);
     let (StartedRun { run, .. }, stateless) =
         start_stateless(&state, &scope, thread_id, &body, false).await?;
@@ -1281,7 +1273,7 @@ async fn create_run_batch(
     let mut runs = Vec::with_capacity(bodies.len());
     for body in &bodies {
         let (StartedRun { run, .. }, _) =
-            start_stateless(&state, &scope, spindle_storage::new_thread_id(), body, true).await?;
+            start_stateless(&state, &scope, ResourceId::generate(), body, true).await?;
         runs.push(RunOut::from(run));
     }
     Ok(Json(runs))
@@ -1291,7 +1283,7 @@ async fn create_run_batch(
 /// caller with a status.
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct CancelManyRequest {
-    pub thread_id: Option<Uuid>,
+    pub thread_id: Option<ResourceId>,
     #[serde(default)]
     pub run_ids: Option<Vec<Uuid>>,
     /// pending, running or all: every such run of the caller, in any thread. Exclusive with
@@ -1388,13 +1380,13 @@ async fn runs_by_thread(
     state: &AppState,
     scope: &Scope,
     status: CancelStatus,
-) -> ApiResult<Vec<(Uuid, Vec<Uuid>)>> {
+) -> ApiResult<Vec<(ResourceId, Vec<Uuid>)>> {
     let status = match status {
         CancelStatus::Pending => Some(RunStatus::Pending),
         CancelStatus::Running => Some(RunStatus::Running),
         CancelStatus::All => None,
     };
-    let mut grouped: Vec<(Uuid, Vec<Uuid>)> = Vec::new();
+    let mut grouped: Vec<(ResourceId, Vec<Uuid>)> = Vec::new();
     for (thread_id, run_id) in state.storage.active_runs(scope, status).await? {
         match grouped.iter_mut().find(|(t, _)| *t == thread_id) {
             Some((_, runs)) => runs.push(run_id),

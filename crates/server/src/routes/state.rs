@@ -7,6 +7,7 @@
 //! Reading a state or a history page costs a fixed number of queries whatever the length of
 //! the thread (see `spindle_storage::checkpoints`).
 
+use spindle_storage::ResourceId;
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
@@ -20,7 +21,6 @@ use spindle_storage::{CheckpointWrite, RunFilter, Scope, StateWrite, Thread, Thr
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
-use uuid::Uuid;
 
 use crate::error::{ApiError, ApiResult, ErrorBody, ErrorCode, ValidationErrorBody};
 use crate::extract::{ApiJson, ApiQuery, Validate, Violations};
@@ -28,7 +28,7 @@ use crate::runs::hub::HubMessage;
 use crate::runs::state_columns;
 use crate::runs::stream::STATE_UPDATE_EVENT;
 use crate::state::{AppState, Caller};
-use crate::wire::{page, path_uuid};
+use crate::wire::{page, path_thread_id};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -253,7 +253,7 @@ pub(crate) async fn thread_graph(
 async fn latest_run_graph(
     state: &AppState,
     scope: &Scope,
-    thread_id: Uuid,
+    thread_id: ResourceId,
 ) -> ApiResult<Option<String>> {
     let runs = state
         .storage
@@ -284,7 +284,7 @@ struct StateAt<'a> {
 async fn read_state(
     state: &AppState,
     scope: &Scope,
-    thread_id: Uuid,
+    thread_id: ResourceId,
     at: StateAt<'_>,
 ) -> ApiResult<Value> {
     let thread = state.storage.get_thread(scope, thread_id).await?;
@@ -318,7 +318,7 @@ fn empty_state(thread_id: &str, asked: Option<&str>) -> Value {
 }
 
 #[utoipa::path(get, path = "/threads/{thread_id}/state", tag = "threads",
-    params(("thread_id" = Uuid, Path), StateQuery),
+    params(("thread_id" = String, Path), StateQuery),
     responses((status = 200, description = "the state at the latest checkpoint (empty when there is none)", body = ThreadStateDoc),
               (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn get_state(
@@ -327,7 +327,7 @@ async fn get_state(
     Path(thread_id): Path<String>,
     ApiQuery(query): ApiQuery<StateQuery>,
 ) -> ApiResult<Json<Value>> {
-    let id = path_uuid("thread_id", &thread_id)?;
+    let id = path_thread_id(&thread_id)?;
     let at = StateAt {
         checkpoint_ns: "",
         checkpoint_id: None,
@@ -337,7 +337,7 @@ async fn get_state(
 }
 
 #[utoipa::path(get, path = "/threads/{thread_id}/state/{checkpoint_id}", tag = "threads",
-    params(("thread_id" = Uuid, Path), ("checkpoint_id" = String, Path), StateQuery),
+    params(("thread_id" = String, Path), ("checkpoint_id" = String, Path), StateQuery),
     responses((status = 200, description = "the state at that checkpoint (empty when the thread has no such checkpoint)", body = ThreadStateDoc),
               (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn get_state_at(
@@ -346,7 +346,7 @@ async fn get_state_at(
     Path((thread_id, checkpoint_id)): Path<(String, String)>,
     ApiQuery(query): ApiQuery<StateQuery>,
 ) -> ApiResult<Json<Value>> {
-    let id = path_uuid("thread_id", &thread_id)?;
+    let id = path_thread_id(&thread_id)?;
     let at = StateAt {
         checkpoint_ns: "",
         checkpoint_id: Some(&checkpoint_id),
@@ -356,7 +356,7 @@ async fn get_state_at(
 }
 
 #[utoipa::path(post, path = "/threads/{thread_id}/state/checkpoint", tag = "threads",
-    request_body = StateAtRequest, params(("thread_id" = Uuid, Path)),
+    request_body = StateAtRequest, params(("thread_id" = String, Path)),
     responses((status = 200, description = "the state at that checkpoint; a namespace without an id gives that subgraph's latest state", body = ThreadStateDoc),
               (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn post_state_at(
@@ -365,7 +365,7 @@ async fn post_state_at(
     Path(thread_id): Path<String>,
     ApiJson(body): ApiJson<StateAtRequest>,
 ) -> ApiResult<Json<Value>> {
-    let id = path_uuid("thread_id", &thread_id)?;
+    let id = path_thread_id(&thread_id)?;
     let at = StateAt {
         checkpoint_ns: body.checkpoint.checkpoint_ns.as_deref().unwrap_or(""),
         checkpoint_id: body.checkpoint.checkpoint_id.as_deref(),
@@ -386,7 +386,7 @@ struct HistoryAsk {
 async fn read_history(
     state: &AppState,
     scope: &Scope,
-    thread_id: Uuid,
+    thread_id: ResourceId,
     ask: HistoryAsk,
 ) -> ApiResult<Vec<Value>> {
     let thread = state.storage.get_thread(scope, thread_id).await?;
@@ -427,7 +427,7 @@ fn history_limit(limit: Option<i64>) -> usize {
 }
 
 #[utoipa::path(get, path = "/threads/{thread_id}/history", tag = "threads",
-    params(("thread_id" = Uuid, Path), HistoryQuery),
+    params(("thread_id" = String, Path), HistoryQuery),
     responses((status = 200, description = "states, newest first", body = Vec<ThreadStateDoc>),
               (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn get_history(
@@ -436,7 +436,7 @@ async fn get_history(
     Path(thread_id): Path<String>,
     ApiQuery(query): ApiQuery<HistoryQuery>,
 ) -> ApiResult<Json<Vec<Value>>> {
-    let id = path_uuid("thread_id", &thread_id)?;
+    let id = path_thread_id(&thread_id)?;
     let ask = HistoryAsk {
         checkpoint_ns: String::new(),
         only: None,
@@ -451,7 +451,7 @@ async fn get_history(
 }
 
 #[utoipa::path(post, path = "/threads/{thread_id}/history", tag = "threads",
-    request_body = HistoryRequest, params(("thread_id" = Uuid, Path)),
+    request_body = HistoryRequest, params(("thread_id" = String, Path)),
     responses((status = 200, description = "states, newest first", body = Vec<ThreadStateDoc>),
               (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn post_history(
@@ -460,7 +460,7 @@ async fn post_history(
     Path(thread_id): Path<String>,
     ApiJson(body): ApiJson<HistoryRequest>,
 ) -> ApiResult<Json<Vec<Value>>> {
-    let id = path_uuid("thread_id", &thread_id)?;
+    let id = path_thread_id(&thread_id)?;
     let checkpoint = body.checkpoint.unwrap_or_default();
     let ask = HistoryAsk {
         checkpoint_ns: checkpoint
@@ -542,7 +542,7 @@ async fn thread_state_after(
 }
 
 #[utoipa::path(post, path = "/threads/{thread_id}/state", tag = "threads",
-    request_body = StateUpdateRequest, params(("thread_id" = Uuid, Path)),
+    request_body = StateUpdateRequest, params(("thread_id" = String, Path)),
     responses((status = 200, description = "the new checkpoint", body = StateUpdateResponse),
               (status = 404, description = "no such thread, or no such checkpoint to edit", body = ErrorBody),
               (status = 409, description = "a run of the thread is pending or running, or the state changed while the edit was made", body = ErrorBody),
@@ -553,7 +553,7 @@ async fn update_state(
     Path(thread_id): Path<String>,
     ApiJson(body): ApiJson<StateUpdateRequest>,
 ) -> ApiResult<Json<Value>> {
-    let id = path_uuid("thread_id", &thread_id)?;
+    let id = path_thread_id(&thread_id)?;
     let thread = state.storage.get_thread(&scope, id).await?;
     let Some(graph) = thread_graph(&state, &scope, &thread).await? else {
         return Err(ApiError::new(

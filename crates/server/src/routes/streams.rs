@@ -15,7 +15,7 @@ use crate::extract::{ApiQuery, Validate, Violations};
 use crate::runs::stream::{follow_stream, Follow, Target, ThreadModes};
 use crate::sse;
 use crate::state::{AppState, Caller};
-use crate::wire::path_uuid;
+use crate::wire::path_thread_id;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(join_thread_stream))
@@ -82,7 +82,7 @@ impl Validate for ThreadStreamQuery {
 }
 
 #[utoipa::path(get, path = "/threads/{thread_id}/stream", tag = "threads",
-    params(("thread_id" = Uuid, Path), ThreadStreamQuery,
+    params(("thread_id" = String, Path), ThreadStreamQuery,
            ("Last-Event-ID" = Option<String>, Header, description = "replay the thread's events after this id (-1: all), then go live; without it the stream starts now")),
     responses((status = 200, description = "Server-Sent Events of every run of the thread, with ids; `metadata {run_id, attempt}` when a run starts and `metadata {status: run_done, run_id}` when it ends", content_type = "text/event-stream", body = String),
               (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
@@ -93,7 +93,7 @@ async fn join_thread_stream(
     ApiQuery(query): ApiQuery<ThreadStreamQuery>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let thread_id = path_uuid("thread_id", &thread_id)?;
+    let thread_id = path_thread_id(&thread_id)?;
     // Ownership first: another user's thread is not found, and no stream opens.
     state.storage.get_thread(&scope, thread_id).await?;
     let follow = Follow {

@@ -25,7 +25,7 @@ use crate::protocol::{commands, socket};
 use crate::runs::stream::{follow_stream, Follow, Target};
 use crate::sse;
 use crate::state::{AppState, Caller};
-use crate::wire::path_uuid;
+use crate::wire::path_thread_id;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -166,7 +166,7 @@ pub fn parse_request(body: &Value) -> Result<StreamRequest, Refusal> {
 
 /// The follow settings of a protocol stream: every run of the thread, read from the log
 /// where the framer's subscriptions left off.
-pub fn protocol_follow(thread_id: uuid::Uuid, framer: Framer) -> Follow {
+pub fn protocol_follow(thread_id: spindle_storage::ResourceId, framer: Framer) -> Follow {
     Follow {
         thread_id,
         after: Some(framer.read_after()),
@@ -176,7 +176,7 @@ pub fn protocol_follow(thread_id: uuid::Uuid, framer: Framer) -> Follow {
 }
 
 #[utoipa::path(post, path = "/threads/{thread_id}/stream/events", tag = "threads",
-    params(("thread_id" = Uuid, Path)),
+    params(("thread_id" = String, Path)),
     request_body(content = Object, description = "`{channels, namespaces?, depth?, since?}`: channels among values, updates, messages, tools, lifecycle, input, tasks, checkpoints, custom, custom:NAME; namespace prefixes; depth below a prefix (at least 0); the last seq seen (at least 0)"),
     responses((status = 200, description = "Server-Sent Events: `event: METHOD`, `id: SEQ`, data the protocol's event envelope `{type, event_id, seq, method, params: {namespace, timestamp, data, node?}}`; every run of the thread, from the log after `since`, then live", content_type = "text/event-stream", body = String),
               (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)))]
@@ -186,7 +186,7 @@ async fn stream_events(
     Path(thread_id): Path<String>,
     body: Bytes,
 ) -> ApiResult<Response> {
-    let thread_id = path_uuid("thread_id", &thread_id)?;
+    let thread_id = path_thread_id(&thread_id)?;
     let Ok(body) = serde_json::from_slice::<Value>(&body) else {
         return Ok(bad_request("Invalid JSON body"));
     };
@@ -210,7 +210,7 @@ async fn stream_events(
 }
 
 #[utoipa::path(get, path = "/threads/{thread_id}/stream/events", tag = "threads",
-    params(("thread_id" = Uuid, Path)),
+    params(("thread_id" = String, Path)),
     responses((status = 101, description = "WebSocket: send commands `{id, method, params}` (those of `/commands`, plus `subscription.subscribe {channels, namespaces?, depth?, since?}`, `subscription.unsubscribe {subscription_id}`, `subscription.reconnect {run_id, last_event_id?, subscriptions?}`); receive their answers and the subscribed events' envelopes, each event once"),
               (status = 404, body = ErrorBody)))]
 async fn stream_socket(
@@ -219,14 +219,14 @@ async fn stream_socket(
     Path(thread_id): Path<String>,
     upgrade: WebSocketUpgrade,
 ) -> ApiResult<Response> {
-    let thread_id = path_uuid("thread_id", &thread_id)?;
+    let thread_id = path_thread_id(&thread_id)?;
     // Ownership before the upgrade, as for the SSE stream.
     state.storage.get_thread(&scope, thread_id).await?;
     Ok(upgrade.on_upgrade(move |socket| socket::serve(socket, state, scope, thread_id)))
 }
 
 #[utoipa::path(post, path = "/threads/{thread_id}/commands", tag = "threads",
-    params(("thread_id" = Uuid, Path)),
+    params(("thread_id" = String, Path)),
     request_body(content = Object, description = "`{id, method, params}`: run.start, input.respond, agent.getTree, state.get, state.listCheckpoints, state.fork"),
     responses((status = 200, description = "`{type: success, id, result, meta: {applied_through_seq}}` or `{type: error, id, error, message}` with the protocol's error codes", body = Object),
               (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
@@ -236,7 +236,7 @@ async fn thread_command(
     Path(thread_id): Path<String>,
     body: Bytes,
 ) -> ApiResult<Response> {
-    let thread_id = path_uuid("thread_id", &thread_id)?;
+    let thread_id = path_thread_id(&thread_id)?;
     let Ok(command) = serde_json::from_slice::<Value>(&body) else {
         let refusal = commands::error(
             None,

@@ -9,6 +9,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use spindle_graph::pregel::{self, NodeUpdate};
+use spindle_storage::ResourceId;
 use spindle_storage::{
     CancelAction, NewThread, RunFilter, RunStatus, Scope, StateWrite, Thread, ThreadFilter,
     ThreadPatch, ThreadSearch, ThreadSortBy, ThreadStatus, ThreadTtl, TtlStrategy,
@@ -16,15 +17,14 @@ use spindle_storage::{
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
-use uuid::Uuid;
 
 use crate::error::{ApiError, ApiResult, ErrorBody, ValidationErrorBody};
 use crate::extract::{ApiJson, Validate, Violations};
 use crate::runs::execute::goto_of;
 use crate::state::{AppState, Caller};
 use crate::wire::{
-    page, pagination_headers, path_uuid, select_fields, validate_page, IfExistsWire, JsonObject,
-    SortOrderWire, MAX_LIMIT,
+    page, pagination_headers, path_thread_id, select_fields, validate_page, IfExistsWire,
+    JsonObject, SortOrderWire, MAX_LIMIT,
 };
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -150,7 +150,7 @@ impl From<ThreadStatus> for ThreadStatusWire {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ThreadOut {
-    pub thread_id: Uuid,
+    pub thread_id: ResourceId,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub state_updated_at: DateTime<Utc>,
@@ -191,7 +191,7 @@ impl From<Thread> for ThreadOut {
 pub struct ThreadCreate {
     /// Defaults to a new random id.
     #[serde(default)]
-    pub thread_id: Option<Uuid>,
+    pub thread_id: Option<ResourceId>,
     /// `graph_id` names the graph of the thread's state (needed by `supersteps`).
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
@@ -265,7 +265,7 @@ impl Validate for ThreadPatchRequest {
 /// The body of `POST /threads/prune`.
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct ThreadPruneRequest {
-    pub thread_ids: Vec<Uuid>,
+    pub thread_ids: Vec<ResourceId>,
     /// delete (default): remove the threads; keep_latest: keep each with only its latest
     /// checkpoint.
     #[serde(default)]
@@ -322,7 +322,7 @@ pub enum ThreadSelectField {
 #[derive(Debug, Default, Deserialize, ToSchema)]
 pub struct ThreadSearchRequest {
     #[serde(default)]
-    pub ids: Option<Vec<Uuid>>,
+    pub ids: Option<Vec<ResourceId>>,
     /// Threads whose metadata contains these key/value pairs.
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
@@ -382,9 +382,7 @@ async fn create_thread(
     Caller(scope): Caller,
     ApiJson(body): ApiJson<ThreadCreate>,
 ) -> ApiResult<Json<ThreadOut>> {
-    let thread_id = body
-        .thread_id
-        .unwrap_or_else(spindle_storage::new_thread_id);
+    let thread_id = body.thread_id.unwrap_or_else(ResourceId::generate);
     let metadata = body.metadata.unwrap_or_default();
     let steps = body.supersteps.unwrap_or_default();
     let initial = if steps.is_empty() {
@@ -406,7 +404,7 @@ async fn create_thread(
 /// per superstep, and the thread's state after the last.
 async fn superstep_history(
     state: &AppState,
-    thread_id: Uuid,
+    thread_id: ResourceId,
     metadata: &JsonObject,
     steps: &[Superstep],
 ) -> ApiResult<StateWrite> {
@@ -528,19 +526,19 @@ async fn count_threads(
 }
 
 #[utoipa::path(get, path = "/threads/{thread_id}", tag = "threads",
-    params(("thread_id" = Uuid, Path)),
+    params(("thread_id" = String, Path)),
     responses((status = 200, body = ThreadOut), (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn get_thread(
     State(state): State<AppState>,
     Caller(scope): Caller,
     Path(thread_id): Path<String>,
 ) -> ApiResult<Json<ThreadOut>> {
-    let id = path_uuid("thread_id", &thread_id)?;
+    let id = path_thread_id(&thread_id)?;
     Ok(Json(state.storage.get_thread(&scope, id).await?.into()))
 }
 
 #[utoipa::path(patch, path = "/threads/{thread_id}", tag = "threads", request_body = ThreadPatchRequest,
-    params(("thread_id" = Uuid, Path)),
+    params(("thread_id" = String, Path)),
     responses((status = 200, body = ThreadOut), (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn patch_thread(
     State(state): State<AppState>,
@@ -548,7 +546,7 @@ async fn patch_thread(
     Path(thread_id): Path<String>,
     ApiJson(body): ApiJson<ThreadPatchRequest>,
 ) -> ApiResult<Json<ThreadOut>> {
-    let id = path_uuid("thread_id", &thread_id)?;
+    let id = path_thread_id(&thread_id)?;
     let patch = ThreadPatch {
         metadata: body.metadata.unwrap_or_default(),
         ttl: body.ttl.as_ref().and_then(TtlIn::to_ttl),
@@ -559,7 +557,7 @@ async fn patch_thread(
 }
 
 #[utoipa::path(delete, path = "/threads/{thread_id}", tag = "threads",
-    params(("thread_id" = Uuid, Path)),
+    params(("thread_id" = String, Path)),
     responses((status = 200, description = "deleted; the body is an empty object", body = Object),
               (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn delete_thread(
@@ -567,7 +565,7 @@ async fn delete_thread(
     Caller(scope): Caller,
     Path(thread_id): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    let id = path_uuid("thread_id", &thread_id)?;
+    let id = path_thread_id(&thread_id)?;
     state.storage.get_thread(&scope, id).await?;
     stop_active_runs(&state, &scope, id).await?;
     crate::runs::delete_thread(state.storage.as_ref(), &scope, id).await?;
@@ -576,7 +574,7 @@ async fn delete_thread(
 
 /// Cancels the thread's pending and running runs: the interface cancels active runs before it
 /// deletes their thread.
-async fn stop_active_runs(state: &AppState, scope: &Scope, thread_id: Uuid) -> ApiResult<()> {
+async fn stop_active_runs(state: &AppState, scope: &Scope, thread_id: ResourceId) -> ApiResult<()> {
     let mut active = Vec::new();
     for status in [RunStatus::Pending, RunStatus::Running] {
         let filter = RunFilter {
@@ -600,7 +598,7 @@ async fn stop_active_runs(state: &AppState, scope: &Scope, thread_id: Uuid) -> A
 }
 
 #[utoipa::path(post, path = "/threads/{thread_id}/copy", tag = "threads", request_body = ThreadCopyRequest,
-    params(("thread_id" = Uuid, Path)),
+    params(("thread_id" = String, Path)),
     responses((status = 200, description = "the copy: a new id, the same metadata and checkpoint history, idle", body = ThreadOut),
               (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn copy_thread(
@@ -609,11 +607,11 @@ async fn copy_thread(
     Path(thread_id): Path<String>,
     ApiJson(_body): ApiJson<ThreadCopyRequest>,
 ) -> ApiResult<Json<ThreadOut>> {
-    let id = path_uuid("thread_id", &thread_id)?;
+    let id = path_thread_id(&thread_id)?;
     // The thread row and its whole checkpoint history, in one transaction.
     let copy = state
         .storage
-        .copy_thread(&scope, id, spindle_storage::new_thread_id())
+        .copy_thread(&scope, id, ResourceId::generate())
         .await?;
     Ok(Json(copy.into()))
 }

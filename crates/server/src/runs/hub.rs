@@ -6,6 +6,7 @@
 //! bounded: a subscriber that falls behind is told it lagged and goes back to the log, so a
 //! slow client never makes the server buffer without limit.
 
+use spindle_storage::ResourceId;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -41,14 +42,14 @@ pub struct EndedRun {
 
 #[derive(Default)]
 pub struct EventHub {
-    threads: Mutex<HashMap<Uuid, broadcast::Sender<HubMessage>>>,
+    threads: Mutex<HashMap<ResourceId, broadcast::Sender<HubMessage>>>,
 }
 
 impl EventHub {
     /// Subscribes to a thread's messages. The thread's channel lives while someone holds a
     /// subscription to it: dropping the last one removes it, so a process that has served a
     /// million threads holds channels only for the ones being followed now.
-    pub fn subscribe(self: &Arc<Self>, thread_id: Uuid) -> Subscription {
+    pub fn subscribe(self: &Arc<Self>, thread_id: ResourceId) -> Subscription {
         let mut threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
         let receiver = threads
             .entry(thread_id)
@@ -62,12 +63,12 @@ impl EventHub {
     }
 
     /// Whether someone in this process follows the thread now.
-    pub fn is_followed(&self, thread_id: Uuid) -> bool {
+    pub fn is_followed(&self, thread_id: ResourceId) -> bool {
         let threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
         threads.contains_key(&thread_id)
     }
 
-    pub fn publish(&self, thread_id: Uuid, message: HubMessage) {
+    pub fn publish(&self, thread_id: ResourceId, message: HubMessage) {
         let threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(sender) = threads.get(&thread_id) {
             // An error only means nobody listens: the last subscription is being dropped and
@@ -79,7 +80,7 @@ impl EventHub {
     /// Forgets a thread's channel when the subscription being dropped is its last receiver.
     /// Runs under the map's lock, which `subscribe` also takes, so no subscriber can appear
     /// between the count and the removal.
-    fn release(&self, thread_id: Uuid) {
+    fn release(&self, thread_id: ResourceId) {
         let mut threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
         if threads
             .get(&thread_id)
@@ -98,7 +99,7 @@ impl EventHub {
 /// A live view of one thread's messages; see [`EventHub::subscribe`].
 pub struct Subscription {
     hub: Arc<EventHub>,
-    thread_id: Uuid,
+    thread_id: ResourceId,
     receiver: broadcast::Receiver<HubMessage>,
 }
 
@@ -120,7 +121,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn event(thread_id: Uuid, seq: i64) -> HubMessage {
+    fn event(thread_id: ResourceId, seq: i64) -> HubMessage {
         HubMessage::Event(Arc::new(LoggedEvent {
             thread_id,
             seq,
@@ -134,7 +135,7 @@ mod tests {
     #[tokio::test]
     async fn subscribers_get_their_threads_messages_only() {
         let hub = Arc::new(EventHub::default());
-        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+        let (a, b) = (ResourceId::generate(), ResourceId::generate());
         let mut rx = hub.subscribe(a);
         hub.publish(b, event(b, 1));
         hub.publish(a, event(a, 1));
@@ -147,7 +148,7 @@ mod tests {
     #[tokio::test]
     async fn a_threads_channel_goes_with_its_last_subscription() {
         let hub = Arc::new(EventHub::default());
-        let thread = Uuid::new_v4();
+        let thread = ResourceId::generate();
         let first = hub.subscribe(thread);
         let mut second = hub.subscribe(thread);
         drop(first);

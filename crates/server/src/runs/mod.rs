@@ -11,10 +11,10 @@ pub mod worker;
 
 use serde_json::{Map, Value};
 use spindle_graph::pregel::StateSnapshot;
+use spindle_storage::ResourceId;
 use spindle_storage::{
     JsonObject, Scope, Storage, StorageResult, ThreadStateColumns, ThreadStatus,
 };
-use uuid::Uuid;
 
 pub use hub::{EndedRun, EventHub, HubMessage};
 pub use worker::{RunWorkers, WorkerConfig};
@@ -24,12 +24,12 @@ pub use worker::{RunWorkers, WorkerConfig};
 pub async fn delete_thread(
     storage: &dyn Storage,
     scope: &Scope,
-    thread_id: Uuid,
+    thread_id: ResourceId,
 ) -> StorageResult<()> {
     storage.delete_thread(scope, thread_id).await?;
     if let Err(err) = storage
         .checkpointer()
-        .delete_thread(&thread_id.to_string())
+        .delete_thread(thread_id.as_str())
         .await
     {
         tracing::warn!(%thread_id, error = %err, "cannot delete the thread's checkpoints");

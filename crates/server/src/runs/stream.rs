@@ -8,6 +8,7 @@
 //! lags loses messages; in both cases the next live event may be ahead of what the stream has
 //! sent, and the stream goes back to the log instead of skipping over the gap.
 
+use spindle_storage::ResourceId;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,7 +33,7 @@ const PAGE: i64 = 500;
 /// What a stream follows.
 #[derive(Clone, Debug)]
 pub struct Follow {
-    pub thread_id: Uuid,
+    pub thread_id: ResourceId,
     pub target: Target,
     /// Send events with seq greater than this (`Last-Event-ID`; `-1` replays all). Without
     /// it a run stream starts at the run's first event, a thread stream at the next event.
@@ -411,7 +412,7 @@ mod tests {
 
     fn event(run_id: Uuid, seq: i64, name: &str) -> LoggedEvent {
         LoggedEvent {
-            thread_id: Uuid::nil(),
+            thread_id: ResourceId::from(Uuid::nil()),
             seq,
             run_id,
             event: name.into(),
@@ -484,7 +485,7 @@ mod tests {
         let url = dir.path().join("stream.db").to_string_lossy().into_owned();
         let storage = spindle_storage::connect(&url).await.unwrap();
         let hub = Arc::new(EventHub::default());
-        let (thread_id, run) = (Uuid::new_v4(), Uuid::new_v4());
+        let (thread_id, run) = (ResourceId::generate(), Uuid::new_v4());
         let at = |seq, name| LoggedEvent {
             thread_id,
             ..event(run, seq, name)

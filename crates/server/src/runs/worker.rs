@@ -625,7 +625,7 @@ async fn latest_state(
     checkpointer: &dyn Checkpointer,
     run: &Run,
 ) -> Option<StateSnapshot> {
-    match pregel::get_state(graph, checkpointer, &run.thread_id.to_string(), "", None).await {
+    match pregel::get_state(graph, checkpointer, run.thread_id.as_str(), "", None).await {
         Ok(snapshot) => snapshot,
         Err(err) => {
             tracing::warn!(error = %err, "cannot read the thread's state after the run");

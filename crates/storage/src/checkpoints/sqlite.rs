@@ -1105,7 +1105,7 @@ mod tests {
             serde_json::json!(["m1"])
         );
 
-        let thread_id = uuid::Uuid::parse_str(thread).unwrap();
+        let thread_id = crate::ResourceId::parse(thread).unwrap();
         let events = crate::RunStore::read_events(&storage, thread_id, 0, None, 100)
             .await
             .unwrap();

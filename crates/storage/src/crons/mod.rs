@@ -10,6 +10,7 @@
 pub(crate) mod postgres;
 pub(crate) mod sqlite;
 
+use crate::ResourceId;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
@@ -41,9 +42,9 @@ impl OnRunCompleted {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Cron {
     pub cron_id: Uuid,
-    pub assistant_id: Uuid,
+    pub assistant_id: ResourceId,
     /// The thread every run uses; `None`: each run gets a new thread.
-    pub thread_id: Option<Uuid>,
+    pub thread_id: Option<ResourceId>,
     pub user_id: Option<String>,
     pub fields: CronFields,
     pub created_at: DateTime<Utc>,
@@ -70,15 +71,15 @@ pub struct CronFields {
 #[derive(Debug, Clone)]
 pub struct NewCron {
     pub cron_id: Uuid,
-    pub assistant_id: Uuid,
-    pub thread_id: Option<Uuid>,
+    pub assistant_id: ResourceId,
+    pub thread_id: Option<ResourceId>,
     pub fields: CronFields,
 }
 
 #[derive(Debug, Clone, Default)]
 pub struct CronFilter {
-    pub assistant_id: Option<Uuid>,
-    pub thread_id: Option<Uuid>,
+    pub assistant_id: Option<ResourceId>,
+    pub thread_id: Option<ResourceId>,
     pub enabled: Option<bool>,
     /// Containment: every key/value given must be in the cron's metadata.
     pub metadata: Option<JsonObject>,
@@ -212,8 +213,8 @@ const CRON_COLUMNS: &str = "cron_id, assistant_id, thread_id, user_id, schedule,
 #[derive(sqlx::FromRow)]
 struct CronRow<Id> {
     cron_id: Id,
-    assistant_id: Id,
-    thread_id: Option<Id>,
+    assistant_id: ResourceId,
+    thread_id: Option<ResourceId>,
     user_id: Option<String>,
     schedule: String,
     timezone: Option<String>,
@@ -240,8 +241,8 @@ impl<Id: crate::rows::IntoUuid> TryFrom<CronRow<Id>> for Cron {
             };
         Ok(Cron {
             cron_id: row.cron_id.into_uuid(),
-            assistant_id: row.assistant_id.into_uuid(),
-            thread_id: row.thread_id.map(|id| id.into_uuid()),
+            assistant_id: row.assistant_id,
+            thread_id: row.thread_id,
             user_id: row.user_id,
             fields: CronFields {
                 schedule: row.schedule,

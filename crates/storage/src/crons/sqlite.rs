@@ -18,10 +18,10 @@ fn push_filter(qb: &mut QueryBuilder<'_, Sqlite>, scope: &Scope, filter: &CronFi
         .push_bind(scope.user_id.clone())
         .push(" OR user_id IS NULL)");
     if let Some(id) = filter.assistant_id {
-        qb.push(" AND assistant_id = ").push_bind(id.hyphenated());
+        qb.push(" AND assistant_id = ").push_bind(id);
     }
     if let Some(id) = filter.thread_id {
-        qb.push(" AND thread_id = ").push_bind(id.hyphenated());
+        qb.push(" AND thread_id = ").push_bind(id);
     }
     if let Some(enabled) = filter.enabled {
         qb.push(" AND enabled = ").push_bind(enabled);
@@ -56,7 +56,7 @@ impl CronStore for SqliteStorage {
             let visible: Option<i64> = sqlx::query_scalar(
                 "SELECT 1 FROM threads WHERE thread_id = $1 AND (user_id = $2 OR user_id IS NULL)",
             )
-            .bind(thread_id.hyphenated())
+            .bind(thread_id)
             .bind(&scope.user_id)
             .fetch_optional(&mut *tx)
             .await?;
@@ -73,8 +73,8 @@ impl CronStore for SqliteStorage {
         )
         .bind(new.cron_id.hyphenated())
         .bind(&scope.user_id)
-        .bind(new.assistant_id.hyphenated())
-        .bind(new.thread_id.map(|id| id.hyphenated()))
+        .bind(new.assistant_id)
+        .bind(new.thread_id)
         .bind(&f.schedule)
         .bind(&f.timezone)
         .bind(Json(&f.payload))

@@ -11,6 +11,7 @@
 //! holding the lease (the only writer for that thread at a time), and is appended to the event
 //! log in batches. Streams subscribe to live events first and replay from the log second.
 
+use crate::ResourceId;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use uuid::Uuid;
@@ -119,8 +120,8 @@ impl CancelAction {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Run {
     pub run_id: Uuid,
-    pub thread_id: Uuid,
-    pub assistant_id: Uuid,
+    pub thread_id: ResourceId,
+    pub assistant_id: ResourceId,
     pub user_id: Option<String>,
     pub status: RunStatus,
     /// Everything the run was asked to do (input, command, config, context, stream modes,
@@ -159,8 +160,8 @@ pub enum IfThreadMissing {
 #[derive(Debug, Clone)]
 pub struct NewRun {
     pub run_id: Uuid,
-    pub thread_id: Uuid,
-    pub assistant_id: Uuid,
+    pub thread_id: ResourceId,
+    pub assistant_id: ResourceId,
     pub kwargs: JsonObject,
     pub metadata: JsonObject,
     pub multitask_strategy: MultitaskStrategy,
@@ -321,7 +322,7 @@ pub const UNLOGGED_EVENTS_MAX: i64 = 512;
 /// One event of a run, as kept in the thread's log.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoggedEvent {
-    pub thread_id: Uuid,
+    pub thread_id: ResourceId,
     pub seq: i64,
     /// The run that made it; nil for a state update made through the state API.
     pub run_id: Uuid,
@@ -345,17 +346,27 @@ pub trait RunStore: Send + Sync {
     /// `NotFound`, also with [`IfThreadMissing::Create`]. `cancelled` lists, oldest first,
     /// every active run the strategy stopped (pending ones have ended, running ones are flagged).
     async fn create_run(&self, scope: &Scope, new: NewRun) -> StorageResult<CreatedRun>;
-    async fn get_run(&self, scope: &Scope, thread_id: Uuid, run_id: Uuid) -> StorageResult<Run>;
+    async fn get_run(
+        &self,
+        scope: &Scope,
+        thread_id: ResourceId,
+        run_id: Uuid,
+    ) -> StorageResult<Run>;
     /// Newest first. `NotFound` when the caller cannot see the thread.
     async fn list_runs(
         &self,
         scope: &Scope,
-        thread_id: Uuid,
+        thread_id: ResourceId,
         filter: RunFilter,
         page: Page,
     ) -> StorageResult<Vec<Run>>;
     /// Deletes a run that is not active (an active one is a conflict), with its events.
-    async fn delete_run(&self, scope: &Scope, thread_id: Uuid, run_id: Uuid) -> StorageResult<()>;
+    async fn delete_run(
+        &self,
+        scope: &Scope,
+        thread_id: ResourceId,
+        run_id: Uuid,
+    ) -> StorageResult<()>;
     /// Asks active runs to stop. Pending runs end at once (`interrupted`, or deleted for
     /// rollback); running ones are flagged for their worker. Returns the runs flagged or ended.
     /// Ids that are not active runs of the thread are skipped; `NotFound` when none is. When
@@ -363,7 +374,7 @@ pub trait RunStore: Send + Sync {
     async fn cancel_runs(
         &self,
         scope: &Scope,
-        thread_id: Uuid,
+        thread_id: ResourceId,
         run_ids: &[Uuid],
         action: CancelAction,
     ) -> StorageResult<Vec<Uuid>>;
@@ -412,13 +423,13 @@ pub trait RunStore: Send + Sync {
     /// Events of a thread with `seq > after`, oldest first, optionally of one run.
     async fn read_events(
         &self,
-        thread_id: Uuid,
+        thread_id: ResourceId,
         after: i64,
         run_id: Option<Uuid>,
         limit: i64,
     ) -> StorageResult<Vec<LoggedEvent>>;
     /// The seq of the thread's last logged event; 0 when it has none.
-    async fn last_event_seq(&self, thread_id: Uuid) -> StorageResult<i64>;
+    async fn last_event_seq(&self, thread_id: ResourceId) -> StorageResult<i64>;
     /// A run by its id alone (clients that follow a stateless run know no thread).
     async fn find_run(&self, scope: &Scope, run_id: Uuid) -> StorageResult<Run>;
     /// Removes up to `limit` logged events older than `before`, except those of active runs.
@@ -431,7 +442,7 @@ pub trait RunStore: Send + Sync {
         &self,
         scope: &Scope,
         status: Option<RunStatus>,
-    ) -> StorageResult<Vec<(Uuid, Uuid)>>;
+    ) -> StorageResult<Vec<(ResourceId, Uuid)>>;
 }
 
 pub(crate) mod postgres;
@@ -470,8 +481,8 @@ const RUN_COLUMNS: &str = "run_id, thread_id, assistant_id, user_id, status, kwa
 #[derive(sqlx::FromRow)]
 struct RunRow<Id> {
     run_id: Id,
-    thread_id: Id,
-    assistant_id: Id,
+    thread_id: ResourceId,
+    assistant_id: ResourceId,
     user_id: Option<String>,
     status: String,
     kwargs: sqlx::types::Json<JsonObject>,
@@ -494,8 +505,8 @@ impl RunRow<Uuid> {
         use crate::sqlite_values::RowExt;
         Ok(Self {
             run_id: r.uuid("run_id")?,
-            thread_id: r.uuid("thread_id")?,
-            assistant_id: r.uuid("assistant_id")?,
+            thread_id: r.resource_id("thread_id")?,
+            assistant_id: r.resource_id("assistant_id")?,
             user_id: r.get("user_id")?,
             status: r.get("status")?,
             kwargs: sqlx::types::Json(r.json("kwargs")?),
@@ -523,8 +534,8 @@ impl<Id: crate::rows::IntoUuid> TryFrom<RunRow<Id>> for Run {
         };
         Ok(Run {
             run_id: row.run_id.into_uuid(),
-            thread_id: row.thread_id.into_uuid(),
-            assistant_id: row.assistant_id.into_uuid(),
+            thread_id: row.thread_id,
+            assistant_id: row.assistant_id,
             user_id: row.user_id,
             status: RunStatus::parse(&row.status).ok_or_else(|| corrupt("status", &row.status))?,
             kwargs: row.kwargs.0,
@@ -549,8 +560,8 @@ impl<Id: crate::rows::IntoUuid> TryFrom<RunRow<Id>> for Run {
 
 /// `(thread_id, lowest seq, highest seq)` of each thread a batch of events is for, so each
 /// thread's counter is checked and moved once per batch.
-fn seq_ranges(events: &[LoggedEvent]) -> Vec<(Uuid, i64, i64)> {
-    let mut ranges: Vec<(Uuid, i64, i64)> = Vec::new();
+fn seq_ranges(events: &[LoggedEvent]) -> Vec<(ResourceId, i64, i64)> {
+    let mut ranges: Vec<(ResourceId, i64, i64)> = Vec::new();
     for event in events {
         match ranges.iter_mut().find(|(t, _, _)| *t == event.thread_id) {
             Some((_, low, high)) => {
@@ -564,7 +575,7 @@ fn seq_ranges(events: &[LoggedEvent]) -> Vec<(Uuid, i64, i64)> {
 }
 
 /// A batch that does not continue its thread's counter reuses a seq.
-fn seq_taken(thread_id: Uuid) -> crate::StorageError {
+fn seq_taken(thread_id: ResourceId) -> crate::StorageError {
     crate::StorageError::Conflict(format!(
         "thread {thread_id} has logged events at or after that seq"
     ))
@@ -574,7 +585,7 @@ fn seq_taken(thread_id: Uuid) -> crate::StorageError {
 /// backends).
 #[derive(sqlx::FromRow)]
 struct EventRow<Id> {
-    thread_id: Id,
+    thread_id: ResourceId,
     seq: i64,
     /// `NULL` for an event no run made (a state update through the state API).
     run_id: Option<Id>,
@@ -590,7 +601,7 @@ impl<Id: crate::rows::IntoUuid> TryFrom<EventRow<Id>> for LoggedEvent {
         let data = serde_json::from_str(&row.data)
             .map_err(|e| crate::StorageError::Corrupt(format!("event {} data: {e}", row.seq)))?;
         Ok(LoggedEvent {
-            thread_id: row.thread_id.into_uuid(),
+            thread_id: row.thread_id,
             seq: row.seq,
             run_id: row.run_id.map_or(Uuid::nil(), |id| id.into_uuid()),
             event: row.event,

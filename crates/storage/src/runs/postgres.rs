@@ -9,6 +9,7 @@
 //! a thread's status from its active runs (create, cancel, finish, ending an abandoned run)
 //! holds the thread's row while it counts, so a run created meanwhile is never missed.
 
+use crate::ResourceId;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -29,7 +30,7 @@ use crate::StorageError;
 async fn thread_visible(
     conn: &mut PgConnection,
     scope: &Scope,
-    thread_id: Uuid,
+    thread_id: ResourceId,
     lock: bool,
 ) -> StorageResult<bool> {
     let sql = format!(
@@ -45,7 +46,7 @@ async fn thread_visible(
 }
 
 /// Locks the thread's row; false when it no longer exists.
-async fn lock_thread(conn: &mut PgConnection, thread_id: Uuid) -> StorageResult<bool> {
+async fn lock_thread(conn: &mut PgConnection, thread_id: ResourceId) -> StorageResult<bool> {
     let found: Option<i32> =
         sqlx::query_scalar("SELECT 1 FROM threads WHERE thread_id = $1 FOR NO KEY UPDATE")
             .bind(thread_id)
@@ -57,7 +58,7 @@ async fn lock_thread(conn: &mut PgConnection, thread_id: Uuid) -> StorageResult<
 /// Refuses a run's end whose last checkpoint is not stored (its save failed).
 async fn require_checkpoint(
     conn: &mut PgConnection,
-    thread_id: Uuid,
+    thread_id: ResourceId,
     checkpoint_id: &str,
 ) -> StorageResult<()> {
     let stored: Option<i32> = sqlx::query_scalar(
@@ -75,7 +76,7 @@ async fn require_checkpoint(
 /// (A run a claim is starting is waited for and seen as it ends up.)
 async fn active_runs(
     conn: &mut PgConnection,
-    thread_id: Uuid,
+    thread_id: ResourceId,
     only: Option<&[Uuid]>,
 ) -> StorageResult<Vec<(Uuid, RunStatus)>> {
     let rows: Vec<(Uuid, String)> = match only {
@@ -107,7 +108,7 @@ async fn active_runs(
 /// running ones are flagged for their worker. Returns the ids stopped or flagged.
 async fn stop_runs(
     conn: &mut PgConnection,
-    thread_id: Uuid,
+    thread_id: ResourceId,
     active: &[(Uuid, RunStatus)],
     action: CancelAction,
     now: DateTime<Utc>,
@@ -152,7 +153,7 @@ async fn stop_runs(
     Ok(active.iter().map(|(id, _)| *id).collect())
 }
 
-async fn count_active(conn: &mut PgConnection, thread_id: Uuid) -> StorageResult<i64> {
+async fn count_active(conn: &mut PgConnection, thread_id: ResourceId) -> StorageResult<i64> {
     Ok(sqlx::query_scalar(
         "SELECT COUNT(*) FROM runs WHERE thread_id = $1 AND status IN ('pending', 'running')",
     )
@@ -164,7 +165,7 @@ async fn count_active(conn: &mut PgConnection, thread_id: Uuid) -> StorageResult
 /// The thread's status once runs ended: `busy` while a run is still active, else `status`.
 async fn thread_status_after(
     conn: &mut PgConnection,
-    thread_id: Uuid,
+    thread_id: ResourceId,
     status: ThreadStatus,
 ) -> StorageResult<ThreadStatus> {
     Ok(if count_active(conn, thread_id).await? > 0 {
@@ -177,7 +178,7 @@ async fn thread_status_after(
 /// Sets the thread's status (and error) after runs ended without a worker to report values.
 async fn release_thread(
     conn: &mut PgConnection,
-    thread_id: Uuid,
+    thread_id: ResourceId,
     status: ThreadStatus,
     error: Option<&Value>,
     now: DateTime<Utc>,
@@ -198,7 +199,7 @@ async fn release_thread(
 /// one, in the transaction that ends the run.
 async fn log_run_end(
     conn: &mut PgConnection,
-    thread_id: Uuid,
+    thread_id: ResourceId,
     run_id: Uuid,
     status: RunStatus,
     now: DateTime<Utc>,
@@ -253,7 +254,7 @@ async fn log_run_error(
     Ok(())
 }
 
-async fn last_seq(conn: &mut PgConnection, thread_id: Uuid) -> StorageResult<i64> {
+async fn last_seq(conn: &mut PgConnection, thread_id: ResourceId) -> StorageResult<i64> {
     let seq: Option<i64> = sqlx::query_scalar("SELECT event_seq FROM threads WHERE thread_id = $1")
         .bind(thread_id)
         .fetch_optional(conn)
@@ -263,7 +264,7 @@ async fn last_seq(conn: &mut PgConnection, thread_id: Uuid) -> StorageResult<i64
 
 /// For a run claimed as it is created: the thread's last event seq, and whether it has no
 /// checkpoint yet, in one round trip.
-async fn claim_start(conn: &mut PgConnection, thread_id: Uuid) -> StorageResult<ClaimStart> {
+async fn claim_start(conn: &mut PgConnection, thread_id: ResourceId) -> StorageResult<ClaimStart> {
     let (seq, thread_is_new): (Option<i64>, bool) = sqlx::query_as(
         "SELECT (SELECT event_seq FROM threads WHERE thread_id = $1), \
          NOT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = $2)",
@@ -305,7 +306,7 @@ pub(crate) async fn insert_events(
     }
     sqlx::query(
         "INSERT INTO run_events (thread_id, seq, run_id, event, data, created_at) \
-         SELECT t, s, r, e, d::json, c FROM UNNEST($1::uuid[], $2::int8[], $3::uuid[], \
+         SELECT t, s, r, e, d::json, c FROM UNNEST($1::text[], $2::int8[], $3::uuid[], \
          $4::text[], $5::text[], $6::timestamptz[]) AS x(t, s, r, e, d, c)",
     )
     .bind(&thread_ids)
@@ -390,11 +391,11 @@ async fn end_abandoned(
 /// its later saves are refused).
 pub(crate) async fn delete_assistant_runs(
     conn: &mut PgConnection,
-    assistant: Uuid,
+    assistant: ResourceId,
     now: DateTime<Utc>,
 ) -> StorageResult<Vec<Uuid>> {
     // The threads' rows first, in a fixed order (see the lock order in the module docs).
-    let threads: Vec<Uuid> = sqlx::query_scalar(
+    let threads: Vec<ResourceId> = sqlx::query_scalar(
         "SELECT thread_id FROM threads WHERE thread_id IN (SELECT thread_id FROM runs \
          WHERE assistant_id = $1 AND status IN ('pending', 'running')) \
          ORDER BY thread_id FOR NO KEY UPDATE",
@@ -418,7 +419,7 @@ pub(crate) async fn delete_assistant_runs(
 /// The running runs of threads, whatever their assistant (their threads are being deleted).
 pub(crate) async fn running_runs_of_threads(
     conn: &mut PgConnection,
-    threads: &[Uuid],
+    threads: &[ResourceId],
 ) -> StorageResult<Vec<Uuid>> {
     Ok(sqlx::query_scalar(
         "SELECT run_id FROM runs WHERE status = 'running' AND thread_id = ANY($1)",
@@ -434,18 +435,22 @@ pub(crate) async fn running_runs_of_threads(
 /// first: a save its worker is making holds that row (`FOR KEY SHARE`), so the deletion
 /// waits for it and the checkpoint deletion after it sees what it saved; a later save finds
 /// the run gone and is refused (`checkpoints::postgres::insert_checkpoint`).
-async fn roll_back(conn: &mut PgConnection, thread_id: Uuid, run_id: Uuid) -> StorageResult<()> {
+async fn roll_back(
+    conn: &mut PgConnection,
+    thread_id: ResourceId,
+    run_id: Uuid,
+) -> StorageResult<()> {
     sqlx::query("DELETE FROM runs WHERE run_id = $1")
         .bind(run_id)
         .execute(&mut *conn)
         .await?;
-    delete_run_checkpoints(conn, &thread_id.to_string(), run_id).await?;
+    delete_run_checkpoints(conn, thread_id.as_str(), run_id).await?;
     Ok(())
 }
 
 /// Moves the thread's event counter past whatever the lost worker streamed without logging
 /// ([`UNLOGGED_EVENTS_MAX`]).
-async fn skip_unlogged(conn: &mut PgConnection, thread_id: Uuid) -> StorageResult<()> {
+async fn skip_unlogged(conn: &mut PgConnection, thread_id: ResourceId) -> StorageResult<()> {
     sqlx::query("UPDATE threads SET event_seq = event_seq + $2 WHERE thread_id = $1")
         .bind(thread_id)
         .bind(UNLOGGED_EVENTS_MAX)
@@ -470,7 +475,7 @@ impl PostgresStorage {
         &self,
         scope: &Scope,
         run_id: Uuid,
-        thread_id: Option<Uuid>,
+        thread_id: Option<ResourceId>,
     ) -> StorageResult<Run> {
         let sql = format!(
             "SELECT {RUN_COLUMNS} FROM runs WHERE run_id = $1 \
@@ -592,14 +597,19 @@ impl RunStore for PostgresStorage {
         settle(tx, result).await
     }
 
-    async fn get_run(&self, scope: &Scope, thread_id: Uuid, run_id: Uuid) -> StorageResult<Run> {
+    async fn get_run(
+        &self,
+        scope: &Scope,
+        thread_id: ResourceId,
+        run_id: Uuid,
+    ) -> StorageResult<Run> {
         self.select_run(scope, run_id, Some(thread_id)).await
     }
 
     async fn list_runs(
         &self,
         scope: &Scope,
-        thread_id: Uuid,
+        thread_id: ResourceId,
         filter: RunFilter,
         page: Page,
     ) -> StorageResult<Vec<Run>> {
@@ -621,7 +631,12 @@ impl RunStore for PostgresStorage {
         rows.into_iter().map(Run::try_from).collect()
     }
 
-    async fn delete_run(&self, scope: &Scope, thread_id: Uuid, run_id: Uuid) -> StorageResult<()> {
+    async fn delete_run(
+        &self,
+        scope: &Scope,
+        thread_id: ResourceId,
+        run_id: Uuid,
+    ) -> StorageResult<()> {
         let mut tx = self.pool.begin().await?;
         let result = async {
             let status: Option<String> = sqlx::query_scalar(
@@ -652,7 +667,7 @@ impl RunStore for PostgresStorage {
     async fn cancel_runs(
         &self,
         scope: &Scope,
-        thread_id: Uuid,
+        thread_id: ResourceId,
         run_ids: &[Uuid],
         action: CancelAction,
     ) -> StorageResult<Vec<Uuid>> {
@@ -827,7 +842,7 @@ impl RunStore for PostgresStorage {
         let mut tx = self.pool.begin().await?;
         let result = async {
             // The thread's row first (see the lock order in the module docs).
-            let thread_id: Option<Uuid> =
+            let thread_id: Option<ResourceId> =
                 sqlx::query_scalar("SELECT thread_id FROM runs WHERE run_id = $1")
                     .bind(run_id)
                     .fetch_optional(&mut *tx)
@@ -905,7 +920,7 @@ impl RunStore for PostgresStorage {
 
     async fn read_events(
         &self,
-        thread_id: Uuid,
+        thread_id: ResourceId,
         after: i64,
         run_id: Option<Uuid>,
         limit: i64,
@@ -923,7 +938,7 @@ impl RunStore for PostgresStorage {
         rows.into_iter().map(LoggedEvent::try_from).collect()
     }
 
-    async fn last_event_seq(&self, thread_id: Uuid) -> StorageResult<i64> {
+    async fn last_event_seq(&self, thread_id: ResourceId) -> StorageResult<i64> {
         let mut conn = self.pool.acquire().await?;
         last_seq(&mut conn, thread_id).await
     }
@@ -951,8 +966,8 @@ impl RunStore for PostgresStorage {
         &self,
         scope: &Scope,
         status: Option<RunStatus>,
-    ) -> StorageResult<Vec<(Uuid, Uuid)>> {
-        let rows: Vec<(Uuid, Uuid)> = sqlx::query_as(
+    ) -> StorageResult<Vec<(ResourceId, Uuid)>> {
+        let rows: Vec<(ResourceId, Uuid)> = sqlx::query_as(
             "SELECT r.thread_id, r.run_id FROM runs r JOIN threads t ON t.thread_id = r.thread_id \
              WHERE r.status IN ('pending', 'running') AND ($1 IS NULL OR r.status = $1) \
              AND (t.user_id = $2 OR t.user_id IS NULL) ORDER BY r.created_at",

@@ -6,6 +6,7 @@
 //! Lists of ids are bound as one JSON array and expanded with `json_each`, so each statement
 //! has a fixed set of parameters.
 
+use crate::ResourceId;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -22,11 +23,11 @@ use crate::checkpoints::delete_run_checkpoints_sqlite as delete_run_checkpoints;
 use crate::crons::firing_made;
 use crate::error::{sqlite_conflict_if_taken, sqlite_constraint};
 use crate::sqlite::SqliteStorage;
-use crate::sqlite_values::{id, json, ts, RowExt};
+use crate::sqlite_values::{id, json, ts, RowExt, StoredId};
 use crate::StorageError;
 
-fn id_list(ids: &[Uuid]) -> String {
-    let ids: Vec<String> = ids.iter().map(|id| id.hyphenated().to_string()).collect();
+fn id_list<I: StoredId + Copy>(ids: &[I]) -> String {
+    let ids: Vec<String> = ids.iter().map(|id| id.stored_text()).collect();
     Value::from(ids).to_string()
 }
 
@@ -48,7 +49,7 @@ fn run_row(
     row.map(Run::try_from).transpose()
 }
 
-fn thread_visible(conn: &Connection, scope: &Scope, thread_id: Uuid) -> StorageResult<bool> {
+fn thread_visible(conn: &Connection, scope: &Scope, thread_id: ResourceId) -> StorageResult<bool> {
     Ok(conn
         .prepare_cached(
             "SELECT 1 FROM threads WHERE thread_id = ?1 AND (user_id = ?2 OR user_id IS NULL)",
@@ -59,7 +60,7 @@ fn thread_visible(conn: &Connection, scope: &Scope, thread_id: Uuid) -> StorageR
 /// The thread's active runs, oldest first; only those among `only` when given.
 fn active_runs(
     conn: &Connection,
-    thread_id: Uuid,
+    thread_id: ResourceId,
     only: Option<&[Uuid]>,
 ) -> StorageResult<Vec<(Uuid, RunStatus)>> {
     let mut statement = conn.prepare_cached(
@@ -79,7 +80,7 @@ fn active_runs(
 /// running ones are flagged for their worker. Returns the ids stopped or flagged.
 fn stop_runs(
     conn: &Connection,
-    thread_id: Uuid,
+    thread_id: ResourceId,
     active: &[(Uuid, RunStatus)],
     action: CancelAction,
     now: DateTime<Utc>,
@@ -120,7 +121,7 @@ fn stop_runs(
     Ok(active.iter().map(|(id, _)| *id).collect())
 }
 
-fn count_active(conn: &Connection, thread_id: Uuid) -> StorageResult<i64> {
+fn count_active(conn: &Connection, thread_id: ResourceId) -> StorageResult<i64> {
     Ok(conn
         .prepare_cached(
             "SELECT COUNT(*) FROM runs WHERE thread_id = ?1 AND status IN ('pending', 'running')",
@@ -131,7 +132,7 @@ fn count_active(conn: &Connection, thread_id: Uuid) -> StorageResult<i64> {
 /// The thread's status once runs ended: `busy` while a run is still active, else `status`.
 fn thread_status_after(
     conn: &Connection,
-    thread_id: Uuid,
+    thread_id: ResourceId,
     status: ThreadStatus,
 ) -> StorageResult<ThreadStatus> {
     Ok(if count_active(conn, thread_id)? > 0 {
@@ -144,7 +145,7 @@ fn thread_status_after(
 /// Sets the thread's status (and error) after runs ended without a worker to report values.
 fn release_thread(
     conn: &Connection,
-    thread_id: Uuid,
+    thread_id: ResourceId,
     status: ThreadStatus,
     error: Option<&Value>,
     now: DateTime<Utc>,
@@ -168,7 +169,7 @@ fn release_thread(
 /// one, in the transaction that ends the run.
 fn log_run_end(
     conn: &Connection,
-    thread_id: Uuid,
+    thread_id: ResourceId,
     run_id: Uuid,
     status: RunStatus,
     now: DateTime<Utc>,
@@ -178,7 +179,7 @@ fn log_run_end(
 }
 
 /// Takes the thread's next event seq.
-fn next_seq(conn: &Connection, thread_id: Uuid) -> StorageResult<i64> {
+fn next_seq(conn: &Connection, thread_id: ResourceId) -> StorageResult<i64> {
     Ok(conn
         .prepare_cached(
             "UPDATE threads SET event_seq = event_seq + 1 WHERE thread_id = ?1 RETURNING event_seq",
@@ -213,7 +214,7 @@ fn log_run_error(
 /// Inserts a run's [`RUN_END_EVENT`] at `seq` (the caller moves the thread's counter).
 fn insert_run_end(
     conn: &Connection,
-    thread_id: Uuid,
+    thread_id: ResourceId,
     seq: i64,
     run_id: Uuid,
     status: RunStatus,
@@ -238,7 +239,7 @@ fn insert_run_end(
 const INSERT_EVENT: &str = "INSERT INTO run_events (thread_id, seq, run_id, event, data, \
      created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
 
-fn last_seq(conn: &Connection, thread_id: Uuid) -> StorageResult<i64> {
+fn last_seq(conn: &Connection, thread_id: ResourceId) -> StorageResult<i64> {
     let seq: Option<i64> = conn
         .prepare_cached("SELECT event_seq FROM threads WHERE thread_id = ?1")?
         .query_row([id(thread_id)], |r| r.get(0))
@@ -248,7 +249,7 @@ fn last_seq(conn: &Connection, thread_id: Uuid) -> StorageResult<i64> {
 
 /// For a run claimed as it is created: the thread's last event seq, and whether it has no
 /// checkpoint yet (in any namespace: a key-prefix probe), in one statement.
-fn claim_start(conn: &Connection, thread_id: Uuid) -> StorageResult<ClaimStart> {
+fn claim_start(conn: &Connection, thread_id: ResourceId) -> StorageResult<ClaimStart> {
     let (seq, thread_is_new): (Option<i64>, bool) = conn
         .prepare_cached(
             "SELECT (SELECT event_seq FROM threads WHERE thread_id = ?1), \
@@ -266,7 +267,7 @@ fn claim_start(conn: &Connection, thread_id: Uuid) -> StorageResult<ClaimStart> 
 pub(crate) struct EventRows {
     rows: Vec<EncodedEvent>,
     /// `(thread_id, lowest seq, highest seq)` of each thread the events are for.
-    ranges: Vec<(Uuid, i64, i64)>,
+    ranges: Vec<(ResourceId, i64, i64)>,
 }
 
 struct EncodedEvent {
@@ -400,16 +401,20 @@ fn end_abandoned(conn: &Connection, run: &Run, now: DateTime<Utc>) -> StorageRes
 /// its later saves are refused).
 pub(crate) fn delete_assistant_runs(
     conn: &Connection,
-    assistant: Uuid,
+    assistant: ResourceId,
     now: DateTime<Utc>,
 ) -> StorageResult<Vec<Uuid>> {
-    let active: Vec<(Uuid, Uuid, String)> = conn
+    let active: Vec<(Uuid, ResourceId, String)> = conn
         .prepare_cached(
             "SELECT run_id, thread_id, status FROM runs WHERE assistant_id = ?1 \
              AND status IN ('pending', 'running')",
         )?
         .query_map([id(assistant)], |r| {
-            Ok((r.uuid("run_id")?, r.uuid("thread_id")?, r.get("status")?))
+            Ok((
+                r.uuid("run_id")?,
+                r.resource_id("thread_id")?,
+                r.get("status")?,
+            ))
         })?
         .collect::<rusqlite::Result<_>>()?;
     exec(
@@ -417,7 +422,7 @@ pub(crate) fn delete_assistant_runs(
         "DELETE FROM runs WHERE assistant_id = ?1",
         [id(assistant)],
     )?;
-    let mut threads: Vec<Uuid> = active.iter().map(|(_, thread, _)| *thread).collect();
+    let mut threads: Vec<ResourceId> = active.iter().map(|(_, thread, _)| *thread).collect();
     threads.sort();
     threads.dedup();
     for thread in threads {
@@ -427,7 +432,7 @@ pub(crate) fn delete_assistant_runs(
 }
 
 /// The running ones among `(run_id, thread_id, status)` rows.
-fn running_of(rows: Vec<(Uuid, Uuid, String)>) -> Vec<Uuid> {
+fn running_of(rows: Vec<(Uuid, ResourceId, String)>) -> Vec<Uuid> {
     rows.into_iter()
         .filter(|(_, _, status)| status == RunStatus::Running.as_str())
         .map(|(run, _, _)| run)
@@ -437,15 +442,19 @@ fn running_of(rows: Vec<(Uuid, Uuid, String)>) -> Vec<Uuid> {
 /// The running runs of threads, whatever their assistant (their threads are being deleted).
 pub(crate) fn running_runs_of_threads(
     conn: &Connection,
-    threads: &[Uuid],
+    threads: &[ResourceId],
 ) -> StorageResult<Vec<Uuid>> {
-    let rows: Vec<(Uuid, Uuid, String)> = conn
+    let rows: Vec<(Uuid, ResourceId, String)> = conn
         .prepare_cached(
             "SELECT run_id, thread_id, status FROM runs WHERE status = 'running' \
              AND thread_id IN (SELECT value FROM json_each(?1))",
         )?
         .query_map([id_list(threads)], |r| {
-            Ok((r.uuid("run_id")?, r.uuid("thread_id")?, r.get("status")?))
+            Ok((
+                r.uuid("run_id")?,
+                r.resource_id("thread_id")?,
+                r.get("status")?,
+            ))
         })?
         .collect::<rusqlite::Result<_>>()?;
     Ok(running_of(rows))
@@ -456,7 +465,7 @@ pub(crate) fn running_runs_of_threads(
 /// the thread's next run continues from where it was before this one. The run's row goes
 /// first; from then on any save its worker still makes is refused
 /// (`checkpoints::sqlite::require_live_run`), so nothing of it lands on the thread later.
-fn roll_back(conn: &Connection, thread_id: Uuid, run_id: Uuid) -> StorageResult<()> {
+fn roll_back(conn: &Connection, thread_id: ResourceId, run_id: Uuid) -> StorageResult<()> {
     exec(conn, "DELETE FROM runs WHERE run_id = ?1", [id(run_id)])?;
     delete_run_checkpoints(conn, &id(thread_id), &id(run_id))?;
     Ok(())
@@ -464,7 +473,7 @@ fn roll_back(conn: &Connection, thread_id: Uuid, run_id: Uuid) -> StorageResult<
 
 /// Moves the thread's event counter past whatever the lost worker streamed without logging
 /// ([`UNLOGGED_EVENTS_MAX`]).
-fn skip_unlogged(conn: &Connection, thread_id: Uuid) -> StorageResult<()> {
+fn skip_unlogged(conn: &Connection, thread_id: ResourceId) -> StorageResult<()> {
     exec(
         conn,
         "UPDATE threads SET event_seq = event_seq + ?2 WHERE thread_id = ?1",
@@ -713,14 +722,18 @@ fn finish_run(
     worker_id: &str,
     end: EncodedEnd,
 ) -> StorageResult<Option<Run>> {
-    let held: Option<(Uuid, Option<String>, i64)> = conn
+    let held: Option<(ResourceId, Option<String>, i64)> = conn
         .prepare_cached(
             "SELECT r.thread_id, r.cancel, t.event_seq FROM runs r \
              JOIN threads t ON t.thread_id = r.thread_id \
              WHERE r.run_id = ?1 AND r.status = 'running' AND r.lease_owner = ?2",
         )?
         .query_row((id(run_id), worker_id), |r| {
-            Ok((r.uuid("thread_id")?, r.get("cancel")?, r.get("event_seq")?))
+            Ok((
+                r.resource_id("thread_id")?,
+                r.get("cancel")?,
+                r.get("event_seq")?,
+            ))
         })
         .optional()?;
     let (thread_id, cancel, logged) = held.ok_or(StorageError::NotFound("run"))?;
@@ -786,7 +799,7 @@ fn finish_run(
 /// Refuses a run's end whose last checkpoint is not stored (its save failed).
 fn require_checkpoint(
     conn: &Connection,
-    thread_id: Uuid,
+    thread_id: ResourceId,
     checkpoint_id: &str,
 ) -> StorageResult<()> {
     checkpoint_stored(conn, &id(thread_id), "", checkpoint_id)?
@@ -800,7 +813,7 @@ impl SqliteStorage {
         &self,
         scope: &Scope,
         run_id: Uuid,
-        thread_id: Option<Uuid>,
+        thread_id: Option<ResourceId>,
     ) -> StorageResult<Run> {
         let sql = format!(
             "SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?1 \
@@ -826,14 +839,19 @@ impl RunStore for SqliteStorage {
             .await
     }
 
-    async fn get_run(&self, scope: &Scope, thread_id: Uuid, run_id: Uuid) -> StorageResult<Run> {
+    async fn get_run(
+        &self,
+        scope: &Scope,
+        thread_id: ResourceId,
+        run_id: Uuid,
+    ) -> StorageResult<Run> {
         self.select_run(scope, run_id, Some(thread_id)).await
     }
 
     async fn list_runs(
         &self,
         scope: &Scope,
-        thread_id: Uuid,
+        thread_id: ResourceId,
         filter: RunFilter,
         page: Page,
     ) -> StorageResult<Vec<Run>> {
@@ -845,7 +863,7 @@ impl RunStore for SqliteStorage {
         }
         let mut qb: QueryBuilder<Sqlite> =
             QueryBuilder::new(format!("SELECT {RUN_COLUMNS} FROM runs WHERE thread_id = "));
-        qb.push_bind(thread_id.hyphenated());
+        qb.push_bind(thread_id);
         if let Some(status) = filter.status {
             qb.push(" AND status = ").push_bind(status.as_str());
         }
@@ -857,7 +875,12 @@ impl RunStore for SqliteStorage {
         rows.into_iter().map(Run::try_from).collect()
     }
 
-    async fn delete_run(&self, scope: &Scope, thread_id: Uuid, run_id: Uuid) -> StorageResult<()> {
+    async fn delete_run(
+        &self,
+        scope: &Scope,
+        thread_id: ResourceId,
+        run_id: Uuid,
+    ) -> StorageResult<()> {
         let user_id = scope.user_id.clone();
         self.writer
             .write(move |conn| {
@@ -883,7 +906,7 @@ impl RunStore for SqliteStorage {
     async fn cancel_runs(
         &self,
         scope: &Scope,
-        thread_id: Uuid,
+        thread_id: ResourceId,
         run_ids: &[Uuid],
         action: CancelAction,
     ) -> StorageResult<Vec<Uuid>> {
@@ -986,7 +1009,7 @@ impl RunStore for SqliteStorage {
 
     async fn read_events(
         &self,
-        thread_id: Uuid,
+        thread_id: ResourceId,
         after: i64,
         run_id: Option<Uuid>,
         limit: i64,
@@ -995,9 +1018,7 @@ impl RunStore for SqliteStorage {
             "SELECT thread_id, seq, run_id, event, data, created_at FROM run_events \
              WHERE thread_id = ",
         );
-        qb.push_bind(thread_id.hyphenated())
-            .push(" AND seq > ")
-            .push_bind(after);
+        qb.push_bind(thread_id).push(" AND seq > ").push_bind(after);
         if let Some(run_id) = run_id {
             qb.push(" AND run_id = ").push_bind(run_id.hyphenated());
         }
@@ -1006,7 +1027,7 @@ impl RunStore for SqliteStorage {
         rows.into_iter().map(LoggedEvent::try_from).collect()
     }
 
-    async fn last_event_seq(&self, thread_id: Uuid) -> StorageResult<i64> {
+    async fn last_event_seq(&self, thread_id: ResourceId) -> StorageResult<i64> {
         self.readers.read(|conn| last_seq(conn, thread_id))
     }
 
@@ -1035,8 +1056,8 @@ impl RunStore for SqliteStorage {
         &self,
         scope: &Scope,
         status: Option<RunStatus>,
-    ) -> StorageResult<Vec<(Uuid, Uuid)>> {
-        let rows: Vec<(Hyphenated, Hyphenated)> = sqlx::query_as(
+    ) -> StorageResult<Vec<(ResourceId, Uuid)>> {
+        let rows: Vec<(ResourceId, Hyphenated)> = sqlx::query_as(
             "SELECT r.thread_id, r.run_id FROM runs r JOIN threads t ON t.thread_id = r.thread_id \
              WHERE r.status IN ('pending', 'running') AND ($1 IS NULL OR r.status = $1) \
              AND (t.user_id = $2 OR t.user_id IS NULL) ORDER BY r.created_at",
@@ -1045,10 +1066,7 @@ impl RunStore for SqliteStorage {
         .bind(&scope.user_id)
         .fetch_all(&self.read)
         .await?;
-        Ok(rows
-            .into_iter()
-            .map(|(t, r)| (t.into_uuid(), r.into_uuid()))
-            .collect())
+        Ok(rows.into_iter().map(|(t, r)| (t, r.into_uuid())).collect())
     }
 }
 

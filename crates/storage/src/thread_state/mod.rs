@@ -12,11 +12,10 @@ pub(crate) mod postgres;
 pub(crate) mod sqlite;
 
 use chrono::{DateTime, Utc};
-use uuid::Uuid;
 
 use crate::checkpoints::Put;
 use crate::model::{CheckpointWrite, ThreadTtl, TtlStrategy};
-use crate::{StorageError, StorageResult};
+use crate::{ResourceId, StorageError, StorageResult};
 
 /// Threads one sweep transaction handles at most.
 pub const SWEEP_BATCH: i64 = 100;
@@ -33,13 +32,13 @@ fn put<'a>(thread_id: &'a str, write: &'a CheckpointWrite) -> Put<'a> {
     }
 }
 
-/// The engine's thread id: the hyphenated lowercase form.
-fn engine_id(id: Uuid) -> String {
-    id.hyphenated().to_string()
+/// The engine's thread id: the thread's id as text.
+fn engine_id(id: ResourceId) -> String {
+    id.as_str().to_owned()
 }
 
 /// The error a state change of a thread with an active run gets.
-fn busy(id: Uuid) -> crate::StorageError {
+fn busy(id: ResourceId) -> crate::StorageError {
     crate::StorageError::Conflict(format!(
         "thread {id} has a pending or running run; its state cannot change until it ends"
     ))

@@ -10,7 +10,7 @@ use uuid::Uuid;
 use super::{busy, engine_id, put, ExpiredRow};
 use crate::checkpoints::insert_checkpoint_pg;
 use crate::model::{Scope, StateWrite, SweepOutcome, ThreadEvent, ThreadTtl, TtlStrategy};
-use crate::{LoggedEvent, StorageResult};
+use crate::{LoggedEvent, ResourceId, StorageResult};
 
 /// The latest checkpoint of each namespace of thread `$1`: what `keep_latest` keeps.
 const LATEST: &str = "SELECT checkpoint_ns, MAX(checkpoint_id) FROM checkpoints \
@@ -20,7 +20,7 @@ const LATEST: &str = "SELECT checkpoint_ns, MAX(checkpoint_id) FROM checkpoints 
 pub(crate) async fn lock_thread(
     conn: &mut PgConnection,
     scope: &Scope,
-    id: Uuid,
+    id: ResourceId,
 ) -> StorageResult<bool> {
     let found: Option<i32> = sqlx::query_scalar(
         "SELECT 1 FROM threads WHERE thread_id = $1 AND (user_id = $2 OR user_id IS NULL) \
@@ -34,14 +34,14 @@ pub(crate) async fn lock_thread(
 }
 
 /// Refuses a state change while a run of the thread is pending or running.
-pub(crate) async fn ensure_idle(conn: &mut PgConnection, id: Uuid) -> StorageResult<()> {
+pub(crate) async fn ensure_idle(conn: &mut PgConnection, id: ResourceId) -> StorageResult<()> {
     if has_active_run(conn, id).await? {
         return Err(busy(id));
     }
     Ok(())
 }
 
-async fn has_active_run(conn: &mut PgConnection, id: Uuid) -> StorageResult<bool> {
+async fn has_active_run(conn: &mut PgConnection, id: ResourceId) -> StorageResult<bool> {
     let found: Option<i32> = sqlx::query_scalar(
         "SELECT 1 FROM runs WHERE thread_id = $1 AND status IN ('pending', 'running') LIMIT 1",
     )
@@ -54,7 +54,7 @@ async fn has_active_run(conn: &mut PgConnection, id: Uuid) -> StorageResult<bool
 /// Refuses a write computed from a latest checkpoint that is no longer the latest.
 pub(crate) async fn ensure_latest(
     conn: &mut PgConnection,
-    id: Uuid,
+    id: ResourceId,
     write: &StateWrite,
 ) -> StorageResult<()> {
     let Some(expected) = &write.expect_latest else {
@@ -79,7 +79,7 @@ pub(crate) async fn ensure_latest(
 /// Saves the checkpoints of `write` and sets the thread's state columns from it.
 pub(crate) async fn save_state(
     conn: &mut PgConnection,
-    id: Uuid,
+    id: ResourceId,
     write: &StateWrite,
     now: DateTime<Utc>,
 ) -> StorageResult<()> {
@@ -105,7 +105,7 @@ pub(crate) async fn save_state(
 /// Appends an event no run made to the thread's log, numbered by the thread's counter.
 pub(crate) async fn log_event(
     conn: &mut PgConnection,
-    id: Uuid,
+    id: ResourceId,
     event: &ThreadEvent,
     now: DateTime<Utc>,
 ) -> StorageResult<LoggedEvent> {
@@ -140,7 +140,7 @@ pub(crate) async fn log_event(
 /// Sets (or clears) the thread's own TTL, counted from `now`.
 pub(crate) async fn set_ttl(
     conn: &mut PgConnection,
-    id: Uuid,
+    id: ResourceId,
     ttl: Option<&ThreadTtl>,
     now: DateTime<Utc>,
 ) -> StorageResult<()> {
@@ -158,7 +158,7 @@ pub(crate) async fn set_ttl(
 }
 
 /// Removes a thread with its checkpoints (its runs and events go by cascade).
-pub(crate) async fn delete_rows(conn: &mut PgConnection, id: Uuid) -> StorageResult<bool> {
+pub(crate) async fn delete_rows(conn: &mut PgConnection, id: ResourceId) -> StorageResult<bool> {
     sqlx::query(
         "WITH w AS (DELETE FROM checkpoint_writes WHERE thread_id = $1), \
               b AS (DELETE FROM checkpoint_blobs WHERE thread_id = $1) \
@@ -176,7 +176,7 @@ pub(crate) async fn delete_rows(conn: &mut PgConnection, id: Uuid) -> StorageRes
 
 /// Keeps only the latest checkpoint of each namespace, its pending writes and the blobs it
 /// reaches (delta chains followed through `base`).
-async fn keep_latest(conn: &mut PgConnection, id: Uuid) -> StorageResult<()> {
+async fn keep_latest(conn: &mut PgConnection, id: ResourceId) -> StorageResult<()> {
     let thread_id = engine_id(id);
     for table in ["checkpoint_writes", "checkpoints"] {
         sqlx::query(&format!(
@@ -201,7 +201,7 @@ async fn keep_latest(conn: &mut PgConnection, id: Uuid) -> StorageResult<()> {
 pub(crate) async fn prune(
     conn: &mut PgConnection,
     scope: &Scope,
-    ids: &[Uuid],
+    ids: &[ResourceId],
     strategy: TtlStrategy,
 ) -> StorageResult<u64> {
     let mut pruned = 0;
@@ -236,7 +236,7 @@ pub(crate) async fn sweep(
     limit: i64,
 ) -> StorageResult<SweepOutcome> {
     let cutoff = super::default_cutoff(now, default);
-    let rows: Vec<ExpiredRow<Uuid>> = sqlx::query_as(
+    let rows: Vec<ExpiredRow<ResourceId>> = sqlx::query_as(
         "SELECT thread_id, ttl_strategy, ttl_minutes, expires_at FROM threads t \
          WHERE ((expires_at IS NOT NULL AND expires_at <= $1) \
             OR ($2::timestamptz IS NOT NULL AND ttl_minutes IS NULL AND updated_at <= $2 \

@@ -9,7 +9,7 @@ use super::{busy, engine_id, put, ExpiredRow};
 use crate::checkpoints::insert_checkpoint_sqlite;
 use crate::model::{Scope, StateWrite, SweepOutcome, ThreadEvent, ThreadTtl, TtlStrategy};
 use crate::sqlite_values::{id, json, ts, RowExt};
-use crate::{LoggedEvent, StorageResult};
+use crate::{LoggedEvent, ResourceId, StorageResult};
 
 /// The latest checkpoint of each namespace of thread `?1`: what `keep_latest` keeps.
 const LATEST: &str = "SELECT checkpoint_ns, MAX(checkpoint_id) FROM checkpoints \
@@ -20,14 +20,14 @@ fn exec(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> StorageR
 }
 
 /// Refuses a state change while a run of the thread is pending or running.
-pub(crate) fn ensure_idle(conn: &Connection, thread: Uuid) -> StorageResult<()> {
+pub(crate) fn ensure_idle(conn: &Connection, thread: ResourceId) -> StorageResult<()> {
     if has_active_run(conn, thread)? {
         return Err(busy(thread));
     }
     Ok(())
 }
 
-fn has_active_run(conn: &Connection, thread: Uuid) -> StorageResult<bool> {
+fn has_active_run(conn: &Connection, thread: ResourceId) -> StorageResult<bool> {
     Ok(conn
         .prepare_cached(
             "SELECT 1 FROM runs WHERE thread_id = ?1 AND status IN ('pending', 'running') LIMIT 1",
@@ -38,7 +38,7 @@ fn has_active_run(conn: &Connection, thread: Uuid) -> StorageResult<bool> {
 /// Refuses a write computed from a latest checkpoint that is no longer the latest.
 pub(crate) fn ensure_latest(
     conn: &Connection,
-    thread: Uuid,
+    thread: ResourceId,
     write: &StateWrite,
 ) -> StorageResult<()> {
     let Some(expected) = &write.expect_latest else {
@@ -61,7 +61,7 @@ pub(crate) fn ensure_latest(
 /// Saves the checkpoints of `write` and sets the thread's state columns from it.
 pub(crate) fn save_state(
     conn: &Connection,
-    thread: Uuid,
+    thread: ResourceId,
     write: &StateWrite,
     now: DateTime<Utc>,
 ) -> StorageResult<()> {
@@ -88,7 +88,7 @@ pub(crate) fn save_state(
 /// Appends an event no run made to the thread's log, numbered by the thread's counter.
 pub(crate) fn log_event(
     conn: &Connection,
-    thread: Uuid,
+    thread: ResourceId,
     event: &ThreadEvent,
     now: DateTime<Utc>,
 ) -> StorageResult<LoggedEvent> {
@@ -122,7 +122,7 @@ pub(crate) fn log_event(
 /// Sets (or clears) the thread's own TTL, counted from `now`.
 pub(crate) fn set_ttl(
     conn: &Connection,
-    thread: Uuid,
+    thread: ResourceId,
     ttl: Option<&ThreadTtl>,
     now: DateTime<Utc>,
 ) -> StorageResult<()> {
@@ -141,7 +141,7 @@ pub(crate) fn set_ttl(
 }
 
 /// Removes a thread with its checkpoints (its runs and events go by cascade).
-pub(crate) fn delete_rows(conn: &Connection, thread: Uuid) -> StorageResult<bool> {
+pub(crate) fn delete_rows(conn: &Connection, thread: ResourceId) -> StorageResult<bool> {
     crate::checkpoints::delete_checkpoints_sqlite(conn, &engine_id(thread))?;
     Ok(exec(
         conn,
@@ -152,7 +152,7 @@ pub(crate) fn delete_rows(conn: &Connection, thread: Uuid) -> StorageResult<bool
 
 /// Keeps only the latest checkpoint of each namespace, its pending writes and the blobs it
 /// reaches (delta chains followed through `base`).
-fn keep_latest(conn: &Connection, thread: Uuid) -> StorageResult<()> {
+fn keep_latest(conn: &Connection, thread: ResourceId) -> StorageResult<()> {
     let thread_id = engine_id(thread);
     for table in ["checkpoint_writes", "checkpoints"] {
         exec(
@@ -179,7 +179,7 @@ fn keep_latest(conn: &Connection, thread: Uuid) -> StorageResult<()> {
 pub(crate) fn prune(
     conn: &Connection,
     scope: &Scope,
-    ids: &[Uuid],
+    ids: &[ResourceId],
     strategy: TtlStrategy,
 ) -> StorageResult<u64> {
     let mut pruned = 0;
@@ -218,7 +218,7 @@ pub(crate) fn sweep(
     limit: i64,
 ) -> StorageResult<SweepOutcome> {
     let cutoff = super::default_cutoff(now, default);
-    let rows: Vec<ExpiredRow<Uuid>> = conn
+    let rows: Vec<ExpiredRow<ResourceId>> = conn
         .prepare_cached(
             "SELECT thread_id, ttl_strategy, ttl_minutes, expires_at FROM threads t \
              WHERE ((expires_at IS NOT NULL AND expires_at <= ?1) \
@@ -230,7 +230,7 @@ pub(crate) fn sweep(
         )?
         .query_map((ts(now), cutoff.map(ts), limit), |r| {
             Ok(ExpiredRow {
-                thread_id: r.uuid("thread_id")?,
+                thread_id: r.resource_id("thread_id")?,
                 ttl_strategy: r.get("ttl_strategy")?,
                 ttl_minutes: r.get("ttl_minutes")?,
                 expires_at: r.opt_ts("expires_at")?,

@@ -1,7 +1,6 @@
 use serde_json::json;
 use spindle_storage::test_util::for_each_backend;
 use spindle_storage::*;
-use uuid::Uuid;
 
 use crate::common::*;
 
@@ -83,7 +82,7 @@ async fn get_of_a_missing_assistant_is_not_found() {
     for_each_backend(|db| async move {
         assert_not_found(
             db.storage()
-                .get_assistant(&Scope::local(), Uuid::new_v4())
+                .get_assistant(&Scope::local(), ResourceId::generate())
                 .await,
             "get missing",
         );
@@ -264,7 +263,7 @@ async fn updates_write_new_versions() {
         assert_eq!(versions[2].fields, f);
 
         assert_not_found(
-            s.update_assistant(&user, Uuid::new_v4(), AssistantPatch::default())
+            s.update_assistant(&user, ResourceId::generate(), AssistantPatch::default())
                 .await,
             "update missing",
         );
@@ -339,7 +338,7 @@ async fn set_latest_pins_a_version() {
             "a failed pin changes nothing"
         );
         assert_not_found(
-            s.set_latest_assistant_version(&user, Uuid::new_v4(), 1)
+            s.set_latest_assistant_version(&user, ResourceId::generate(), 1)
                 .await,
             "unknown assistant",
         );
@@ -477,7 +476,7 @@ async fn versions_are_listed_newest_first_with_filter_and_paging() {
         );
         assert_eq!(versions(Some(json!({})), 10, 0).await, vec![5, 4, 3, 2, 1]);
         assert_not_found(
-            s.list_assistant_versions(user, Uuid::new_v4(), None, all())
+            s.list_assistant_versions(user, ResourceId::generate(), None, all())
                 .await,
             "versions of a missing assistant",
         );
@@ -532,7 +531,7 @@ async fn delete_removes_the_assistant_and_its_versions() {
 }
 
 /// Ids of what `filter` finds, in creation order, and checks that count agrees.
-async fn find(s: &dyn Storage, user: &Scope, filter: AssistantFilter) -> Vec<Uuid> {
+async fn find(s: &dyn Storage, user: &Scope, filter: AssistantFilter) -> Vec<ResourceId> {
     let found = s
         .search_assistants(user, assistant_search(filter.clone()))
         .await
@@ -607,7 +606,7 @@ async fn search_filters_by_graph_name_and_metadata() {
         };
         assert_eq!(
             find(s, &user, nothing).await,
-            Vec::<Uuid>::new(),
+            Vec::<ResourceId>::new(),
             "graph_id matches exactly"
         );
 
@@ -621,7 +620,10 @@ async fn search_filters_by_graph_name_and_metadata() {
             find(s, &user, by_name("")).await,
             vec![alpha, beta, gamma, delta]
         );
-        assert_eq!(find(s, &user, by_name("zeta")).await, Vec::<Uuid>::new());
+        assert_eq!(
+            find(s, &user, by_name("zeta")).await,
+            Vec::<ResourceId>::new()
+        );
 
         // Metadata: jsonb containment.
         for (filter, expected) in [
@@ -725,7 +727,7 @@ async fn search_sorts_and_pages() {
                 .then(a.assistant_id.cmp(&b.assistant_id))
             });
             let ascending = ids_of_assistants(&expected);
-            let descending: Vec<Uuid> = ascending.iter().rev().copied().collect();
+            let descending: Vec<ResourceId> = ascending.iter().rev().copied().collect();
             for (sort_order, expected) in
                 [(SortOrder::Asc, &ascending), (SortOrder::Desc, &descending)]
             {

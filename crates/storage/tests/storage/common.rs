@@ -22,16 +22,22 @@ pub fn fields(graph_id: &str, name: &str, metadata: Value) -> AssistantFields {
     }
 }
 
+/// An id as a client may choose it, not a UUID, so that every test also shows that storage
+/// keeps any id (generated ids are UUIDs).
+pub fn client_id(kind: &str) -> ResourceId {
+    ResourceId::parse(&format!("{kind}:{}.x_1", Uuid::new_v4().simple())).unwrap()
+}
+
 pub fn new_assistant(fields: AssistantFields) -> NewAssistant {
     NewAssistant {
-        assistant_id: Uuid::new_v4(),
+        assistant_id: client_id("assistant"),
         fields,
         if_exists: IfExists::Raise,
     }
 }
 
 pub fn new_thread(metadata: Value) -> NewThread {
-    NewThread::new(Uuid::new_v4(), obj(metadata), IfExists::Raise)
+    NewThread::new(client_id("thread"), obj(metadata), IfExists::Raise)
 }
 
 pub fn page(limit: i64, offset: i64) -> Page {
@@ -81,16 +87,16 @@ pub fn assert_conflict<T: std::fmt::Debug>(result: StorageResult<T>, what: &str)
     }
 }
 
-pub fn ids_of_assistants(items: &[Assistant]) -> Vec<Uuid> {
+pub fn ids_of_assistants(items: &[Assistant]) -> Vec<ResourceId> {
     items.iter().map(|a| a.assistant_id).collect()
 }
 
-pub fn ids_of_threads(items: &[Thread]) -> Vec<Uuid> {
+pub fn ids_of_threads(items: &[Thread]) -> Vec<ResourceId> {
     items.iter().map(|t| t.thread_id).collect()
 }
 
 /// Sorted copies of `ids`, for comparing sets.
-pub fn sorted(mut ids: Vec<Uuid>) -> Vec<Uuid> {
+pub fn sorted<T: Ord>(mut ids: Vec<T>) -> Vec<T> {
     ids.sort();
     ids
 }

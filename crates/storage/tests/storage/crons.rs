@@ -23,7 +23,7 @@ fn fields(next: Option<DateTime<Utc>>) -> CronFields {
     }
 }
 
-async fn assistant(s: &dyn Storage) -> Uuid {
+async fn assistant(s: &dyn Storage) -> ResourceId {
     let new = new_assistant(crate::common::fields("echo", "a", json!({})));
     s.create_assistant(Owner::System, new)
         .await
@@ -32,7 +32,11 @@ async fn assistant(s: &dyn Storage) -> Uuid {
 }
 
 /// A new cron of `assistant_id`, on `thread_id` or on a new thread per firing.
-fn new_cron(assistant_id: Uuid, thread_id: Option<Uuid>, fields: CronFields) -> NewCron {
+fn new_cron(
+    assistant_id: ResourceId,
+    thread_id: Option<ResourceId>,
+    fields: CronFields,
+) -> NewCron {
     NewCron {
         cron_id: Uuid::new_v4(),
         assistant_id,
@@ -259,7 +263,7 @@ async fn a_firing_whose_scheduler_died_is_made_once_by_another() {
         let taken = s.claim_due_crons(later, 10, &every_second).await.unwrap();
         assert_eq!(taken.iter().map(|f| f.id()).collect::<Vec<_>>(), [firing]);
 
-        let run_for = |thread_id: Uuid| NewRun {
+        let run_for = |thread_id: ResourceId| NewRun {
             run_id: Uuid::now_v7(),
             thread_id,
             assistant_id: cron.assistant_id,
@@ -273,10 +277,13 @@ async fn a_firing_whose_scheduler_died_is_made_once_by_another() {
             claim: None,
             cron_firing: Some(firing),
         };
-        let made = s.create_run(&me, run_for(new_thread_id())).await.unwrap();
+        let made = s
+            .create_run(&me, run_for(ResourceId::generate()))
+            .await
+            .unwrap();
         // The first scheduler, slow rather than dead, tries too: refused, and nothing of its
         // run is left (its thread included).
-        let late_thread = new_thread_id();
+        let late_thread = ResourceId::generate();
         let refused = s.create_run(&me, run_for(late_thread)).await;
         assert!(
             matches!(refused, Err(StorageError::Conflict(_))),
@@ -321,7 +328,7 @@ async fn disabling_a_cron_drops_its_firing_in_flight() {
             .is_empty());
         let run = NewRun {
             run_id: Uuid::now_v7(),
-            thread_id: new_thread_id(),
+            thread_id: ResourceId::generate(),
             assistant_id: cron.assistant_id,
             kwargs: obj(json!({"input": {}})),
             metadata: obj(json!({})),

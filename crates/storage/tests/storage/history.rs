@@ -21,7 +21,7 @@ use crate::common::*;
 
 const LEASE: Duration = Duration::from_secs(60);
 
-fn new_run(thread_id: Uuid, assistant_id: Uuid, strategy: MultitaskStrategy) -> NewRun {
+fn new_run(thread_id: ResourceId, assistant_id: ResourceId, strategy: MultitaskStrategy) -> NewRun {
     NewRun {
         run_id: Uuid::new_v4(),
         thread_id,
@@ -37,11 +37,11 @@ fn new_run(thread_id: Uuid, assistant_id: Uuid, strategy: MultitaskStrategy) -> 
 }
 
 /// Creates a run and claims it for `worker` (the thread has nothing else active).
-async fn running(s: &dyn Storage, scope: &Scope, thread: Uuid, worker: &str) -> Run {
+async fn running(s: &dyn Storage, scope: &Scope, thread: ResourceId, worker: &str) -> Run {
     let run = s
         .create_run(
             scope,
-            new_run(thread, Uuid::new_v4(), MultitaskStrategy::Enqueue),
+            new_run(thread, ResourceId::generate(), MultitaskStrategy::Enqueue),
         )
         .await
         .unwrap()
@@ -65,7 +65,7 @@ fn ended(status: RunStatus) -> RunEnd {
 
 /// One turn of the `echo` graph on `thread`, saved as run `run_id` saves it (its id in the
 /// checkpoints' metadata), plus a checkpoint of a subgraph namespace with a pending write.
-async fn turn(saver: &Arc<dyn Checkpointer>, thread: Uuid, run_id: Uuid, text: &str) {
+async fn turn(saver: &Arc<dyn Checkpointer>, thread: ResourceId, run_id: Uuid, text: &str) {
     let graph = Arc::new(spindle_graph::examples::get("echo").unwrap().unwrap());
     let metadata = json!({"run_id": run_id.to_string()});
     spindle_graph::pregel::run(
@@ -87,7 +87,7 @@ async fn turn(saver: &Arc<dyn Checkpointer>, thread: Uuid, run_id: Uuid, text: &
     let child = subgraph_checkpoint(text);
     saver
         .put(
-            &thread.to_string(),
+            thread.as_str(),
             "child:1",
             &child,
             &metadata,
@@ -106,7 +106,7 @@ async fn turn(saver: &Arc<dyn Checkpointer>, thread: Uuid, run_id: Uuid, text: &
         value: json!(text),
     };
     saver
-        .put_writes(&thread.to_string(), "child:1", &child.id, &[write])
+        .put_writes(thread.as_str(), "child:1", &child.id, &[write])
         .await
         .unwrap();
 }
@@ -125,9 +125,9 @@ fn subgraph_checkpoint(text: &str) -> Checkpoint {
     }
 }
 
-async fn messages(saver: &Arc<dyn Checkpointer>, thread: Uuid) -> Vec<Value> {
+async fn messages(saver: &Arc<dyn Checkpointer>, thread: ResourceId) -> Vec<Value> {
     let latest = saver
-        .get_tuple(&thread.to_string(), "", None)
+        .get_tuple(thread.as_str(), "", None)
         .await
         .unwrap()
         .expect("the thread has a checkpoint");
@@ -138,9 +138,12 @@ async fn messages(saver: &Arc<dyn Checkpointer>, thread: Uuid) -> Vec<Value> {
 }
 
 /// Every checkpoint of the thread, all namespaces, as `(namespace, id, pending writes)`.
-async fn history(saver: &Arc<dyn Checkpointer>, thread: Uuid) -> Vec<(String, String, usize)> {
+async fn history(
+    saver: &Arc<dyn Checkpointer>,
+    thread: ResourceId,
+) -> Vec<(String, String, usize)> {
     let all = saver
-        .list(&thread.to_string(), None, &ListFilter::default())
+        .list(thread.as_str(), None, &ListFilter::default())
         .await
         .unwrap();
     let mut rows: Vec<_> = all
@@ -157,16 +160,16 @@ async fn history(saver: &Arc<dyn Checkpointer>, thread: Uuid) -> Vec<(String, St
     rows
 }
 
-async fn status(s: &dyn Storage, scope: &Scope, thread: Uuid) -> ThreadStatus {
+async fn status(s: &dyn Storage, scope: &Scope, thread: ResourceId) -> ThreadStatus {
     s.get_thread(scope, thread).await.unwrap().status
 }
 
-async fn footprint(db: &TestDb, thread: Uuid) -> CheckpointFootprint {
-    db.checkpoint_footprint(&thread.to_string()).await
+async fn footprint(db: &TestDb, thread: ResourceId) -> CheckpointFootprint {
+    db.checkpoint_footprint(thread.as_str()).await
 }
 
 /// A save of a run that is gone, as a worker that still runs it would make.
-async fn late_save(saver: &Arc<dyn Checkpointer>, thread: Uuid, run_id: Uuid) -> bool {
+async fn late_save(saver: &Arc<dyn Checkpointer>, thread: ResourceId, run_id: Uuid) -> bool {
     let late = subgraph_checkpoint("late");
     let blob = ChannelBlob {
         channel: "note".into(),
@@ -177,7 +180,7 @@ async fn late_save(saver: &Arc<dyn Checkpointer>, thread: Uuid, run_id: Uuid) ->
     };
     saver
         .put(
-            &thread.to_string(),
+            thread.as_str(),
             "",
             &late,
             &json!({"run_id": run_id.to_string()}),
@@ -216,7 +219,7 @@ async fn a_rolled_back_run_takes_its_checkpoints_writes_and_blobs() {
         let next = s
             .create_run(
                 &alice,
-                new_run(thread, Uuid::new_v4(), MultitaskStrategy::Rollback),
+                new_run(thread, ResourceId::generate(), MultitaskStrategy::Rollback),
             )
             .await
             .unwrap();
@@ -326,7 +329,10 @@ async fn a_copy_carries_the_whole_history_and_outlives_its_original() {
             .unwrap();
         let original = s.get_thread(&alice, thread).await.unwrap();
 
-        let copy = s.copy_thread(&alice, thread, Uuid::new_v4()).await.unwrap();
+        let copy = s
+            .copy_thread(&alice, thread, ResourceId::generate())
+            .await
+            .unwrap();
         assert_eq!(copy.status, ThreadStatus::Idle);
         assert_eq!(copy.metadata, original.metadata);
         assert_eq!(copy.metadata["graph_id"], json!("echo"));
@@ -343,12 +349,12 @@ async fn a_copy_carries_the_whole_history_and_outlives_its_original() {
 
         // As the server deletes a thread: its row, then its checkpoints.
         s.delete_thread(&alice, thread).await.unwrap();
-        saver.delete_thread(&thread.to_string()).await.unwrap();
+        saver.delete_thread(thread.as_str()).await.unwrap();
         assert_eq!(footprint(&db, thread).await, CheckpointFootprint::default());
         assert_eq!(history(&saver, copy.thread_id).await, history_of_original);
         assert_eq!(messages(&saver, copy.thread_id).await.len(), 4);
         let child = saver
-            .get_tuple(&copy.thread_id.to_string(), "child:1", None)
+            .get_tuple(copy.thread_id.as_str(), "child:1", None)
             .await
             .unwrap()
             .unwrap();
@@ -389,7 +395,10 @@ async fn a_copy_names_the_graph_of_its_originals_latest_run() {
             s.get_thread(&alice, thread).await.unwrap().metadata,
             obj(json!({"k": 1}))
         );
-        let copy = s.copy_thread(&alice, thread, Uuid::new_v4()).await.unwrap();
+        let copy = s
+            .copy_thread(&alice, thread, ResourceId::generate())
+            .await
+            .unwrap();
         assert_eq!(
             copy.metadata,
             obj(json!({

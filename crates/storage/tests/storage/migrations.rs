@@ -10,7 +10,7 @@ use crate::common::*;
 fn migrations(backend: Backend) -> usize {
     match backend {
         Backend::Sqlite => 13,
-        Backend::Postgres => 10,
+        Backend::Postgres => 11,
     }
 }
 

@@ -13,11 +13,11 @@ use crate::common::*;
 const LEASE: Duration = Duration::from_secs(60);
 const ATTEMPTS: i32 = 3;
 
-fn new_run(thread_id: Uuid, strategy: MultitaskStrategy) -> NewRun {
+fn new_run(thread_id: ResourceId, strategy: MultitaskStrategy) -> NewRun {
     NewRun {
         run_id: Uuid::new_v4(),
         thread_id,
-        assistant_id: Uuid::new_v4(),
+        assistant_id: ResourceId::generate(),
         kwargs: obj(json!({"input": {"zeta": 1, "alpha": 2}, "stream_mode": ["values"]})),
         metadata: obj(json!({"m": 1})),
         multitask_strategy: strategy,
@@ -28,14 +28,19 @@ fn new_run(thread_id: Uuid, strategy: MultitaskStrategy) -> NewRun {
     }
 }
 
-async fn thread_of(s: &dyn Storage, scope: &Scope) -> Uuid {
+async fn thread_of(s: &dyn Storage, scope: &Scope) -> ResourceId {
     s.create_thread(scope, new_thread(json!({})))
         .await
         .unwrap()
         .thread_id
 }
 
-async fn run_on(s: &dyn Storage, scope: &Scope, thread: Uuid, strategy: MultitaskStrategy) -> Run {
+async fn run_on(
+    s: &dyn Storage,
+    scope: &Scope,
+    thread: ResourceId,
+    strategy: MultitaskStrategy,
+) -> Run {
     s.create_run(scope, new_run(thread, strategy))
         .await
         .unwrap()
@@ -58,11 +63,11 @@ fn end(status: RunStatus, thread_status: ThreadStatus) -> RunEnd {
     }
 }
 
-async fn run_status(s: &dyn Storage, scope: &Scope, thread: Uuid, run: Uuid) -> RunStatus {
+async fn run_status(s: &dyn Storage, scope: &Scope, thread: ResourceId, run: Uuid) -> RunStatus {
     s.get_run(scope, thread, run).await.unwrap().status
 }
 
-async fn thread_status(s: &dyn Storage, scope: &Scope, thread: Uuid) -> ThreadStatus {
+async fn thread_status(s: &dyn Storage, scope: &Scope, thread: ResourceId) -> ThreadStatus {
     s.get_thread(scope, thread).await.unwrap().status
 }
 
@@ -76,7 +81,7 @@ async fn expire(s: &dyn Storage, run_id: Uuid, worker: &str) {
     tokio::time::sleep(Duration::from_millis(2)).await;
 }
 
-fn event(thread_id: Uuid, run_id: Uuid, seq: i64) -> LoggedEvent {
+fn event(thread_id: ResourceId, run_id: Uuid, seq: i64) -> LoggedEvent {
     LoggedEvent {
         thread_id,
         seq,
@@ -138,7 +143,7 @@ async fn create_stores_a_pending_run_and_marks_the_thread_busy() {
             "a run id that is taken",
         );
         assert_not_found(
-            s.get_run(&alice, Uuid::new_v4(), run.run_id).await,
+            s.get_run(&alice, ResourceId::generate(), run.run_id).await,
             "a run under another thread id",
         );
     })
@@ -194,7 +199,7 @@ async fn a_run_created_claimed_knows_whether_its_thread_is_new() {
 }
 
 /// Saves an empty root checkpoint `id` on `thread`.
-async fn save_checkpoint(s: &dyn Storage, thread: Uuid, id: &str) {
+async fn save_checkpoint(s: &dyn Storage, thread: ResourceId, id: &str) {
     let checkpoint = spindle_graph::checkpoint::Checkpoint {
         v: 1,
         id: id.to_owned(),
@@ -206,7 +211,7 @@ async fn save_checkpoint(s: &dyn Storage, thread: Uuid, id: &str) {
         delta_depths: Default::default(),
     };
     s.checkpointer()
-        .put(&thread.to_string(), "", &checkpoint, &json!({}), None, &[])
+        .put(thread.as_str(), "", &checkpoint, &json!({}), None, &[])
         .await
         .unwrap();
 }
@@ -257,7 +262,7 @@ async fn an_end_behind_a_checkpoint_is_refused_until_that_checkpoint_is_stored()
 }
 
 /// A run's checkpoint save, as the engine asks for it.
-fn checkpoint_write(thread: Uuid, id: &str) -> spindle_graph::checkpoint::QueuedWrite {
+fn checkpoint_write(thread: ResourceId, id: &str) -> spindle_graph::checkpoint::QueuedWrite {
     spindle_graph::checkpoint::QueuedWrite::Checkpoint {
         thread_id: thread.to_string(),
         checkpoint_ns: String::new(),
@@ -298,9 +303,9 @@ async fn store_logged(
     }
 }
 
-async fn checkpoint_stored(s: &dyn Storage, thread: Uuid, id: &str) -> bool {
+async fn checkpoint_stored(s: &dyn Storage, thread: ResourceId, id: &str) -> bool {
     s.checkpointer()
-        .get_tuple(&thread.to_string(), "", Some(id))
+        .get_tuple(thread.as_str(), "", Some(id))
         .await
         .unwrap()
         .is_some()
@@ -449,7 +454,7 @@ async fn a_missing_thread_is_refused_or_created() {
         let s = db.storage();
         let alice = fresh_user();
         let bob = fresh_user();
-        let missing = Uuid::new_v4();
+        let missing = ResourceId::generate();
         assert_not_found(
             s.create_run(&alice, new_run(missing, MultitaskStrategy::Enqueue))
                 .await,
@@ -575,7 +580,7 @@ async fn list_is_newest_first_with_status_filter_and_paging() {
         assert_eq!(running.len(), 1);
         assert_eq!(running[0].run_id, ids[0]);
         assert_not_found(
-            s.list_runs(&alice, Uuid::new_v4(), RunFilter::default(), all())
+            s.list_runs(&alice, ResourceId::generate(), RunFilter::default(), all())
                 .await,
             "runs of a missing thread",
         );
@@ -810,7 +815,8 @@ async fn racing_claims_run_one_run_per_thread() {
                     claimed.push((worker, c.run));
                 }
             }
-            let claimed_threads: HashSet<Uuid> = claimed.iter().map(|(_, r)| r.thread_id).collect();
+            let claimed_threads: HashSet<ResourceId> =
+                claimed.iter().map(|(_, r)| r.thread_id).collect();
             assert_eq!(claimed.len(), 4, "round {round}: one claim per thread");
             assert_eq!(claimed_threads, threads.iter().copied().collect());
             for thread in &threads {

@@ -72,19 +72,19 @@ fn state_update() -> ThreadEvent {
     }
 }
 
-async fn items_at(s: &dyn Storage, thread: Uuid, id: Option<&str>) -> Option<Value> {
+async fn items_at(s: &dyn Storage, thread: ResourceId, id: Option<&str>) -> Option<Value> {
     s.checkpointer()
-        .get_tuple(&thread.to_string(), "", id)
+        .get_tuple(thread.as_str(), "", id)
         .await
         .unwrap()
         .map(|t| t.checkpoint.channel_values["items"].clone())
 }
 
-fn new_run(thread_id: Uuid) -> NewRun {
+fn new_run(thread_id: ResourceId) -> NewRun {
     NewRun {
         run_id: Uuid::new_v4(),
         thread_id,
-        assistant_id: Uuid::new_v4(),
+        assistant_id: ResourceId::generate(),
         kwargs: JsonObject::new(),
         metadata: JsonObject::new(),
         multitask_strategy: MultitaskStrategy::Enqueue,
@@ -140,7 +140,7 @@ async fn a_state_write_saves_checkpoints_columns_and_event_together() {
         );
         let latest = s
             .checkpointer()
-            .get_tuple(&id.to_string(), "", None)
+            .get_tuple(id.as_str(), "", None)
             .await
             .unwrap()
             .unwrap()
@@ -348,7 +348,7 @@ async fn prune_deletes_or_keeps_only_the_latest_checkpoint() {
         }
         let kept_id = s
             .checkpointer()
-            .get_tuple(&ids[1].to_string(), "", None)
+            .get_tuple(ids[1].as_str(), "", None)
             .await
             .unwrap()
             .unwrap()
@@ -357,7 +357,7 @@ async fn prune_deletes_or_keeps_only_the_latest_checkpoint() {
         // Pending writes of the latest checkpoint (an interrupt) survive a trim.
         s.checkpointer()
             .put_writes(
-                &ids[1].to_string(),
+                ids[1].as_str(),
                 "",
                 &kept_id,
                 &[PendingWrite {
@@ -368,7 +368,7 @@ async fn prune_deletes_or_keeps_only_the_latest_checkpoint() {
             )
             .await
             .unwrap();
-        let before = db.checkpoint_footprint(&ids[1].to_string()).await;
+        let before = db.checkpoint_footprint(ids[1].as_str()).await;
         assert_eq!((before.checkpoints, before.blobs), (5, 5));
 
         // Another user's thread and an unknown id are skipped.
@@ -376,7 +376,7 @@ async fn prune_deletes_or_keeps_only_the_latest_checkpoint() {
             .create_thread(&fresh_user(), new_thread(json!({})))
             .await
             .unwrap();
-        let asked = [ids[0], stranger.thread_id, Uuid::new_v4()];
+        let asked = [ids[0], stranger.thread_id, ResourceId::generate()];
         assert_eq!(
             s.prune_threads(&user, &asked, TtlStrategy::Delete)
                 .await
@@ -385,26 +385,24 @@ async fn prune_deletes_or_keeps_only_the_latest_checkpoint() {
         );
         assert_not_found(s.get_thread(&user, ids[0]).await, "pruned thread");
         assert_eq!(
-            db.checkpoint_footprint(&ids[0].to_string())
-                .await
-                .checkpoints,
+            db.checkpoint_footprint(ids[0].as_str()).await.checkpoints,
             0
         );
-        assert_eq!(db.checkpoint_footprint(&ids[0].to_string()).await.blobs, 0);
+        assert_eq!(db.checkpoint_footprint(ids[0].as_str()).await.blobs, 0);
 
         let trimmed = s
             .prune_threads(&user, &[ids[1]], TtlStrategy::KeepLatest)
             .await
             .unwrap();
         assert_eq!(trimmed, 1);
-        let after = db.checkpoint_footprint(&ids[1].to_string()).await;
+        let after = db.checkpoint_footprint(ids[1].as_str()).await;
         assert_eq!(after.checkpoints, 1);
         assert_eq!(after.writes, 1);
         // The kept checkpoint's delta chain reaches every version: nothing else existed.
         assert_eq!(after.blobs, 5);
         let tuple = s
             .checkpointer()
-            .get_tuple(&ids[1].to_string(), "", None)
+            .get_tuple(ids[1].as_str(), "", None)
             .await
             .unwrap()
             .unwrap();
@@ -426,9 +424,7 @@ async fn prune_deletes_or_keeps_only_the_latest_checkpoint() {
             0
         );
         assert_eq!(
-            db.checkpoint_footprint(&ids[2].to_string())
-                .await
-                .checkpoints,
+            db.checkpoint_footprint(ids[2].as_str()).await.checkpoints,
             5
         );
     })
@@ -462,7 +458,7 @@ async fn keep_latest_drops_blobs_the_latest_checkpoint_no_longer_reaches() {
         s.prune_threads(&user, &[id], TtlStrategy::KeepLatest)
             .await
             .unwrap();
-        let after = db.checkpoint_footprint(&id.to_string()).await;
+        let after = db.checkpoint_footprint(id.as_str()).await;
         assert_eq!((after.checkpoints, after.blobs), (1, 1));
         assert_eq!(items_at(s, id, None).await, Some(json!(["x"])));
     })
@@ -520,7 +516,7 @@ async fn the_sweep_applies_each_threads_ttl_and_the_default() {
             "expired thread",
         );
         assert_eq!(
-            db.checkpoint_footprint(&doomed.thread_id.to_string())
+            db.checkpoint_footprint(doomed.thread_id.as_str())
                 .await
                 .checkpoints,
             0
@@ -531,7 +527,7 @@ async fn the_sweep_applies_each_threads_ttl_and_the_default() {
             "next trim later"
         );
         assert_eq!(
-            db.checkpoint_footprint(&trimmed.thread_id.to_string())
+            db.checkpoint_footprint(trimmed.thread_id.as_str())
                 .await
                 .checkpoints,
             1

@@ -1,7 +1,6 @@
 use serde_json::json;
 use spindle_storage::test_util::{for_each_backend, TestDb};
 use spindle_storage::*;
-use uuid::Uuid;
 
 use crate::common::*;
 
@@ -73,9 +72,12 @@ async fn get_and_delete_of_missing_or_foreign_threads_are_not_found() {
     for_each_backend(|db| async move {
         let s = db.storage();
         let (alice, bob) = (Scope::new("alice"), Scope::new("bob"));
-        assert_not_found(s.get_thread(&alice, Uuid::new_v4()).await, "get missing");
         assert_not_found(
-            s.delete_thread(&alice, Uuid::new_v4()).await,
+            s.get_thread(&alice, ResourceId::generate()).await,
+            "get missing",
+        );
+        assert_not_found(
+            s.delete_thread(&alice, ResourceId::generate()).await,
             "delete missing",
         );
 
@@ -90,7 +92,7 @@ async fn get_and_delete_of_missing_or_foreign_threads_are_not_found() {
             "bob updates alice's",
         );
         assert_not_found(
-            s.copy_thread(&bob, id, Uuid::new_v4()).await,
+            s.copy_thread(&bob, id, ResourceId::generate()).await,
             "bob copies alice's",
         );
         assert_eq!(s.count_threads(&bob, Default::default()).await.unwrap(), 0);
@@ -176,7 +178,7 @@ async fn update_merges_metadata_shallowly() {
 }
 
 /// Ids of what `filter` finds, in creation order, and checks that count agrees.
-async fn find(s: &dyn Storage, user: &Scope, filter: ThreadFilter) -> Vec<Uuid> {
+async fn find(s: &dyn Storage, user: &Scope, filter: ThreadFilter) -> Vec<ResourceId> {
     let found = s
         .search_threads(user, thread_search(filter.clone()))
         .await
@@ -192,7 +194,7 @@ async fn find(s: &dyn Storage, user: &Scope, filter: ThreadFilter) -> Vec<Uuid> 
 
 /// Four threads of `user`: [plain idle, busy with values, interrupted with values, error
 /// without values].
-async fn seed(db: &TestDb, user: &Scope) -> [Uuid; 4] {
+async fn seed(db: &TestDb, user: &Scope) -> [ResourceId; 4] {
     let s = db.storage();
     let mut ids = Vec::new();
     for metadata in [
@@ -244,7 +246,7 @@ async fn search_filters_by_ids_status_metadata_and_values() {
             vec![idle, busy, interrupted, error]
         );
 
-        let by_ids = |ids: Vec<Uuid>| ThreadFilter {
+        let by_ids = |ids: Vec<ResourceId>| ThreadFilter {
             ids: Some(ids),
             ..Default::default()
         };
@@ -254,12 +256,12 @@ async fn search_filters_by_ids_status_metadata_and_values() {
         );
         assert_eq!(
             find(s, &user, by_ids(vec![])).await,
-            Vec::<Uuid>::new(),
+            Vec::<ResourceId>::new(),
             "an empty id list matches nothing"
         );
         assert_eq!(
-            find(s, &user, by_ids(vec![Uuid::new_v4()])).await,
-            Vec::<Uuid>::new()
+            find(s, &user, by_ids(vec![ResourceId::generate()])).await,
+            Vec::<ResourceId>::new()
         );
         assert_eq!(
             find(s, &user, by_ids(vec![foreign.thread_id, busy])).await,
@@ -385,7 +387,7 @@ async fn search_sorts_and_pages() {
                 .then(a.thread_id.cmp(&b.thread_id))
             });
             let ascending = ids_of_threads(&expected);
-            let descending: Vec<Uuid> = ascending.iter().rev().copied().collect();
+            let descending: Vec<ResourceId> = ascending.iter().rev().copied().collect();
             for (sort_order, expected) in
                 [(SortOrder::Asc, &ascending), (SortOrder::Desc, &descending)]
             {
@@ -461,7 +463,7 @@ async fn copy_makes_a_new_idle_thread_with_the_same_metadata() {
         .await;
         let source = s.get_thread(&user, source.thread_id).await.unwrap();
 
-        let new_id = Uuid::new_v4();
+        let new_id = ResourceId::generate();
         let copy = s
             .copy_thread(&user, source.thread_id, new_id)
             .await
@@ -504,11 +506,13 @@ async fn copy_makes_a_new_idle_thread_with_the_same_metadata() {
             "copy onto an id that is taken",
         );
         assert_not_found(
-            s.copy_thread(&user, Uuid::new_v4(), Uuid::new_v4()).await,
+            s.copy_thread(&user, ResourceId::generate(), ResourceId::generate())
+                .await,
             "copy missing",
         );
         assert_not_found(
-            s.copy_thread(&user, source.thread_id, Uuid::new_v4()).await,
+            s.copy_thread(&user, source.thread_id, ResourceId::generate())
+                .await,
             "copy deleted",
         );
     })
@@ -555,7 +559,7 @@ async fn metadata_filters_take_any_key() {
             };
             assert_eq!(
                 find(s, &user, filter).await,
-                Vec::<Uuid>::new(),
+                Vec::<ResourceId>::new(),
                 "key {key:?}, other value"
             );
         }
