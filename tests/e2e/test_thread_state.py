@@ -449,7 +449,7 @@ async def test_prune_deletes_or_keeps_the_latest(client, http, tag):
     assert_validation_error(
         http.post("/threads/prune", json={"thread_ids": [kept], "strategy": "x"}), "body", "strategy"
     )
-    assert_validation_error(http.post("/threads/prune", json={"thread_ids": ["nope"]}), "body")
+    assert_validation_error(http.post("/threads/prune", json={"thread_ids": ["not an id"]}), "body")
 
 
 # --------------------------------------------------------------------------------------------
