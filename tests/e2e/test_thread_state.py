@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import BACKENDS, _loop, _session_server
-from e2e_util import assert_status, assert_validation_error
+from e2e_util import assert_error_body, assert_status, assert_validation_error
 from langgraph_sdk import get_client
 from langgraph_sdk.errors import ConflictError, NotFoundError
 
@@ -244,7 +244,7 @@ async def test_update_state_is_refused_while_a_run_is_active(client, tag):
 @pytest.mark.spindle_only
 async def test_update_state_refuses_bad_input(client, http, tag):
     """422 naming the field: values of the wrong type, an unknown node; 404 for an unknown
-    checkpoint; a thread with no graph is refused with the error body."""
+    checkpoint; a thread with no graph is a conflict with its state (409, the error body)."""
     tid = await chain_thread(client, tag)
     r = http.post(f"/threads/{tid}/state", json={"values": 5})
     assert_validation_error(r, "body", "values")
@@ -254,8 +254,7 @@ async def test_update_state_refuses_bad_input(client, http, tag):
     assert_status(r, 404)
     bare = await client.threads.create(metadata={"tag": tag})
     r = http.post(f"/threads/{bare['thread_id']}/state", json={"values": {"n": 1}})
-    assert_status(r, 422)
-    assert r.json()["error"] == "invalid_request"
+    assert assert_error_body(r, 409)["error"] == "conflict"
     r = http.get(f"/threads/{uuid.uuid4()}/state")
     assert_status(r, 404)
 

@@ -339,3 +339,15 @@ def test_sync_client_roundtrip(sync_client, tag):
     with pytest.raises(NotFoundError):
         sync_client.threads.get(t["thread_id"])
     assert sync_client.threads.count(metadata={"tag": tag}) == 0
+
+
+def test_metadata_numbers_near_the_float_limits_come_back(http):
+    """PostgreSQL returns jsonb numbers in full digits; the largest finite floats still read back
+    (they were a 500 on PostgreSQL, found by schemathesis)."""
+    metadata = {"big": [1.7976931348623155e308, -1.7976931348623157e308], "small": 5e-324}
+    r = http.post("/threads", json={"metadata": metadata})
+    assert_status(r, 200)
+    assert r.json()["metadata"] == metadata
+    got = http.get(f"/threads/{r.json()['thread_id']}")
+    assert_status(got, 200)
+    assert got.json()["metadata"] == metadata

@@ -1,9 +1,9 @@
 //! The error model. One table ([`ErrorCode`]) maps every error kind to its HTTP status and its
 //! `error` string; every error body is built from it, so a kind cannot answer two ways.
 //!
-//! Two bodies exist, as the interface prescribes: validation failures answer 422 with
-//! `{"detail": [{"loc", "msg", "type", "input"?, "ctx"?}]}`, everything else answers
-//! `{"error", "message", "details"}`.
+//! Two bodies exist, as the interface prescribes: every 422 (a validation failure, or a request
+//! that cannot be carried out as asked) answers `{"detail": [{"loc", "msg", "type", "input"?,
+//! "ctx"?}]}`, everything else answers `{"error", "message", "details"}`.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -22,7 +22,8 @@ pub enum ErrorCode {
     Conflict,
     /// The body or parameters failed validation (answered with the 422 `detail` list).
     Validation,
-    /// The request is well-formed but cannot be carried out as asked.
+    /// The request is well-formed but cannot be carried out as asked (answered with the 422
+    /// `detail` list too, naming the body).
     InvalidRequest,
     /// The body is larger than the server accepts.
     PayloadTooLarge,
@@ -66,7 +67,7 @@ impl ErrorCode {
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct ValidationItem {
     /// Path to the offending value: `["body", "metadata"]`, `["query", "limit"]`, `["path", "thread_id"]`.
-    #[schema(value_type = Vec<Object>)]
+    #[schema(schema_with = loc_schema)]
     pub loc: Vec<Value>,
     pub msg: String,
     /// `missing`, `string_type`, `enum`, `string_too_long`, `greater_than_equal`, `json_invalid`, ...
@@ -101,6 +102,14 @@ impl ValidationItem {
     }
 }
 
+/// A `loc`: names of fields and indexes of list items, as the interface prescribes.
+fn loc_schema() -> utoipa::openapi::schema::Array {
+    use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, SchemaType, Type};
+    let part =
+        ObjectBuilder::new().schema_type(SchemaType::from_iter([Type::String, Type::Integer]));
+    ArrayBuilder::new().items(part).build()
+}
+
 /// The 422 body.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ValidationErrorBody {
@@ -110,7 +119,7 @@ pub struct ValidationErrorBody {
 /// The body of every error other than validation.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ErrorBody {
-    /// The error kind: `not_found`, `conflict`, `invalid_request`, `unavailable`, `internal_error`.
+    /// The error kind: `not_found`, `conflict`, `unavailable`, `internal_error`, ...
     pub error: String,
     pub message: String,
     #[schema(value_type = Object)]
@@ -213,6 +222,12 @@ impl IntoResponse for ApiError {
                     }),
                 )
                     .into_response()
+            }
+            ErrorCode::InvalidRequest => {
+                // The interface has one body for a 422, the `detail` list; a request refused
+                // for what it asks rather than how it is written names the body as a whole.
+                let item = ValidationItem::new(vec![json!("body")], "value_error", parts.message);
+                (status, Json(ValidationErrorBody { detail: vec![item] })).into_response()
             }
             ErrorCode::Internal => {
                 tracing::error!(error = %parts.message, "internal error");

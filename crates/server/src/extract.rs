@@ -8,7 +8,11 @@
 use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
-use serde::de::DeserializeOwned;
+use std::fmt;
+use std::marker::PhantomData;
+
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{DeserializeOwned, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::{json, Value};
 
@@ -134,7 +138,8 @@ impl Violations {
 }
 
 /// A JSON body. An empty body reads as `{}`, since clients send none to endpoints whose fields
-/// are all optional.
+/// are all optional (their annotations say `request_body = Option<T>`: the body may be left
+/// out).
 pub struct ApiJson<T>(pub T);
 
 impl<S, T> FromRequest<S> for ApiJson<T>
@@ -158,11 +163,8 @@ where
 
 /// Deserialises and validates a JSON body.
 pub fn parse_body<T: DeserializeOwned + Validate>(bytes: &[u8]) -> Result<T, ApiError> {
-    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
-        b"{}"
-    } else {
-        bytes
-    };
+    // No body at all, not a blank one: whitespace alone is not JSON.
+    let bytes: &[u8] = if bytes.is_empty() { b"{}" } else { bytes };
     if T::is_object() {
         refuse_array(bytes)?;
     }
@@ -387,6 +389,56 @@ fn type_kind(expected: &str) -> &'static str {
 fn between<'a>(s: &'a str, start: &str, end: &str) -> Option<&'a str> {
     let rest = &s[s.find(start)? + start.len()..];
     Some(&rest[..rest.find(end)?])
+}
+
+/// A field holding an object, for a struct's field of a struct type: serde fills a struct from
+/// an array by position too (`"checkpoint": [null, "x"]`), which the document does not allow.
+/// The object's fields are read from the request itself, so a failure keeps its location.
+pub fn object<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<T, D::Error> {
+    d.deserialize_map(ObjectVisitor(PhantomData))
+}
+
+/// [`object`], for a field that may be null or left out (with `#[serde(default)]`).
+pub fn opt_object<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<T>, D::Error> {
+    d.deserialize_option(OptionalObjectVisitor(PhantomData))
+}
+
+struct ObjectVisitor<T>(PhantomData<T>);
+
+impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjectVisitor<T> {
+    type Value = T;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+        T::deserialize(MapAccessDeserializer::new(map))
+    }
+}
+
+struct OptionalObjectVisitor<T>(PhantomData<T>);
+
+impl<'de, T: Deserialize<'de>> Visitor<'de> for OptionalObjectVisitor<T> {
+    type Value = Option<T>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an object or null")
+    }
+
+    fn visit_none<E: serde::de::Error>(self) -> Result<Option<T>, E> {
+        Ok(None)
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Option<T>, E> {
+        Ok(None)
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Option<T>, D::Error> {
+        object(d).map(Some)
+    }
 }
 
 /// A field of a partial update: left out, set to null, or set to a value. (`Option<Option<T>>`

@@ -4,12 +4,43 @@
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue};
 use bytes::Bytes;
 use serde_json::Value;
+use utoipa::openapi::schema::{Object, ObjectBuilder, Type};
+use utoipa::ToSchema;
 
 /// Seconds between keepalive comments, so idle proxies keep the connection open.
 pub const DEFAULT_KEEPALIVE_SECS: u64 = 5;
 
 /// The keepalive comment.
 pub const HEARTBEAT: &[u8] = b": heartbeat\r\n\r\n";
+
+/// One event of a stream, as a client's SSE parser reads it (the document's schema of each
+/// event of a `text/event-stream` response; OpenAPI 3.1 has `schema` describe one event).
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct ServerSentEvent {
+    /// The event's name: a stream mode (`values`, `updates|node:TASK`, ...), `metadata`,
+    /// `error` or `end`; on the thread event stream, the protocol method.
+    event: String,
+    /// The payload, JSON.
+    #[schema(schema_with = json_text)]
+    data: String,
+    /// The event's seq in the thread's event log, on streams that send ids.
+    id: Option<String>,
+}
+
+/// A string holding JSON: `contentMediaType` says so, and `contentSchema` (JSON Schema
+/// 2020-12, which utoipa has no builder for; `{}`: any JSON value) lets a validator parse it.
+fn json_text() -> Object {
+    let mut schema = ObjectBuilder::new()
+        .schema_type(Type::String)
+        .content_media_type("application/json")
+        .build();
+    schema
+        .extensions
+        .get_or_insert_with(Default::default)
+        .insert("contentSchema".into(), Value::Object(Default::default()));
+    schema
+}
 
 /// One frame. `data` is already-serialised JSON, so events read back from the log are sent
 /// without being parsed again.

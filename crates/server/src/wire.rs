@@ -136,3 +136,28 @@ pub fn query_bool<'de, D: serde::Deserializer<'de>>(
         ))),
     }
 }
+
+/// A JSON number without a fraction, as an `i64`: `2` or `2.0`. JSON Schema's `integer`, and
+/// pydantic, admit both; serde's `i64` takes only the first.
+pub fn whole_number(value: &Value) -> Option<i64> {
+    let whole = |f: f64| f.fract() == 0.0 && f >= i64::MIN as f64 && f < i64::MAX as f64;
+    value
+        .as_i64()
+        .or_else(|| value.as_f64().filter(|f| whole(*f)).map(|f| f as i64))
+}
+
+/// An integer field of a JSON body, read by [`whole_number`].
+pub fn integer<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<i64, D::Error> {
+    let value = Value::deserialize(deserializer)?;
+    whole_number(&value)
+        .ok_or_else(|| serde::de::Error::custom(format!("invalid type: {value}, expected i64")))
+}
+
+/// [`integer`], for a field that may be null or left out (with `#[serde(default)]`).
+pub fn opt_integer<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<i64>, D::Error> {
+    #[derive(Deserialize)]
+    struct Integer(#[serde(deserialize_with = "integer")] i64);
+    Ok(Option::<Integer>::deserialize(deserializer)?.map(|Integer(n)| n))
+}

@@ -20,6 +20,7 @@ use crate::extract::{Validate, Violations};
 use crate::routes::runs::{start_run, RunCreate, Stateless};
 use crate::routes::state::thread_graph;
 use crate::state::AppState;
+use crate::wire::whole_number;
 
 /// Most checkpoints one `state.listCheckpoints` answers.
 const MAX_CHECKPOINTS: usize = 100;
@@ -59,7 +60,11 @@ impl From<StorageError> for Failure {
 /// A command's id and method, checked before anything runs: the id must be an unsigned
 /// integer and the method a string. The refusal is the protocol's error answer.
 pub fn parse(command: &Value) -> Result<(u64, &str, Map<String, Value>), Value> {
-    let id = command.get("id").and_then(Value::as_u64);
+    // A whole number, `2.0` included (as JSON Schema's `integer`).
+    let id = command
+        .get("id")
+        .and_then(whole_number)
+        .and_then(|id| u64::try_from(id).ok());
     let method = command.get("method").and_then(Value::as_str);
     let (Some(id), Some(method)) = (id, method) else {
         let id = command.get("id").filter(|i| i.is_u64()).cloned();

@@ -140,11 +140,11 @@ impl Validate for AssistantCreate {}
 pub struct AssistantUpdate {
     /// Unchanged when omitted; null is refused.
     #[serde(default)]
-    #[schema(value_type = Option<String>)]
+    #[schema(value_type = String)]
     pub graph_id: Patch<String>,
     /// Unchanged when omitted; null is refused.
     #[serde(default)]
-    #[schema(value_type = Option<String>)]
+    #[schema(value_type = String)]
     pub name: Patch<String>,
     /// Unchanged when omitted; null clears it.
     #[serde(default)]
@@ -229,10 +229,12 @@ pub struct AssistantSearchRequest {
     #[serde(default)]
     pub name: Option<String>,
     /// 1 to 1000, default 10.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::wire::opt_integer")]
+    #[schema(minimum = 1, maximum = 1000)]
     pub limit: Option<i64>,
     /// At least 0.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::wire::opt_integer")]
+    #[schema(minimum = 0)]
     pub offset: Option<i64>,
     #[serde(default)]
     pub sort_by: Option<AssistantSortField>,
@@ -266,9 +268,11 @@ pub struct AssistantVersionsRequest {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub metadata: Option<JsonObject>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::wire::opt_integer")]
+    #[schema(minimum = 1, maximum = 1000)]
     pub limit: Option<i64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::wire::opt_integer")]
+    #[schema(minimum = 0)]
     pub offset: Option<i64>,
 }
 
@@ -280,6 +284,8 @@ impl Validate for AssistantVersionsRequest {
 
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct SetLatestRequest {
+    #[serde(deserialize_with = "crate::wire::integer")]
+    #[schema(minimum = 1)]
     pub version: i64,
 }
 
@@ -290,6 +296,7 @@ impl Validate for SetLatestRequest {
 }
 
 #[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct DeleteAssistantQuery {
     /// Also delete the threads whose metadata names this assistant.
     #[serde(default, deserialize_with = "crate::wire::query_bool")]
@@ -300,16 +307,18 @@ pub struct DeleteAssistantQuery {
 impl Validate for DeleteAssistantQuery {}
 
 #[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct GraphQuery {
     /// `true`, or a depth greater than 0, to draw subgraphs' nodes inside their parent.
     #[serde(default)]
-    #[param(value_type = Option<String>)]
+    #[param(value_type = Option<String>, pattern = "^([Tt][Rr][Uu][Ee]|[Ff][Aa][Ll][Ss][Ee]|\\+?0*[1-9][0-9]{0,8})$")]
     pub xray: Option<String>,
 }
 
 impl Validate for GraphQuery {}
 
 #[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct SubgraphsQuery {
     /// Also list the subgraphs of subgraphs (with a namespace: reach a nested one).
     #[serde(default, deserialize_with = "crate::wire::query_bool")]
@@ -331,7 +340,8 @@ pub struct GraphSchemasOut {
     pub state_schema: Value,
     #[schema(value_type = Object)]
     pub config_schema: Value,
-    #[schema(value_type = Object)]
+    /// `null` when the graph declares no context schema (as LangGraph's).
+    #[schema(value_type = Option<Object>)]
     pub context_schema: Value,
 }
 
@@ -439,7 +449,7 @@ async fn create_assistant(
     Ok(Json(assistant.into()))
 }
 
-#[utoipa::path(post, path = "/assistants/search", tag = "assistants", request_body = AssistantSearchRequest,
+#[utoipa::path(post, path = "/assistants/search", tag = "assistants", request_body = Option<AssistantSearchRequest>,
     responses((status = 200, description = "matching assistants; `X-Pagination-Total` holds the number of matches",
                body = Vec<AssistantOut>), (status = 422, body = ValidationErrorBody)))]
 async fn search_assistants(
@@ -466,8 +476,8 @@ async fn search_assistants(
     Ok((headers, Json(select_fields(items, body.select.as_deref())?)))
 }
 
-#[utoipa::path(post, path = "/assistants/count", tag = "assistants", request_body = AssistantCountRequest,
-    responses((status = 200, description = "the number of matching assistants", body = i64),
+#[utoipa::path(post, path = "/assistants/count", tag = "assistants", request_body = Option<AssistantCountRequest>,
+    responses((status = 200, description = "the number of matching assistants", content_type = "application/json", body = i64),
               (status = 422, body = ValidationErrorBody)))]
 async fn count_assistants(
     State(state): State<AppState>,
@@ -494,7 +504,7 @@ async fn get_assistant(
     Ok(Json(state.storage.get_assistant(&scope, id).await?.into()))
 }
 
-#[utoipa::path(patch, path = "/assistants/{assistant_id}", tag = "assistants", request_body = AssistantUpdate,
+#[utoipa::path(patch, path = "/assistants/{assistant_id}", tag = "assistants", request_body = Option<AssistantUpdate>,
     params(("assistant_id" = String, Path, description = "assistant UUID or graph id")),
     responses((status = 200, description = "the new version", body = AssistantOut), (status = 404, body = ErrorBody),
               (status = 422, body = ValidationErrorBody)))]
@@ -691,7 +701,7 @@ async fn get_assistant_subgraphs_of(
     Ok(Json(subgraph_schemas(&graph, Some(&namespace), recurse)))
 }
 
-#[utoipa::path(post, path = "/assistants/{assistant_id}/versions", tag = "assistants", request_body = AssistantVersionsRequest,
+#[utoipa::path(post, path = "/assistants/{assistant_id}/versions", tag = "assistants", request_body = Option<AssistantVersionsRequest>,
     params(("assistant_id" = String, Path, description = "assistant UUID or graph id")),
     responses((status = 200, description = "versions, newest first", body = Vec<AssistantVersionOut>),
               (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]

@@ -137,7 +137,8 @@ fn patch_time<'de, D: Deserializer<'de>>(d: D) -> Result<Patch<DateTime<Utc>>, D
 /// The body of a cron's creation: its schedule and the run to make at each due time.
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct CronCreate {
-    /// Assistant UUID or graph id.
+    /// An assistant's id or a graph's id.
+    #[schema(value_type = ResourceId)]
     pub assistant_id: String,
     /// Five fields (minute hour day-of-month month day-of-week), or six with seconds first.
     pub schedule: String,
@@ -423,7 +424,7 @@ impl Validate for CronPatch {
     }
 }
 
-#[utoipa::path(patch, path = "/runs/crons/{cron_id}", tag = "crons", request_body = CronPatch,
+#[utoipa::path(patch, path = "/runs/crons/{cron_id}", tag = "crons", request_body = Option<CronPatch>,
     params(("cron_id" = Uuid, Path)),
     responses((status = 200, body = CronOut), (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn patch_cron(
@@ -546,8 +547,9 @@ pub enum CronSelectField {
 /// Which crons a search or count is about.
 #[derive(Debug, Default, Deserialize, ToSchema)]
 pub struct CronSearchRequest {
-    /// Assistant UUID or graph id.
+    /// An assistant's id or a graph's id.
     #[serde(default)]
+    #[schema(value_type = Option<ResourceId>)]
     pub assistant_id: Option<String>,
     #[serde(default)]
     pub thread_id: Option<ResourceId>,
@@ -557,9 +559,11 @@ pub struct CronSearchRequest {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub metadata: Option<JsonObject>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::wire::opt_integer")]
+    #[schema(minimum = 1, maximum = 1000)]
     pub limit: Option<i64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::wire::opt_integer")]
+    #[schema(minimum = 0)]
     pub offset: Option<i64>,
     /// Default created_at.
     #[serde(default)]
@@ -590,7 +594,7 @@ fn filter_of(state: &AppState, body: &CronSearchRequest) -> ApiResult<CronFilter
     })
 }
 
-#[utoipa::path(post, path = "/runs/crons/search", tag = "crons", request_body = CronSearchRequest,
+#[utoipa::path(post, path = "/runs/crons/search", tag = "crons", request_body = Option<CronSearchRequest>,
     responses((status = 200, description = "matching crons, newest first unless sorted otherwise", body = Vec<CronOut>),
               (status = 422, body = ValidationErrorBody)))]
 async fn search_crons(
@@ -614,8 +618,8 @@ async fn search_crons(
     Ok(Json(select_fields(crons, body.select.as_deref())?))
 }
 
-#[utoipa::path(post, path = "/runs/crons/count", tag = "crons", request_body = CronSearchRequest,
-    responses((status = 200, description = "how many crons match", body = i64), (status = 422, body = ValidationErrorBody)))]
+#[utoipa::path(post, path = "/runs/crons/count", tag = "crons", request_body = Option<CronSearchRequest>,
+    responses((status = 200, description = "how many crons match", content_type = "application/json", body = i64), (status = 422, body = ValidationErrorBody)))]
 async fn count_crons(
     State(state): State<AppState>,
     Caller(scope): Caller,

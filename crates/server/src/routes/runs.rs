@@ -17,6 +17,8 @@ use spindle_storage::{
     Run, RunFilter, RunStatus, Scope,
 };
 use tracing::Instrument;
+use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, SchemaType, Type};
+use utoipa::openapi::{RefOr, Schema};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -29,7 +31,7 @@ use crate::runs::execute::keys;
 use crate::runs::hub::{HubMessage, Subscription};
 use crate::runs::stream::{follow_new_run, follow_stream, Follow, Target};
 use crate::runs::worker::{self, CLEANUP_BY_WORKER};
-use crate::sse;
+use crate::sse::{self, ServerSentEvent};
 use crate::state::{AppState, Caller};
 use crate::wire::{page, path_thread_id, path_uuid, validate_page, JsonObject};
 
@@ -172,7 +174,9 @@ pub enum OnCompletion {
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 pub struct CheckpointIn {
     pub checkpoint_id: Option<String>,
+    /// Runs start from a root checkpoint: `""` or null.
     #[serde(default)]
+    #[schema(max_length = 0)]
     pub checkpoint_ns: Option<String>,
     #[serde(default)]
     pub thread_id: Option<String>,
@@ -181,7 +185,8 @@ pub struct CheckpointIn {
 /// The create-run request.
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct RunCreate {
-    /// Assistant UUID or graph id.
+    /// An assistant's id or a graph's id (an unknown one is a 404).
+    #[schema(value_type = ResourceId)]
     pub assistant_id: String,
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
@@ -197,7 +202,7 @@ pub struct RunCreate {
     #[schema(value_type = Option<Object>)]
     pub context: Option<JsonObject>,
     /// Wins over `checkpoint_id`.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::extract::opt_object")]
     pub checkpoint: Option<CheckpointIn>,
     #[serde(default)]
     pub checkpoint_id: Option<Uuid>,
@@ -210,7 +215,7 @@ pub struct RunCreate {
     /// One mode or a list: values, updates, messages, messages-tuple, custom, tasks,
     /// checkpoints, debug, events.
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    #[schema(schema_with = stream_mode_schema)]
     pub stream_mode: Option<Value>,
     #[serde(default)]
     pub stream_subgraphs: Option<bool>,
@@ -223,27 +228,76 @@ pub struct RunCreate {
     pub multitask_strategy: Option<MultitaskWire>,
     /// `"*"` or a list of node names.
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    #[schema(schema_with = node_set_schema)]
     pub interrupt_before: Option<Value>,
+    /// `"*"` or a list of node names.
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    #[schema(schema_with = node_set_schema)]
     pub interrupt_after: Option<Value>,
     /// At most 32 keys matching `[A-Za-z0-9_-]{1,64}`; primitive values; strings up to 512.
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    #[schema(schema_with = run_metadata_schema)]
     pub metadata: Option<JsonObject>,
     /// An http(s) URL the run's end is POSTed to. Its host must resolve to public addresses
     /// (private and loopback ones too when the server allows them); refused with 422 otherwise.
     #[serde(default)]
+    #[schema(max_length = 2048)]
     pub webhook: Option<String>,
     #[serde(default)]
     pub if_not_exists: Option<IfNotExists>,
-    /// Seconds to wait before starting.
+    /// Seconds to wait before starting (at most a year).
     #[serde(default)]
+    #[schema(minimum = 0, maximum = 31536000)]
     pub after_seconds: Option<f64>,
     /// Stateless runs: delete (default) or keep the temporary thread.
     #[serde(default)]
     pub on_completion: Option<OnCompletion>,
+}
+
+/// `stream_mode`: one of [`STREAM_MODES`], a list of them, or null. (`tools` too, but only on
+/// runs of the agent protocol, flagged in `config.configurable`: left out of the document.)
+fn stream_mode_schema() -> OneOfBuilder {
+    let mode = || {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some(STREAM_MODES))
+    };
+    OneOfBuilder::new()
+        .item(mode())
+        .item(ArrayBuilder::new().items(mode()))
+        .item(ObjectBuilder::new().schema_type(Type::Null))
+}
+
+/// `interrupt_before`/`interrupt_after`: `"*"`, a list of node names, or null.
+fn node_set_schema() -> OneOfBuilder {
+    OneOfBuilder::new()
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .enum_values(Some(["*"])),
+        )
+        .item(ArrayBuilder::new().items(ObjectBuilder::new().schema_type(Type::String)))
+        .item(ObjectBuilder::new().schema_type(Type::Null))
+}
+
+/// Run metadata as [`validate_run_metadata`] takes it (the interface's limits).
+fn run_metadata_schema() -> ObjectBuilder {
+    let primitive = OneOfBuilder::new()
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .max_length(Some(512)),
+        )
+        .item(ObjectBuilder::new().schema_type(Type::Number))
+        .item(ObjectBuilder::new().schema_type(Type::Boolean));
+    let key = ObjectBuilder::new()
+        .schema_type(Type::String)
+        .pattern(Some("^[A-Za-z0-9_-]{1,64}$"));
+    ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::Object, Type::Null]))
+        .max_properties(Some(32))
+        .property_names(Some(key))
+        .additional_properties(Some(RefOr::<Schema>::from(primitive)))
 }
 
 const STREAM_MODES: [&str; 9] = [
@@ -922,7 +976,7 @@ async fn create_run(
 
 #[utoipa::path(post, path = "/threads/{thread_id}/runs/stream", tag = "runs", request_body = RunCreate,
     params(("thread_id" = String, Path)),
-    responses((status = 200, description = "Server-Sent Events: metadata, then the requested stream modes", content_type = "text/event-stream", body = String),
+    responses((status = 200, description = "Server-Sent Events: metadata, then the requested stream modes", content_type = "text/event-stream", body = ServerSentEvent),
               (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn stream_run(
     State(state): State<AppState>,
@@ -969,13 +1023,17 @@ async fn wait_run(
 }
 
 #[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListRunsQuery {
     #[serde(default)]
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<i64>,
     #[serde(default)]
+    #[param(minimum = 0)]
     pub offset: Option<i64>,
     /// pending, running, error, success, timeout or interrupted.
     #[serde(default)]
+    #[param(pattern = "^(pending|running|error|success|timeout|interrupted)$")]
     pub status: Option<String>,
 }
 
@@ -1042,9 +1100,11 @@ async fn get_run(
 }
 
 #[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct DeleteRunQuery {
     /// 1: cancel an active run first; 0 (default): an active run is a conflict.
     #[serde(default)]
+    #[param(minimum = 0, maximum = 1)]
     pub force: Option<u8>,
 }
 
@@ -1102,7 +1162,7 @@ async fn join_run(
 #[utoipa::path(get, path = "/threads/{thread_id}/runs/{run_id}/stream", tag = "runs",
     params(("thread_id" = String, Path), ("run_id" = Uuid, Path),
            ("Last-Event-ID" = Option<String>, Header, description = "resume after this event id; -1 replays all")),
-    responses((status = 200, description = "the run's events from the log, then live", content_type = "text/event-stream", body = String),
+    responses((status = 200, description = "the run's events from the log, then live", content_type = "text/event-stream", body = ServerSentEvent),
               (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn join_run_stream(
     State(state): State<AppState>,
@@ -1118,7 +1178,7 @@ async fn join_run_stream(
 #[utoipa::path(get, path = "/runs/{run_id}/stream", tag = "runs",
     params(("run_id" = Uuid, Path),
            ("Last-Event-ID" = Option<String>, Header, description = "resume after this event id; -1 replays all")),
-    responses((status = 200, description = "the run's events from the log, then live (the JS client joins stateless runs here)", content_type = "text/event-stream", body = String),
+    responses((status = 200, description = "the run's events from the log, then live (the JS client joins stateless runs here)", content_type = "text/event-stream", body = ServerSentEvent),
               (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn join_stateless_run_stream(
     State(state): State<AppState>,
@@ -1132,6 +1192,7 @@ async fn join_stateless_run_stream(
 }
 
 #[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct CancelQuery {
     /// Wait until the run has stopped.
     #[serde(default, deserialize_with = "crate::wire::query_bool")]
@@ -1139,6 +1200,7 @@ pub struct CancelQuery {
     pub wait: Option<bool>,
     /// interrupt (default) or rollback.
     #[serde(default)]
+    #[param(pattern = "^(interrupt|rollback)$")]
     pub action: Option<String>,
 }
 
@@ -1221,7 +1283,7 @@ async fn create_stateless_run(
 }
 
 #[utoipa::path(post, path = "/runs/stream", tag = "runs", request_body = RunCreate,
-    responses((status = 200, description = "Server-Sent Events of a run on a new thread", content_type = "text/event-stream", body = String),
+    responses((status = 200, description = "Server-Sent Events of a run on a new thread", content_type = "text/event-stream", body = ServerSentEvent),
               (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn stream_stateless_run(
     State(state): State<AppState>,

@@ -18,11 +18,12 @@ use spindle_graph::checkpoint::{metadata_matches, CheckpointError, ListFilter};
 use spindle_graph::pregel::{self, NodeUpdate, PreparedUpdate, StateSnapshot, UpdateError};
 use spindle_graph::Graph;
 use spindle_storage::{CheckpointWrite, RunFilter, Scope, StateWrite, Thread, ThreadEvent};
+use utoipa::openapi::schema::{Object, ObjectBuilder, OneOfBuilder, SchemaType, Type};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::error::{ApiError, ApiResult, ErrorBody, ErrorCode, ValidationErrorBody};
+use crate::error::{ApiError, ApiResult, ErrorBody, ValidationErrorBody};
 use crate::extract::{ApiJson, ApiQuery, Validate, Violations};
 use crate::runs::hub::HubMessage;
 use crate::runs::state_columns;
@@ -53,13 +54,14 @@ pub struct CheckpointRefIn {
     pub checkpoint_ns: Option<String>,
     #[serde(default)]
     pub thread_id: Option<String>,
-    /// Accepted for compatibility; namespaces are followed through `checkpoint_ns`.
+    /// Accepted for compatibility (any value); namespaces are followed through `checkpoint_ns`.
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Value)]
     pub checkpoint_map: Option<Value>,
 }
 
 #[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct StateQuery {
     /// Inline the state of pending subgraph tasks.
     #[serde(default, deserialize_with = "crate::wire::query_bool")]
@@ -72,6 +74,7 @@ impl Validate for StateQuery {}
 /// The body of `POST /threads/{id}/state/checkpoint`.
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct StateAtRequest {
+    #[serde(deserialize_with = "crate::extract::object")]
     pub checkpoint: CheckpointRefIn,
     #[serde(default)]
     pub subgraphs: Option<bool>,
@@ -84,7 +87,7 @@ impl Validate for StateAtRequest {}
 pub struct StateUpdateRequest {
     /// The writes, as if `as_node` had returned them: an object (or `[key, value]` pairs).
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    #[schema(schema_with = values_schema)]
     pub values: Option<Value>,
     /// The node that "wrote" them; by default the node that ran last.
     #[serde(default)]
@@ -92,7 +95,7 @@ pub struct StateUpdateRequest {
     /// Edit the state at this checkpoint instead of the latest (the thread forks from it);
     /// with `checkpoint_ns`, the state of that subgraph (e.g. while it waits at an interrupt:
     /// the run that resumes it continues from the edit).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::extract::opt_object")]
     pub checkpoint: Option<CheckpointRefIn>,
     /// Short form of `checkpoint.checkpoint_id`.
     #[serde(default)]
@@ -116,9 +119,11 @@ impl Validate for StateUpdateRequest {
 }
 
 #[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct HistoryQuery {
     /// 1 to 1000 (default 1).
     #[serde(default)]
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<i64>,
     /// Only states older than this checkpoint id.
     #[serde(default)]
@@ -135,19 +140,20 @@ impl Validate for HistoryQuery {
 #[derive(Debug, Default, Deserialize, ToSchema)]
 pub struct HistoryRequest {
     /// 1 to 1000 (default 1).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::wire::opt_integer")]
+    #[schema(minimum = 1, maximum = 1000)]
     pub limit: Option<i64>,
     /// Only states older than this checkpoint: its id, a checkpoint object
     /// (`{checkpoint_id}`) or a config (`{configurable: {checkpoint_id}}`).
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    #[schema(schema_with = before_schema)]
     pub before: Option<Value>,
     /// Only states whose checkpoint metadata holds these key/value pairs.
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub metadata: Option<Map<String, Value>>,
     /// A subgraph's namespace (`checkpoint_ns`); with `checkpoint_id`, only that state.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::extract::opt_object")]
     pub checkpoint: Option<CheckpointRefIn>,
     /// Inline the state of pending subgraph tasks in each state.
     #[serde(default)]
@@ -171,6 +177,44 @@ impl Validate for HistoryRequest {
             );
         }
     }
+}
+
+/// `values` of a state update: an object, a list of `[key, value]` pairs, or null.
+fn values_schema() -> Object {
+    ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([
+            Type::Object,
+            Type::Array,
+            Type::Null,
+        ]))
+        .build()
+}
+
+/// `before` of a history request, as [`before_id`] reads it: a checkpoint id, an object with a
+/// string `checkpoint_id`, a config whose `configurable` has one, or null.
+fn before_schema() -> OneOfBuilder {
+    let with_id = || {
+        ObjectBuilder::new()
+            .property(
+                "checkpoint_id",
+                ObjectBuilder::new().schema_type(Type::String),
+            )
+            .required("checkpoint_id")
+    };
+    // Without `configurable` (utoipa has no builder for `not`).
+    let mut checkpoint = with_id().build();
+    checkpoint
+        .extensions
+        .get_or_insert_with(Default::default)
+        .insert("not".into(), json!({"required": ["configurable"]}));
+    let config = ObjectBuilder::new()
+        .property("configurable", with_id())
+        .required("configurable");
+    OneOfBuilder::new()
+        .item(ObjectBuilder::new().schema_type(Type::String))
+        .item(checkpoint)
+        .item(config)
+        .item(ObjectBuilder::new().schema_type(Type::Null))
 }
 
 /// The checkpoint id `before` names; the offending value when it names none.
@@ -242,10 +286,11 @@ pub(crate) async fn thread_graph(
     };
     match state.graphs.get(&graph_id) {
         Some(graph) => Ok(Some(graph.clone())),
-        None => Err(ApiError::new(
-            ErrorCode::InvalidRequest,
-            format!("the thread's graph '{graph_id}' is not loaded in this server"),
-        )),
+        // The thread's state, not the request, is at fault: a conflict (409), as for a busy
+        // thread.
+        None => Err(ApiError::conflict(format!(
+            "the thread's graph '{graph_id}' is not loaded in this server"
+        ))),
     }
 }
 
@@ -320,7 +365,7 @@ fn empty_state(thread_id: &str, asked: Option<&str>) -> Value {
 #[utoipa::path(get, path = "/threads/{thread_id}/state", tag = "threads",
     params(("thread_id" = String, Path), StateQuery),
     responses((status = 200, description = "the state at the latest checkpoint (empty when there is none)", body = ThreadStateDoc),
-              (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
+              (status = 404, body = ErrorBody), (status = 409, description = "the thread's graph is not loaded in this server", body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn get_state(
     State(state): State<AppState>,
     Caller(scope): Caller,
@@ -339,7 +384,7 @@ async fn get_state(
 #[utoipa::path(get, path = "/threads/{thread_id}/state/{checkpoint_id}", tag = "threads",
     params(("thread_id" = String, Path), ("checkpoint_id" = String, Path), StateQuery),
     responses((status = 200, description = "the state at that checkpoint (empty when the thread has no such checkpoint)", body = ThreadStateDoc),
-              (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
+              (status = 404, body = ErrorBody), (status = 409, description = "the thread's graph is not loaded in this server", body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn get_state_at(
     State(state): State<AppState>,
     Caller(scope): Caller,
@@ -358,7 +403,7 @@ async fn get_state_at(
 #[utoipa::path(post, path = "/threads/{thread_id}/state/checkpoint", tag = "threads",
     request_body = StateAtRequest, params(("thread_id" = String, Path)),
     responses((status = 200, description = "the state at that checkpoint; a namespace without an id gives that subgraph's latest state", body = ThreadStateDoc),
-              (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
+              (status = 404, body = ErrorBody), (status = 409, description = "the thread's graph is not loaded in this server", body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn post_state_at(
     State(state): State<AppState>,
     Caller(scope): Caller,
@@ -429,7 +474,7 @@ fn history_limit(limit: Option<i64>) -> usize {
 #[utoipa::path(get, path = "/threads/{thread_id}/history", tag = "threads",
     params(("thread_id" = String, Path), HistoryQuery),
     responses((status = 200, description = "states, newest first", body = Vec<ThreadStateDoc>),
-              (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
+              (status = 404, body = ErrorBody), (status = 409, description = "the thread's graph is not loaded in this server", body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn get_history(
     State(state): State<AppState>,
     Caller(scope): Caller,
@@ -451,9 +496,9 @@ async fn get_history(
 }
 
 #[utoipa::path(post, path = "/threads/{thread_id}/history", tag = "threads",
-    request_body = HistoryRequest, params(("thread_id" = String, Path)),
+    request_body = Option<HistoryRequest>, params(("thread_id" = String, Path)),
     responses((status = 200, description = "states, newest first", body = Vec<ThreadStateDoc>),
-              (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
+              (status = 404, body = ErrorBody), (status = 409, description = "the thread's graph is not loaded in this server", body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn post_history(
     State(state): State<AppState>,
     Caller(scope): Caller,
@@ -542,10 +587,10 @@ async fn thread_state_after(
 }
 
 #[utoipa::path(post, path = "/threads/{thread_id}/state", tag = "threads",
-    request_body = StateUpdateRequest, params(("thread_id" = String, Path)),
+    request_body = Option<StateUpdateRequest>, params(("thread_id" = String, Path)),
     responses((status = 200, description = "the new checkpoint", body = StateUpdateResponse),
               (status = 404, description = "no such thread, or no such checkpoint to edit", body = ErrorBody),
-              (status = 409, description = "a run of the thread is pending or running, or the state changed while the edit was made", body = ErrorBody),
+              (status = 409, description = "a run of the thread is pending or running, the state changed while the edit was made, or the thread has no graph (or one not loaded in this server)", body = ErrorBody),
               (status = 422, body = ValidationErrorBody)))]
 async fn update_state(
     State(state): State<AppState>,
@@ -556,12 +601,9 @@ async fn update_state(
     let id = path_thread_id(&thread_id)?;
     let thread = state.storage.get_thread(&scope, id).await?;
     let Some(graph) = thread_graph(&state, &scope, &thread).await? else {
-        return Err(ApiError::new(
-            ErrorCode::InvalidRequest,
-            format!(
-                "thread {id} has no graph: make a run on it, or set `graph_id` in its metadata"
-            ),
-        ));
+        return Err(ApiError::conflict(format!(
+            "thread {id} has no graph: make a run on it, or set `graph_id` in its metadata"
+        )));
     };
     let ns = body
         .checkpoint

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use spindle_storage::store::parse_filter;
 use spindle_storage::{ItemSearch, NamespaceSearch, Page, PutItem, StoreItem};
+use utoipa::openapi::schema::{Array, ArrayBuilder, ObjectBuilder, OneOfBuilder, SchemaType, Type};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -66,6 +67,55 @@ pub struct ListNamespacesResponse {
     pub namespaces: Vec<Vec<String>>,
 }
 
+/// A label as [`validate_labels`] takes it: not empty, no `.`, and not `*` but in listings.
+fn label(wildcards: bool) -> ObjectBuilder {
+    let pattern = if wildcards {
+        "^[^.]+$"
+    } else {
+        r"^([^.*][^.]*|\*[^.]+)$"
+    };
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .pattern(Some(pattern))
+}
+
+fn namespace() -> Array {
+    ArrayBuilder::new().items(label(false)).build()
+}
+
+fn item_namespace() -> Array {
+    ArrayBuilder::new()
+        .items(label(false))
+        .min_items(Some(1))
+        .build()
+}
+
+fn nullable(mut labels: Array) -> Array {
+    labels.schema_type = SchemaType::from_iter([Type::Array, Type::Null]);
+    labels
+}
+
+fn optional_namespace() -> Array {
+    nullable(namespace())
+}
+
+/// A namespace in a listing, where `*` matches any label.
+fn namespace_pattern() -> Array {
+    nullable(ArrayBuilder::new().items(label(true)).build())
+}
+
+/// `index` of a put: `false`, a list of field paths, or null.
+fn index_schema() -> OneOfBuilder {
+    OneOfBuilder::new()
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::Boolean)
+                .enum_values(Some([false])),
+        )
+        .item(ArrayBuilder::new().items(ObjectBuilder::new().schema_type(Type::String)))
+        .item(ObjectBuilder::new().schema_type(Type::Null))
+}
+
 /// Checks each label of a namespace: non-empty, without `.` (`*` too when `wildcards`).
 fn validate_labels(v: &mut Violations, field: &str, labels: &[String], wildcards: bool) {
     for (i, label) in labels.iter().enumerate() {
@@ -106,6 +156,8 @@ fn validate_ttl(v: &mut Violations, ttl: Option<f64>) {
 /// The body of `PUT /store/items`.
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct PutItemRequest {
+    /// At least one label; the first is not `langgraph` (reserved).
+    #[schema(schema_with = item_namespace)]
     pub namespace: Vec<String>,
     pub key: String,
     /// A JSON object.
@@ -114,11 +166,12 @@ pub struct PutItemRequest {
     /// `false`: not searchable by meaning; a list of paths: embed these fields instead of the
     /// index's; null or absent: the index's fields.
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    #[schema(schema_with = index_schema)]
     pub index: Option<Value>,
     /// Minutes the item lives (reads that refresh it restart this); the server's default
     /// when absent.
     #[serde(default)]
+    #[schema(exclusive_minimum = 0)]
     pub ttl: Option<f64>,
 }
 
@@ -205,9 +258,11 @@ fn embedding_failed(message: String) -> ApiError {
 
 /// `GET /store/items` parameters.
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct GetItemQuery {
     /// The namespace: one dot-separated string (`a.b`) or the parameter repeated per label.
     #[serde(default)]
+    #[param(schema_with = namespace)]
     pub namespace: Vec<String>,
     pub key: String,
     /// Restart the item's TTL (default: the server's `refresh_on_read`).
@@ -250,6 +305,7 @@ async fn get_item(
 /// The body of `DELETE /store/items`.
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct DeleteItemRequest {
+    #[schema(schema_with = namespace)]
     pub namespace: Vec<String>,
     pub key: String,
 }
@@ -279,6 +335,7 @@ async fn delete_item(
 pub struct SearchItemsRequest {
     /// Items whose namespace starts with these labels; all when absent.
     #[serde(default)]
+    #[schema(schema_with = optional_namespace)]
     pub namespace_prefix: Option<Vec<String>>,
     /// `{field: value}` (nested objects match nested fields) or `{field: {"$gt": 1, ...}}`
     /// with `$eq`, `$ne`, `$gt`, `$gte`, `$lt`, `$lte`.
@@ -286,9 +343,11 @@ pub struct SearchItemsRequest {
     #[schema(value_type = Option<Object>)]
     pub filter: Option<JsonObject>,
     /// 1 to 1000, default 10.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::wire::opt_integer")]
+    #[schema(minimum = 1, maximum = 1000)]
     pub limit: Option<i64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::wire::opt_integer")]
+    #[schema(minimum = 0)]
     pub offset: Option<i64>,
     /// Rank by similarity to this text (when the server has a store index).
     #[serde(default)]
@@ -315,7 +374,7 @@ impl Validate for SearchItemsRequest {
     }
 }
 
-#[utoipa::path(post, path = "/store/items/search", tag = "store", request_body = SearchItemsRequest,
+#[utoipa::path(post, path = "/store/items/search", tag = "store", request_body = Option<SearchItemsRequest>,
     responses((status = 200, body = SearchItemsResponse), (status = 422, body = ValidationErrorBody)))]
 async fn search_items(
     State(state): State<AppState>,
@@ -364,17 +423,22 @@ async fn search_items(
 pub struct ListNamespacesRequest {
     /// Namespaces starting with these labels (`*` matches any label).
     #[serde(default)]
+    #[schema(schema_with = namespace_pattern)]
     pub prefix: Option<Vec<String>>,
     /// Namespaces ending with these labels (`*` matches any label).
     #[serde(default)]
+    #[schema(schema_with = namespace_pattern)]
     pub suffix: Option<Vec<String>>,
     /// Cut namespaces to this many labels (each listed once).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::wire::opt_integer")]
+    #[schema(minimum = 1)]
     pub max_depth: Option<i64>,
     /// 1 to 1000, default 100.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::wire::opt_integer")]
+    #[schema(minimum = 1, maximum = 1000)]
     pub limit: Option<i64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::wire::opt_integer")]
+    #[schema(minimum = 0)]
     pub offset: Option<i64>,
 }
 
@@ -388,7 +452,7 @@ impl Validate for ListNamespacesRequest {
     }
 }
 
-#[utoipa::path(post, path = "/store/namespaces", tag = "store", request_body = ListNamespacesRequest,
+#[utoipa::path(post, path = "/store/namespaces", tag = "store", request_body = Option<ListNamespacesRequest>,
     responses((status = 200, body = ListNamespacesResponse), (status = 422, body = ValidationErrorBody)))]
 async fn list_namespaces(
     State(state): State<AppState>,

@@ -6,6 +6,7 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
+use utoipa::openapi::schema::{Array, ArrayBuilder, ObjectBuilder, Type};
 use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -13,7 +14,7 @@ use utoipa_axum::routes;
 use crate::error::{ApiResult, ErrorBody, ValidationErrorBody};
 use crate::extract::{ApiQuery, Validate, Violations};
 use crate::runs::stream::{follow_stream, Follow, Target, ThreadModes};
-use crate::sse;
+use crate::sse::{self, ServerSentEvent};
 use crate::state::{AppState, Caller};
 use crate::wire::path_thread_id;
 
@@ -24,13 +25,26 @@ pub fn router() -> OpenApiRouter<AppState> {
 const THREAD_MODES: [&str; 3] = ["run_modes", "lifecycle", "state_update"];
 
 #[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ThreadStreamQuery {
     /// run_modes (default), lifecycle and/or state_update; repeated or comma-separated.
     #[serde(default)]
+    #[param(schema_with = modes_schema)]
     pub stream_modes: Vec<String>,
     /// The name the official clients send (`stream_mode`); read the same way.
     #[serde(default)]
+    #[param(schema_with = modes_schema)]
     pub stream_mode: Vec<String>,
+}
+
+/// Each value of a modes parameter: [`THREAD_MODES`] separated by commas.
+fn modes_schema() -> Array {
+    let mode = THREAD_MODES.join("|");
+    let pattern = format!(r"^\s*({mode})\s*(,\s*({mode})\s*)*$");
+    let value = ObjectBuilder::new()
+        .schema_type(Type::String)
+        .pattern(Some(pattern));
+    ArrayBuilder::new().items(value).build()
 }
 
 impl ThreadStreamQuery {
@@ -84,7 +98,7 @@ impl Validate for ThreadStreamQuery {
 #[utoipa::path(get, path = "/threads/{thread_id}/stream", tag = "threads",
     params(("thread_id" = String, Path), ThreadStreamQuery,
            ("Last-Event-ID" = Option<String>, Header, description = "replay the thread's events after this id (-1: all), then go live; without it the stream starts now")),
-    responses((status = 200, description = "Server-Sent Events of every run of the thread, with ids; `metadata {run_id, attempt}` when a run starts and `metadata {status: run_done, run_id}` when it ends", content_type = "text/event-stream", body = String),
+    responses((status = 200, description = "Server-Sent Events of every run of the thread, with ids; `metadata {run_id, attempt}` when a run starts and `metadata {status: run_done, run_id}` when it ends", content_type = "text/event-stream", body = ServerSentEvent),
               (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn join_thread_stream(
     State(state): State<AppState>,

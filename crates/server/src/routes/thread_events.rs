@@ -14,18 +14,21 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::StreamExt;
+use serde::Serialize;
 use serde_json::{json, Value};
+use utoipa::openapi::schema::{Array, ArrayBuilder, ObjectBuilder, OneOfBuilder, Type};
+use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::error::{ApiError, ApiResult, ErrorBody};
+use crate::error::{ApiError, ApiResult, ErrorBody, ValidationErrorBody};
 use crate::protocol::envelope::{Filter, Framer};
-use crate::protocol::is_channel;
 use crate::protocol::{commands, socket};
+use crate::protocol::{is_channel, CHANNELS};
 use crate::runs::stream::{follow_stream, Follow, Target};
-use crate::sse;
+use crate::sse::{self, ServerSentEvent};
 use crate::state::{AppState, Caller};
-use crate::wire::path_thread_id;
+use crate::wire::{path_thread_id, whole_number};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -57,9 +60,11 @@ impl IntoResponse for Refusal {
     }
 }
 
-/// A 400 in the error body of this server, with the reference's `detail` as well.
+/// A 400 in the error body of this server (`details` included, as in every error body), with
+/// the reference's `detail` as well.
 fn bad_request(message: &str) -> Response {
-    let body = json!({"error": "invalid_request", "message": message, "detail": message});
+    let body =
+        json!({"error": "invalid_request", "message": message, "details": {}, "detail": message});
     (StatusCode::BAD_REQUEST, Json(body)).into_response()
 }
 
@@ -69,6 +74,11 @@ fn field(name: &str, kind: &str, message: &str) -> Refusal {
         kind,
         message,
     ))
+}
+
+/// A whole number of at least 0 (`2.0` included, as JSON Schema's `integer`).
+fn count(n: &Value) -> Option<i64> {
+    whole_number(n).filter(|n| *n >= 0)
 }
 
 /// Reads `{channels, namespaces?, depth?, since?}` (the body of the stream, and the params of
@@ -131,7 +141,7 @@ pub fn parse_request(body: &Value) -> Result<StreamRequest, Refusal> {
     };
     let depth = match body.get("depth") {
         None | Some(Value::Null) => None,
-        Some(n) => Some(n.as_u64().ok_or_else(|| {
+        Some(n) => Some(count(n).ok_or_else(|| {
             field(
                 "depth",
                 "greater_than_equal",
@@ -141,16 +151,13 @@ pub fn parse_request(body: &Value) -> Result<StreamRequest, Refusal> {
     };
     let since = match body.get("since") {
         None | Some(Value::Null) => 0,
-        Some(n) => n
-            .as_u64()
-            .and_then(|n| i64::try_from(n).ok())
-            .ok_or_else(|| {
-                field(
-                    "since",
-                    "greater_than_equal",
-                    "since must be an integer of at least 0",
-                )
-            })?,
+        Some(n) => count(n).ok_or_else(|| {
+            field(
+                "since",
+                "greater_than_equal",
+                "since must be an integer of at least 0",
+            )
+        })?,
     };
     let filter = Filter {
         channels: channels
@@ -175,11 +182,48 @@ pub fn protocol_follow(thread_id: spindle_storage::ResourceId, framer: Framer) -
     }
 }
 
+/// The body of the thread event stream, as [`parse_request`] reads it (for the document).
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct StreamEventsRequest {
+    /// Among values, updates, messages, tools, lifecycle, input, tasks, checkpoints, custom,
+    /// and `custom:NAME`.
+    #[schema(schema_with = channels_schema)]
+    channels: Vec<String>,
+    /// Namespace prefixes: only events under one of them.
+    namespaces: Option<Vec<Vec<String>>>,
+    /// How deep below a prefix.
+    #[schema(minimum = 0)]
+    depth: Option<i64>,
+    /// The last seq seen: the stream resumes after it.
+    #[schema(minimum = 0)]
+    since: Option<i64>,
+}
+
+fn channels_schema() -> Array {
+    let channel = OneOfBuilder::new()
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .enum_values(Some(CHANNELS)),
+        )
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some(r"^custom:[\s\S]")),
+        );
+    ArrayBuilder::new()
+        .items(channel)
+        .min_items(Some(1))
+        .build()
+}
+
 #[utoipa::path(post, path = "/threads/{thread_id}/stream/events", tag = "threads",
     params(("thread_id" = String, Path)),
-    request_body(content = Object, description = "`{channels, namespaces?, depth?, since?}`: channels among values, updates, messages, tools, lifecycle, input, tasks, checkpoints, custom, custom:NAME; namespace prefixes; depth below a prefix (at least 0); the last seq seen (at least 0)"),
-    responses((status = 200, description = "Server-Sent Events: `event: METHOD`, `id: SEQ`, data the protocol's event envelope `{type, event_id, seq, method, params: {namespace, timestamp, data, node?}}`; every run of the thread, from the log after `since`, then live", content_type = "text/event-stream", body = String),
-              (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)))]
+    request_body = StreamEventsRequest,
+    responses((status = 200, description = "Server-Sent Events: `event: METHOD`, `id: SEQ`, data the protocol's event envelope `{type, event_id, seq, method, params: {namespace, timestamp, data, node?}}`; every run of the thread, from the log after `since`, then live", content_type = "text/event-stream", body = ServerSentEvent),
+              (status = 400, description = "channels missing, empty or unknown, or a body that is not a JSON object", body = ErrorBody),
+              (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn stream_events(
     State(state): State<AppState>,
     Caller(scope): Caller,
@@ -210,9 +254,14 @@ async fn stream_events(
 }
 
 #[utoipa::path(get, path = "/threads/{thread_id}/stream/events", tag = "threads",
-    params(("thread_id" = String, Path)),
+    params(("thread_id" = String, Path),
+           ("Connection" = String, Header, pattern = "[Uu][Pp][Gg][Rr][Aa][Dd][Ee]", description = "holding `upgrade`"),
+           ("Upgrade" = String, Header, pattern = "^[Ww][Ee][Bb][Ss][Oo][Cc][Kk][Ee][Tt]$", description = "`websocket`"),
+           ("Sec-WebSocket-Version" = String, Header, pattern = "^13$", description = "`13`"),
+           ("Sec-WebSocket-Key" = String, Header, description = "the client's nonce (RFC 6455)")),
     responses((status = 101, description = "WebSocket: send commands `{id, method, params}` (those of `/commands`, plus `subscription.subscribe {channels, namespaces?, depth?, since?}`, `subscription.unsubscribe {subscription_id}`, `subscription.reconnect {run_id, last_event_id?, subscriptions?}`); receive their answers and the subscribed events' envelopes, each event once"),
-              (status = 404, body = ErrorBody)))]
+              (status = 400, description = "not a WebSocket opening handshake (its headers missing or wrong)", body = ErrorBody),
+              (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn stream_socket(
     State(state): State<AppState>,
     Caller(scope): Caller,
@@ -225,11 +274,40 @@ async fn stream_socket(
     Ok(upgrade.on_upgrade(move |socket| socket::serve(socket, state, scope, thread_id)))
 }
 
+/// A command, as `commands::parse` reads it (for the document).
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct Command {
+    #[schema(minimum = 0)]
+    id: i64,
+    /// run.start, input.respond, agent.getTree, state.get, state.listCheckpoints, state.fork
+    /// (another method is answered with an error of the protocol).
+    method: String,
+    #[schema(value_type = Option<Object>)]
+    params: Option<Value>,
+}
+
+/// A command's error answer (the protocol's shape, not the error body of the other routes:
+/// the official clients read it as a command's answer).
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub struct CommandError {
+    /// Always `error`.
+    #[serde(rename = "type")]
+    kind: String,
+    /// The command's `id`, when it had an integer one.
+    id: Option<u64>,
+    /// The protocol's error code: `invalid_argument`, `not_found`, `not_supported`, ...
+    error: String,
+    message: String,
+}
+
 #[utoipa::path(post, path = "/threads/{thread_id}/commands", tag = "threads",
     params(("thread_id" = String, Path)),
-    request_body(content = Object, description = "`{id, method, params}`: run.start, input.respond, agent.getTree, state.get, state.listCheckpoints, state.fork"),
+    request_body = Command,
     responses((status = 200, description = "`{type: success, id, result, meta: {applied_through_seq}}` or `{type: error, id, error, message}` with the protocol's error codes", body = Object),
-              (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+              (status = 400, description = "not a command: a body that is not JSON, or without an integer `id` and a string `method`, or whose `params` is not an object", body = CommandError),
+              (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn thread_command(
     State(state): State<AppState>,
     Caller(scope): Caller,

@@ -64,6 +64,7 @@ pub struct TtlIn {
     pub strategy: Option<TtlStrategyWire>,
     /// Minutes from now (fractions allowed); must be positive.
     #[serde(default)]
+    #[schema(value_type = f64, required = true, exclusive_minimum = 0)]
     pub ttl: Option<f64>,
 }
 
@@ -199,7 +200,7 @@ pub struct ThreadCreate {
     #[serde(default)]
     pub if_exists: Option<IfExistsWire>,
     /// Expire the thread this long after its creation.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::extract::opt_object")]
     pub ttl: Option<TtlIn>,
     /// History to start the thread with: each superstep becomes one checkpoint, as if its
     /// updates' nodes had run.
@@ -250,7 +251,7 @@ pub struct ThreadPatchRequest {
     #[schema(value_type = Option<Object>)]
     pub metadata: Option<JsonObject>,
     /// Replaces the thread's TTL, counted from now.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::extract::opt_object")]
     pub ttl: Option<TtlIn>,
 }
 
@@ -334,10 +335,12 @@ pub struct ThreadSearchRequest {
     #[serde(default)]
     pub status: Option<ThreadStatusWire>,
     /// 1 to 1000, default 10.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::wire::opt_integer")]
+    #[schema(minimum = 1, maximum = 1000)]
     pub limit: Option<i64>,
     /// At least 0.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::wire::opt_integer")]
+    #[schema(minimum = 0)]
     pub offset: Option<i64>,
     #[serde(default)]
     pub sort_by: Option<ThreadSortField>,
@@ -373,7 +376,7 @@ pub struct ThreadCopyRequest {}
 
 impl Validate for ThreadCopyRequest {}
 
-#[utoipa::path(post, path = "/threads", tag = "threads", request_body = ThreadCreate,
+#[utoipa::path(post, path = "/threads", tag = "threads", request_body = Option<ThreadCreate>,
     responses((status = 200, body = ThreadOut),
               (status = 409, description = "the thread exists and if_exists is raise", body = ErrorBody),
               (status = 422, body = ValidationErrorBody)))]
@@ -483,7 +486,7 @@ fn node_update(u: &SuperstepUpdate) -> NodeUpdate {
     }
 }
 
-#[utoipa::path(post, path = "/threads/search", tag = "threads", request_body = ThreadSearchRequest,
+#[utoipa::path(post, path = "/threads/search", tag = "threads", request_body = Option<ThreadSearchRequest>,
     responses((status = 200, description = "matching threads; `X-Pagination-Total` holds the number of matches",
                body = Vec<ThreadOut>), (status = 422, body = ValidationErrorBody)))]
 async fn search_threads(
@@ -508,8 +511,8 @@ async fn search_threads(
     Ok((headers, Json(select_fields(items, body.select.as_deref())?)))
 }
 
-#[utoipa::path(post, path = "/threads/count", tag = "threads", request_body = ThreadCountRequest,
-    responses((status = 200, description = "the number of matching threads", body = i64),
+#[utoipa::path(post, path = "/threads/count", tag = "threads", request_body = Option<ThreadCountRequest>,
+    responses((status = 200, description = "the number of matching threads", content_type = "application/json", body = i64),
               (status = 422, body = ValidationErrorBody)))]
 async fn count_threads(
     State(state): State<AppState>,
@@ -537,7 +540,7 @@ async fn get_thread(
     Ok(Json(state.storage.get_thread(&scope, id).await?.into()))
 }
 
-#[utoipa::path(patch, path = "/threads/{thread_id}", tag = "threads", request_body = ThreadPatchRequest,
+#[utoipa::path(patch, path = "/threads/{thread_id}", tag = "threads", request_body = Option<ThreadPatchRequest>,
     params(("thread_id" = String, Path)),
     responses((status = 200, body = ThreadOut), (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn patch_thread(
@@ -597,7 +600,7 @@ async fn stop_active_runs(state: &AppState, scope: &Scope, thread_id: ResourceId
     Ok(())
 }
 
-#[utoipa::path(post, path = "/threads/{thread_id}/copy", tag = "threads", request_body = ThreadCopyRequest,
+#[utoipa::path(post, path = "/threads/{thread_id}/copy", tag = "threads", request_body = Option<ThreadCopyRequest>,
     params(("thread_id" = String, Path)),
     responses((status = 200, description = "the copy: a new id, the same metadata and checkpoint history, idle", body = ThreadOut),
               (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]

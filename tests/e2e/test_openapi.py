@@ -1,0 +1,72 @@
+"""`/openapi.json` describes what is served: schemathesis fuzzes every operation the document
+lists against a real server, on each backend, and finds no server error and no response,
+status or content type the document does not describe.
+
+Checks and their exceptions are in ``schemathesis.toml`` (beside this file, with the reasons),
+the generation hooks in ``schemathesis_hooks.py``. Environment:
+
+- ``SPINDLE_SCHEMATHESIS_EXAMPLES``: test cases per operation and phase (default 10);
+- ``SPINDLE_SCHEMATHESIS_SEED``: the seed (default fixed, so a failure reproduces; ``random``
+  for a new one each run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import harness
+import pytest
+from conftest import BACKENDS, EXTERNAL_URL, _session_server
+
+HERE = Path(__file__).resolve().parent
+CONFIG = HERE / "schemathesis.toml"
+EXAMPLES = int(os.environ.get("SPINDLE_SCHEMATHESIS_EXAMPLES", "10"))
+SEED = os.environ.get("SPINDLE_SCHEMATHESIS_SEED", "26")
+# The whole run's bound; a run takes about a minute per backend.
+TIMEOUT = 600
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def fuzzed_server(request):
+    """A server of its own: the fuzzer creates, changes and deletes whatever it likes (prunes
+    threads, makes crons that fire), which no other test should see."""
+    yield from _session_server(request.param)
+
+
+@pytest.mark.skipif(bool(EXTERNAL_URL), reason="fuzzes a server of its own")
+def test_the_document_describes_what_is_served(fuzzed_server: harness.Server, tmp_path: Path):
+    report = tmp_path / "report.json"
+    command = [
+        sys.executable, "-m", "schemathesis.cli",
+        "--config-file", str(CONFIG),
+        "--no-color",
+        "run", f"{fuzzed_server.base_url}/openapi.json",
+        "--max-examples", str(EXAMPLES),
+        "--request-timeout", "20",
+        "--report", "json", "--report-json-path", str(report),
+        "--warnings", "off",
+    ]
+    if SEED != "random":
+        command += ["--seed", SEED]
+    env = {
+        **os.environ,
+        "SCHEMATHESIS_HOOKS": "schemathesis_hooks",
+        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+    }
+    run = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT
+    )
+    output = harness.tail(run.stdout + run.stderr, 20_000)
+    assert report.exists(), f"schemathesis wrote no report (exit {run.returncode}):\n{output}"
+    result = json.loads(report.read_text())
+
+    operations = result["operations"]
+    assert operations["tested"] == operations["total"] > 0, f"operations not tested: {operations}\n{output}"
+    assert not result["errors"], f"schemathesis could not test everything:\n{output}"
+    failures = {f["title"]: f["operations"] for f in result["failures"]}
+    assert not failures, f"the document and the server disagree: {failures}\n{output}"
+    assert result["complete"] and run.returncode == 0, output
