@@ -493,7 +493,7 @@ async fn count_assistants(
 }
 
 #[utoipa::path(get, path = "/assistants/{assistant_id}", tag = "assistants",
-    params(("assistant_id" = String, Path, description = "assistant UUID or graph id")),
+    params(("assistant_id" = String, Path, description = "an assistant's id, or a graph's id for its default assistant")),
     responses((status = 200, body = AssistantOut), (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn get_assistant(
     State(state): State<AppState>,
@@ -505,7 +505,7 @@ async fn get_assistant(
 }
 
 #[utoipa::path(patch, path = "/assistants/{assistant_id}", tag = "assistants", request_body = Option<AssistantUpdate>,
-    params(("assistant_id" = String, Path, description = "assistant UUID or graph id")),
+    params(("assistant_id" = String, Path, description = "an assistant's id, or a graph's id for its default assistant")),
     responses((status = 200, description = "the new version", body = AssistantOut), (status = 404, body = ErrorBody),
               (status = 422, body = ValidationErrorBody)))]
 async fn patch_assistant(
@@ -560,7 +560,7 @@ fn assistant_patch(body: AssistantUpdate) -> ApiResult<AssistantPatch> {
 }
 
 #[utoipa::path(delete, path = "/assistants/{assistant_id}", tag = "assistants",
-    params(("assistant_id" = String, Path, description = "assistant UUID or graph id"), DeleteAssistantQuery),
+    params(("assistant_id" = String, Path, description = "an assistant's id, or a graph's id for its default assistant"), DeleteAssistantQuery),
     responses((status = 204, description = "deleted"), (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn delete_assistant(
     State(state): State<AppState>,
@@ -617,7 +617,7 @@ fn parse_xray(raw: Option<&str>) -> ApiResult<spindle_graph::XRay> {
 }
 
 #[utoipa::path(get, path = "/assistants/{assistant_id}/graph", tag = "assistants",
-    params(("assistant_id" = String, Path, description = "assistant UUID or graph id"), GraphQuery),
+    params(("assistant_id" = String, Path, description = "an assistant's id, or a graph's id for its default assistant"), GraphQuery),
     responses((status = 200, description = "a drawable graph: `{nodes, edges}`", body = Object),
               (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn get_assistant_graph(
@@ -643,7 +643,7 @@ fn schemas_json(graph: &Graph) -> serde_json::Map<String, Value> {
 }
 
 #[utoipa::path(get, path = "/assistants/{assistant_id}/schemas", tag = "assistants",
-    params(("assistant_id" = String, Path, description = "assistant UUID or graph id")),
+    params(("assistant_id" = String, Path, description = "an assistant's id, or a graph's id for its default assistant")),
     responses((status = 200, body = GraphSchemasOut), (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn get_assistant_schemas(
     State(state): State<AppState>,
@@ -669,7 +669,7 @@ fn subgraph_schemas(graph: &Graph, namespace: Option<&str>, recurse: bool) -> Va
 }
 
 #[utoipa::path(get, path = "/assistants/{assistant_id}/subgraphs", tag = "assistants",
-    params(("assistant_id" = String, Path, description = "assistant UUID or graph id"), SubgraphsQuery),
+    params(("assistant_id" = String, Path, description = "an assistant's id, or a graph's id for its default assistant"), SubgraphsQuery),
     responses((status = 200, description = "schemas of the subgraphs by namespace", body = Object),
               (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn get_assistant_subgraphs(
@@ -684,7 +684,7 @@ async fn get_assistant_subgraphs(
 }
 
 #[utoipa::path(get, path = "/assistants/{assistant_id}/subgraphs/{namespace}", tag = "assistants",
-    params(("assistant_id" = String, Path, description = "assistant UUID or graph id"),
+    params(("assistant_id" = String, Path, description = "an assistant's id, or a graph's id for its default assistant"),
            ("namespace" = String, Path, description = "subgraph namespace, `|`-separated when nested"), SubgraphsQuery),
     responses((status = 200, description = "the schemas of the subgraph at that namespace (`{}` when there is none; a nested one needs `recurse`)", body = Object),
               (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
@@ -702,7 +702,7 @@ async fn get_assistant_subgraphs_of(
 }
 
 #[utoipa::path(post, path = "/assistants/{assistant_id}/versions", tag = "assistants", request_body = Option<AssistantVersionsRequest>,
-    params(("assistant_id" = String, Path, description = "assistant UUID or graph id")),
+    params(("assistant_id" = String, Path, description = "an assistant's id, or a graph's id for its default assistant")),
     responses((status = 200, description = "versions, newest first", body = Vec<AssistantVersionOut>),
               (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn list_assistant_versions(
@@ -720,7 +720,7 @@ async fn list_assistant_versions(
 }
 
 #[utoipa::path(post, path = "/assistants/{assistant_id}/latest", tag = "assistants", request_body = SetLatestRequest,
-    params(("assistant_id" = String, Path, description = "assistant UUID or graph id")),
+    params(("assistant_id" = String, Path, description = "an assistant's id, or a graph's id for its default assistant")),
     responses((status = 200, description = "the assistant at the pinned version", body = AssistantOut),
               (status = 404, description = "no such assistant or version", body = ErrorBody),
               (status = 422, body = ValidationErrorBody)))]
