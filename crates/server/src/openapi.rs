@@ -73,23 +73,12 @@ fn document_media_type(api: &mut OpenApiDoc) {
                 .build(),
         )
         .build();
-    for item in api.paths.paths.values_mut() {
-        for operation in [
-            &mut item.post,
-            &mut item.put,
-            &mut item.patch,
-            &mut item.delete,
-        ]
-        .into_iter()
-        .flatten()
-        .filter(|op| op.request_body.is_some())
-        {
-            operation
-                .responses
-                .responses
-                .entry("415".into())
-                .or_insert_with(|| response.clone().into());
-        }
+    for operation in operations_mut(api).filter(|op| op.request_body.is_some()) {
+        operation
+            .responses
+            .responses
+            .entry("415".into())
+            .or_insert_with(|| response.clone().into());
     }
 }
 
