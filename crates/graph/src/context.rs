@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{json, Map, Value};
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::Checkpointer;
@@ -16,7 +15,7 @@ use crate::events::{EventScope, Traced};
 use crate::message_chunks;
 use crate::node::{Interrupt, NodeError};
 use crate::store::Store;
-use crate::stream::{StreamEvent, StreamMode, StreamModes};
+use crate::stream::{EventSink, StreamEvent, StreamMode, StreamModes};
 
 /// Run-wide state shared by every task of a run, subgraphs included.
 pub struct RunShared {
@@ -27,7 +26,7 @@ pub struct RunShared {
     /// The long-term store, when the server provides one.
     pub store: Option<Arc<dyn Store>>,
     /// Where stream events go. Bounded: a slow consumer slows the run instead of growing memory.
-    pub sink: Option<mpsc::Sender<StreamEvent>>,
+    pub sink: Option<EventSink>,
     /// Which modes are streamed.
     pub modes: StreamModes,
     /// Whether subgraph events are streamed.

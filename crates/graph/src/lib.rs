@@ -63,4 +63,4 @@ pub mod tools;
 pub use graph::{Graph, GraphSchemas, NodeSet, XRay, END, START};
 pub use pregel::{Durability, RunConfig, RunEnv, RunError, RunInput, RunOutcome};
 pub use spec::SpecError;
-pub use stream::{StreamEvent, StreamMode};
+pub use stream::{EventSink, StreamEvent, StreamMode};

@@ -1,7 +1,11 @@
 //! Stream events as typed values. The server crate turns them into SSE frames; the payloads
 //! (`data`) already have LangGraph's shapes so the server only adds framing.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
 use serde_json::Value;
+use tokio::sync::mpsc;
 
 /// The stream modes of LangGraph Platform.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -108,6 +112,65 @@ impl StreamEvent {
     }
 }
 
+/// Where a run's stream events go: a bounded channel (a slow consumer slows the run instead of
+/// growing memory), and a count of the events sent into it.
+///
+/// The count lets a consumer that also sees the run's saves (the server logs each save with
+/// the events emitted before it) tell those events from the ones the run sent after the save
+/// but before the consumer got to it. An event is counted once it is in the channel, so every
+/// counted event can be received.
+#[derive(Clone, Debug)]
+pub struct EventSink {
+    channel: mpsc::Sender<StreamEvent>,
+    sent: Arc<AtomicU64>,
+}
+
+impl EventSink {
+    /// Sends an event, waiting for room. False when nobody receives any more.
+    pub async fn send(&self, event: StreamEvent) -> bool {
+        let sent = self.channel.send(event).await.is_ok();
+        self.count(sent)
+    }
+
+    /// The same, from a thread outside the runtime (scripts run on blocking threads).
+    pub fn blocking_send(&self, event: StreamEvent) -> bool {
+        let sent = self.channel.blocking_send(event).is_ok();
+        self.count(sent)
+    }
+
+    fn count(&self, sent: bool) -> bool {
+        if sent {
+            self.sent.fetch_add(1, Ordering::Release);
+        }
+        sent
+    }
+
+    /// How many events were sent so far, readable after the sink is gone.
+    pub fn sent(&self) -> SentCount {
+        SentCount(self.sent.clone())
+    }
+}
+
+impl From<mpsc::Sender<StreamEvent>> for EventSink {
+    fn from(channel: mpsc::Sender<StreamEvent>) -> Self {
+        Self {
+            channel,
+            sent: Arc::default(),
+        }
+    }
+}
+
+/// The number of events an [`EventSink`] sent; holding it does not keep the channel open.
+#[derive(Clone, Debug, Default)]
+pub struct SentCount(Arc<AtomicU64>);
+
+impl SentCount {
+    /// Events sent so far: each of them is in the channel or was received.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
 /// Which modes a run streams, as a bit set so the hot path checks them for free.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct StreamModes(u16);
@@ -163,6 +226,29 @@ impl StreamModes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The count is of events in the channel: one nobody can receive is not counted, and the
+    /// count outlives the sink (the server reads it for saves asked for at the run's end).
+    #[tokio::test]
+    async fn a_sink_counts_the_events_it_put_in_its_channel() {
+        let (channel, mut events) = mpsc::channel(4);
+        let sink = EventSink::from(channel);
+        let sent = sink.sent();
+        let event = |n: i64| StreamEvent {
+            namespace: Vec::new(),
+            mode: StreamMode::Custom,
+            part: None,
+            data: Value::from(n),
+        };
+        assert!(sink.send(event(1)).await);
+        assert!(sink.clone().send(event(2)).await);
+        assert_eq!(sent.get(), 2);
+        assert_eq!(events.recv().await.unwrap().data, Value::from(1));
+        events.close();
+        assert!(!sink.send(event(3)).await);
+        drop(sink);
+        assert_eq!(sent.get(), 2);
+    }
 
     #[test]
     fn names_round_trip() {

@@ -1122,7 +1122,7 @@ fn gated_async_run(
     };
     let env = spindle_graph::RunEnv {
         checkpointer: Some(saver),
-        sink: Some(sink),
+        sink: Some(sink.into()),
         ..Default::default()
     };
     let run =

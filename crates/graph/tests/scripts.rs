@@ -346,7 +346,7 @@ async fn custom_events_of_inline_scripts_survive_a_small_sink() {
         ..Default::default()
     };
     let env = RunEnv {
-        sink: Some(tx),
+        sink: Some(tx.into()),
         ..Default::default()
     };
     spindle_graph::pregel::run(&g, RunInput::Values(json!({})), cfg, env)

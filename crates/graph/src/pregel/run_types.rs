@@ -3,14 +3,13 @@
 use std::sync::Arc;
 
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::{CheckpointError, CheckpointRef, Checkpointer};
 use crate::graph::NodeSet;
 use crate::node::{Goto, Interrupt, NodeError};
 use crate::store::Store;
-use crate::stream::{StreamEvent, StreamMode};
+use crate::stream::{EventSink, StreamMode};
 
 /// When checkpoints are written (LangGraph's `durability`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -116,7 +115,7 @@ pub struct RunEnv {
     /// Long-term store.
     pub store: Option<Arc<dyn Store>>,
     /// Where stream events go.
-    pub sink: Option<mpsc::Sender<StreamEvent>>,
+    pub sink: Option<EventSink>,
     /// Cancels the run.
     pub cancel: CancellationToken,
 }

@@ -46,7 +46,7 @@ impl Harness {
         tweak(&mut cfg);
         let env = RunEnv {
             checkpointer: Some(self.saver.clone()),
-            sink: Some(tx),
+            sink: Some(tx.into()),
             ..Default::default()
         };
         let out = spindle_graph::pregel::run(graph, input, cfg, env).await;

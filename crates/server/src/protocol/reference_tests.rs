@@ -70,7 +70,7 @@ async fn ours(graph: &Arc<Graph>, input: Value) -> Vec<Value> {
     };
     let env = RunEnv {
         checkpointer: Some(Arc::new(InMemoryCheckpointer::new())),
-        sink: Some(tx),
+        sink: Some(tx.into()),
         ..Default::default()
     };
     spindle_graph::pregel::run(graph, RunInput::Values(input), cfg, env)

@@ -27,10 +27,11 @@ use uuid::Uuid;
 use crate::error::{ApiError, ApiResult, ErrorBody, ValidationErrorBody, ValidationItem};
 use crate::extract::{ApiJson, ApiQuery, Validate, Violations};
 use crate::routes::assistants::resolve_assistant_id;
+use crate::runs::event_pump;
 use crate::runs::execute::keys;
 use crate::runs::hub::{HubMessage, Subscription};
 use crate::runs::stream::{follow_new_run, follow_stream, Follow, Target};
-use crate::runs::worker::{self, CLEANUP_BY_WORKER};
+use crate::runs::worker::CLEANUP_BY_WORKER;
 use crate::sse::{self, ServerSentEvent};
 use crate::state::{AppState, Caller};
 use crate::wire::{page, path_thread_id, path_uuid, validate_page, JsonObject};
@@ -565,7 +566,7 @@ impl StartedRun {
     /// the streams that send it, not for every run created.
     fn first_event(&self) -> Option<LoggedEvent> {
         let last_seq = self.claimed_after?;
-        Some(worker::first_event(&self.run, last_seq))
+        Some(event_pump::first_event(&self.run, last_seq))
     }
 }
 

@@ -5,9 +5,11 @@
 //! save's commit and the next batch's leaves a step stored whose events never reach the log,
 //! and the resumed run does not run that step again: a replay would never show it. So every
 //! save the engine makes goes through the run's event pump (a [`SaveRequest`]), which first
-//! takes in every event the engine emitted before the save, then stores them with it, in one
-//! transaction ([`spindle_storage::LoggedSave`]). A step's checkpoint is therefore never
-//! durable while the events emitted before it are not, on every backend and durability.
+//! takes in every event the engine emitted before the save (and none it emitted after: a
+//! request carries the engine's count of events sent, see `event_pump`), then stores them
+//! with it, in one transaction ([`spindle_storage::LoggedSave`]). A step's checkpoint is
+//! therefore durable exactly when the events emitted before it are, on every backend and
+//! durability.
 //!
 //! It costs no commit: on SQLite the save is queued on the writer as before (the events ride
 //! in the same write, so a run's quick steps still share one or two commits); on PostgreSQL a
@@ -24,11 +26,15 @@ use spindle_graph::checkpoint::{
     ChannelBlob, Checkpoint, CheckpointError, CheckpointTuple, Checkpointer, ListFilter,
     PendingWrite, QueuedWrite, WriteReceipt,
 };
+use spindle_graph::stream::SentCount;
 use tokio::sync::{mpsc, oneshot};
 
 /// A save the engine asked for, for the run's event pump to store with the events before it.
 pub(super) struct SaveRequest {
     pub write: QueuedWrite,
+    /// How many events the engine had sent when it asked: those the save carries (with any
+    /// an earlier write did not).
+    pub events_before: u64,
     /// The save's receipt, once the pump queued (or started) it.
     pub reply: oneshot::Sender<WriteReceipt>,
 }
@@ -38,20 +44,32 @@ pub(super) struct SaveRequest {
 pub(super) struct LoggedSaves {
     reads: Arc<dyn Checkpointer>,
     requests: mpsc::UnboundedSender<SaveRequest>,
+    /// The events the run's engine sent so far.
+    sent: SentCount,
 }
 
 impl LoggedSaves {
     pub(super) fn new(
         reads: Arc<dyn Checkpointer>,
         requests: mpsc::UnboundedSender<SaveRequest>,
+        sent: SentCount,
     ) -> Self {
-        Self { reads, requests }
+        Self {
+            reads,
+            requests,
+            sent,
+        }
     }
 
     /// Hands the save to the pump; the receipt resolves once it is stored (or failed).
     fn request(&self, write: QueuedWrite) -> WriteReceipt {
         let (reply, receipt) = oneshot::channel();
-        if self.requests.send(SaveRequest { write, reply }).is_err() {
+        let request = SaveRequest {
+            write,
+            events_before: self.sent.get(),
+            reply,
+        };
+        if self.requests.send(request).is_err() {
             return Box::pin(std::future::ready(Err(pump_stopped())));
         }
         Box::pin(async move {

@@ -1,6 +1,7 @@
 //! Run execution: workers that claim and execute runs, the live event hub, and the mapping
 //! from a stored run to the engine's inputs.
 
+pub mod event_pump;
 pub mod execute;
 pub mod hub;
 mod logged_saves;

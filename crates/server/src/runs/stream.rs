@@ -166,7 +166,7 @@ pub fn follow_stream(
 /// must (a lagging subscription, a run executing in another process, the run's end).
 ///
 /// `first` is the run's first event when this process claimed the run at its creation
-/// ([`crate::runs::worker::first_event`]): the body then opens with it, ready before the
+/// ([`crate::runs::event_pump::first_event`]): the body then opens with it, ready before the
 /// worker has even started, and the worker's own copy of it is passed over as already sent.
 pub fn follow_new_run(
     storage: Arc<dyn Storage>,

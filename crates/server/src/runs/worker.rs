@@ -12,24 +12,24 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use chrono::Utc;
-use futures::future::{FutureExt, Shared};
 use serde_json::{json, Value};
-use spindle_graph::checkpoint::{CheckpointError, Checkpointer, WriteReceipt};
+use spindle_graph::checkpoint::{Checkpointer, WriteReceipt};
 use spindle_graph::pregel::{self, StateSnapshot};
 use spindle_graph::stream::StreamEvent;
-use spindle_graph::{Graph, RunEnv, RunError, RunOutcome};
+use spindle_graph::{EventSink, Graph, RunEnv, RunError, RunOutcome};
 use spindle_storage::{
-    Assistant, Claim, ClaimedRun, LoggedEvent, LoggedSave, Run, RunEnd, RunStatus, Scope, Storage,
-    StorageError, StorageResult, ThreadStateColumns, ThreadStatus, UNLOGGED_EVENTS_MAX,
+    Assistant, Claim, ClaimedRun, Run, RunEnd, RunStatus, Scope, Storage, StorageError,
+    StorageResult, ThreadStateColumns, ThreadStatus,
 };
 use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use uuid::Uuid;
 
+use super::event_pump::{logged, pump_events, ProtocolLog};
 use super::execute::{keys, resumed, run_config, run_input, Resumed};
 use super::hub::{EndedRun, EventHub, HubMessage};
-use super::logged_saves::{LoggedSaves, SaveRequest};
+use super::logged_saves::LoggedSaves;
 use crate::graphs::GraphRegistry;
 use crate::protocol::{self, normalize, normalize::Normalizer};
 use crate::store::{GraphStore, StoreConfig};
@@ -73,17 +73,6 @@ impl Default for WorkerConfig {
 /// `kwargs.temporary` of a stateless background run: nobody waits for it, so the worker
 /// deletes its thread when it ends (`on_completion=delete`).
 pub const CLEANUP_BY_WORKER: &str = "worker";
-
-/// Most events one log write carries; a model streaming tokens fills batches, not transactions.
-/// At most this many events (plus a final `error`) are streamed but not logged at any time,
-/// which the storage's [`UNLOGGED_EVENTS_MAX`] must cover.
-const MAX_BATCH: usize = 256;
-/// (The tail may also hold a run's `error` and its lifecycle end.)
-const _: () = assert!((MAX_BATCH as i64) + 2 < UNLOGGED_EVENTS_MAX);
-/// How long a run's event may wait before it is written to the log. Live streams get it at
-/// once through the hub; the log serves resumes, late joiners and other processes, which poll
-/// it. Waiting a little lets a short run's events go in with its end, in one transaction.
-const LOG_LINGER: Duration = Duration::from_millis(50);
 
 pub struct RunWorkers {
     storage: Arc<dyn Storage>,
@@ -292,10 +281,14 @@ impl RunWorkers {
         let scope = Scope::new(run.user_id.clone().unwrap_or_default());
         // The engine's saves go through the event pump, which stores each with the events
         // emitted before it (see `logged_saves`).
-        let (save_requests, saves) = mpsc::unbounded_channel();
-        let checkpointer: Arc<dyn Checkpointer> =
-            Arc::new(LoggedSaves::new(self.storage.checkpointer(), save_requests));
         let (sink, events) = mpsc::channel::<StreamEvent>(1024);
+        let sink = EventSink::from(sink);
+        let (save_requests, saves) = mpsc::unbounded_channel();
+        let checkpointer: Arc<dyn Checkpointer> = Arc::new(LoggedSaves::new(
+            self.storage.checkpointer(),
+            save_requests,
+            sink.sent(),
+        ));
         let prepared = self.prepare(run, &scope, assistant).await;
         // Every run logs its lifecycle (running, then its end) for the thread event stream,
         // named after its graph; a run started through the protocol logs the protocol's
@@ -632,267 +625,6 @@ async fn latest_state(
             None
         }
     }
-}
-
-/// The first event of a run's attempt, numbered after `last_seq`, the thread's last logged
-/// event when the run was claimed: `metadata {run_id, attempt}`. The worker logs it; a stream
-/// of a run claimed at its creation sends it at once (see `crate::runs::stream`).
-pub fn first_event(run: &Run, last_seq: i64) -> LoggedEvent {
-    let data = json!({"run_id": run.run_id.to_string(), "attempt": run.attempt});
-    logged(run, last_seq + 1, "metadata".to_owned(), data)
-}
-
-fn logged(run: &Run, seq: i64, event: String, data: Value) -> LoggedEvent {
-    LoggedEvent {
-        thread_id: run.thread_id,
-        seq,
-        run_id: run.run_id,
-        event,
-        data,
-        created_at: Utc::now(),
-    }
-}
-
-/// What a run logs for the thread event stream (agent protocol v2) besides `metadata`.
-struct ProtocolLog {
-    /// The run's graph, which names its lifecycle events.
-    graph_name: String,
-    /// For a run started through the protocol: turns its graph's events into the protocol's.
-    normalizer: Option<Normalizer>,
-}
-
-/// Numbers the run's events after the thread's last logged one (starting with `metadata`)
-/// and hands each to live streams at once. The log gets them in batches: a batch is written
-/// when it is full or its first event has waited [`LOG_LINGER`], or goes with the next save
-/// the engine asks for, in its transaction (see `logged_saves`), so no save is stored
-/// without the events emitted before it; what is left when the run stops (all of a short
-/// run's events) is returned, for the transaction that ends the run. The protocol's
-/// `running` follows `metadata`; a v2 run's engine events pass through its normalizer
-/// first (see `crate::protocol`), and messages still open when the run failed end with the
-/// failure set in `failed`.
-#[allow(clippy::too_many_arguments)]
-async fn pump_events(
-    storage: Arc<dyn Storage>,
-    hub: Arc<EventHub>,
-    run: Run,
-    seq: i64,
-    mut events: mpsc::Receiver<StreamEvent>,
-    mut saves: mpsc::UnboundedReceiver<SaveRequest>,
-    protocol_log: Option<ProtocolLog>,
-    failed: Arc<OnceLock<String>>,
-) -> Result<EventTail, String> {
-    let mut pump = Pump::new(storage, hub, run, seq);
-    let first = first_event(&pump.run, seq);
-    pump.log(first.event, first.data).await?;
-    if let Some(log) = protocol_log {
-        let (name, data) = normalize::lifecycle(&[], "running", &log.graph_name, None);
-        pump.log(name, data).await?;
-        pump.normalizer = log.normalizer;
-    }
-    let mut saves_open = true;
-    loop {
-        if pump
-            .flush_at
-            .is_some_and(|at| tokio::time::Instant::now() >= at)
-        {
-            pump.flush().await?;
-        }
-        let linger = pump.flush_at;
-        tokio::select! {
-            // A save first: it takes in every event sent before it anyway.
-            biased;
-            request = saves.recv(), if saves_open => match request {
-                Some(request) => pump.save(request, &mut events).await?,
-                None => saves_open = false,
-            },
-            event = events.recv() => match event {
-                Some(event) => pump.take(event).await?,
-                None => break,
-            },
-            () = sleep_until(linger) => {}
-        }
-    }
-    // The engine is done; the saves it asked for were sent before its sink closed.
-    while let Ok(request) = saves.try_recv() {
-        pump.save(request, &mut events).await?;
-    }
-    if let Some(mut normalizer) = pump.normalizer.take() {
-        let error = failed.get().map(String::as_str);
-        for (name, data) in normalizer.finish(error) {
-            pump.log(name, data).await?;
-        }
-    }
-    if !pump.queues {
-        // The run's end is written after its last save, as every log write.
-        pump.settle().await;
-    }
-    Ok(EventTail {
-        seq: pump.seq,
-        events: pump.batch,
-    })
-}
-
-/// Resolves at `at`, or never.
-async fn sleep_until(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// What a run's event pump holds between events.
-struct Pump {
-    storage: Arc<dyn Storage>,
-    hub: Arc<EventHub>,
-    run: Run,
-    /// The last seq given.
-    seq: i64,
-    /// Streamed, not yet handed to the log.
-    batch: Vec<LoggedEvent>,
-    /// When `batch` is written at the latest.
-    flush_at: Option<tokio::time::Instant>,
-    normalizer: Option<Normalizer>,
-    /// The storage applies writes in the order they are queued (SQLite's writer), so a log
-    /// write need not wait for the saves handed over before it.
-    queues: bool,
-    /// The last save handed to the storage and not known to be stored, and how many events
-    /// the saves not known to be stored carry.
-    unconfirmed: Option<(Saved, usize)>,
-}
-
-/// A save's outcome, awaited by the engine and by the pump.
-type Saved = Shared<WriteReceipt>;
-
-impl Pump {
-    fn new(storage: Arc<dyn Storage>, hub: Arc<EventHub>, run: Run, seq: i64) -> Self {
-        Self {
-            queues: storage.queues_logged_saves(),
-            storage,
-            hub,
-            run,
-            seq,
-            batch: Vec::new(),
-            flush_at: None,
-            normalizer: None,
-            unconfirmed: None,
-        }
-    }
-
-    /// An engine event, through the protocol's normalizer when the run has one.
-    async fn take(&mut self, event: StreamEvent) -> Result<(), String> {
-        let logged = match self.normalizer.as_mut() {
-            Some(normalizer) => normalizer.push(event),
-            None => vec![(event.event_name(), event.data)],
-        };
-        for (name, data) in logged {
-            self.log(name, data).await?;
-        }
-        Ok(())
-    }
-
-    /// Numbers an event, streams it and adds it to the batch.
-    async fn log(&mut self, name: String, data: Value) -> Result<(), String> {
-        self.bound_unlogged().await;
-        self.seq += 1;
-        let event = logged(&self.run, self.seq, name, data);
-        self.hub.publish(
-            self.run.thread_id,
-            HubMessage::Event(Arc::new(event.clone())),
-        );
-        self.batch.push(event);
-        self.flush_at
-            .get_or_insert_with(|| tokio::time::Instant::now() + LOG_LINGER);
-        if self.batch.len() >= MAX_BATCH {
-            self.flush().await?;
-        }
-        Ok(())
-    }
-
-    /// Keeps the events streamed but not known to be logged under [`MAX_BATCH`] (what a lost
-    /// worker's successor skips, [`UNLOGGED_EVENTS_MAX`], covers them): once the saves not
-    /// yet stored carry that many with the batch, waits for them.
-    async fn bound_unlogged(&mut self) {
-        let carried = self.unconfirmed.as_ref().map_or(0, |(_, carried)| *carried);
-        if carried > 0 && carried + self.batch.len() >= MAX_BATCH {
-            self.settle().await;
-        }
-    }
-
-    /// Waits until the saves handed over are stored. One that failed took its events with
-    /// it; the engine learns of the failure from its receipt and the run ends in error.
-    async fn settle(&mut self) {
-        if let Some((saved, _)) = self.unconfirmed.take() {
-            let _ = saved.await;
-        }
-    }
-
-    /// Writes the batch to the log.
-    async fn flush(&mut self) -> Result<(), String> {
-        if !self.queues {
-            // A save in flight carries events before these.
-            self.settle().await;
-        }
-        self.storage
-            .append_events(&self.batch)
-            .await
-            .map_err(|e| e.to_string())?;
-        self.batch.clear();
-        self.flush_at = None;
-        // Committed behind every save handed over before it (in the writer's order, or after
-        // `settle`), so those are done too.
-        self.unconfirmed = None;
-        Ok(())
-    }
-
-    /// A save the engine asked for: takes in the events sent before it, then has the
-    /// storage store them with it, in one transaction.
-    async fn save(
-        &mut self,
-        request: SaveRequest,
-        events: &mut mpsc::Receiver<StreamEvent>,
-    ) -> Result<(), String> {
-        while let Ok(event) = events.try_recv() {
-            self.take(event).await?;
-        }
-        let save = LoggedSave {
-            write: request.write,
-            events: std::mem::take(&mut self.batch),
-        };
-        self.flush_at = None;
-        let mut carried = save.events.len();
-        let receipt: WriteReceipt = match self.storage.queue_logged(save) {
-            Ok(receipt) => receipt,
-            // No ordered queue in the storage: each save starts once the one before is
-            // stored, and not at all when that one failed (a checkpoint is never stored
-            // without its history), while the pump goes on streaming.
-            Err(save) => {
-                let before = self.unconfirmed.as_ref().map(|(saved, _)| saved.clone());
-                let storage = self.storage.clone();
-                let task = tokio::spawn(async move {
-                    if let Some(before) = before {
-                        before.await?;
-                    }
-                    storage.save_logged(*save).await
-                });
-                Box::pin(async move {
-                    task.await
-                        .map_err(|e| CheckpointError::Backend(e.to_string()))?
-                })
-            }
-        };
-        let saved = receipt.shared();
-        carried += self.unconfirmed.take().map_or(0, |(_, carried)| carried);
-        self.unconfirmed = Some((saved.clone(), carried));
-        // The engine may have stopped waiting (its run was cancelled); the save goes on.
-        let _ = request.reply.send(Box::pin(saved));
-        Ok(())
-    }
-}
-
-/// Where a run's events stand when it stops: the last seq used and the events not logged yet.
-struct EventTail {
-    seq: i64,
-    events: Vec<LoggedEvent>,
 }
 
 /// Renews the run's lease until aborted; cancels the run when the lease is lost or someone

@@ -1,0 +1,405 @@
+//! A run's event pump: numbers the events the engine streams, hands each to live streams at
+//! once, and writes them to the thread's event log, in batches or with the run's saves.
+//!
+//! A save carries exactly the events the engine sent before asking for it: the engine's
+//! [`EventSink`](spindle_graph::EventSink) counts the events it sent, each save request
+//! carries that count (see `logged_saves`), and the pump takes events from the channel up to
+//! it, no further. Events sent after the save (the next step's, while the pump was busy) stay
+//! for a later write: logged with the save, a crash before their own step's save would show
+//! them twice in the replay of the resumed run, which runs that step again.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use chrono::Utc;
+use futures::future::{FutureExt, Shared};
+use serde_json::{json, Value};
+use spindle_graph::checkpoint::{CheckpointError, WriteReceipt};
+use spindle_graph::stream::StreamEvent;
+use spindle_storage::{LoggedEvent, LoggedSave, Run, Storage, UNLOGGED_EVENTS_MAX};
+use tokio::sync::mpsc;
+
+use super::hub::{EventHub, HubMessage};
+use super::logged_saves::SaveRequest;
+use crate::protocol::{normalize, normalize::Normalizer};
+
+/// Most events one log write carries; a model streaming tokens fills batches, not transactions.
+/// At most this many events (plus a final `error`) are streamed but not logged at any time,
+/// which the storage's [`UNLOGGED_EVENTS_MAX`] must cover.
+const MAX_BATCH: usize = 256;
+/// (The tail may also hold a run's `error` and its lifecycle end.)
+const _: () = assert!((MAX_BATCH as i64) + 2 < UNLOGGED_EVENTS_MAX);
+/// How long a run's event may wait before it is written to the log. Live streams get it at
+/// once through the hub; the log serves resumes, late joiners and other processes, which poll
+/// it. Waiting a little lets a short run's events go in with its end, in one transaction.
+const LOG_LINGER: Duration = Duration::from_millis(50);
+
+/// The first event of a run's attempt, numbered after `last_seq`, the thread's last logged
+/// event when the run was claimed: `metadata {run_id, attempt}`. The worker logs it; a stream
+/// of a run claimed at its creation sends it at once (see `crate::runs::stream`).
+pub fn first_event(run: &Run, last_seq: i64) -> LoggedEvent {
+    let data = json!({"run_id": run.run_id.to_string(), "attempt": run.attempt});
+    logged(run, last_seq + 1, "metadata".to_owned(), data)
+}
+
+pub(super) fn logged(run: &Run, seq: i64, event: String, data: Value) -> LoggedEvent {
+    LoggedEvent {
+        thread_id: run.thread_id,
+        seq,
+        run_id: run.run_id,
+        event,
+        data,
+        created_at: Utc::now(),
+    }
+}
+
+/// What a run logs for the thread event stream (agent protocol v2) besides `metadata`.
+pub(super) struct ProtocolLog {
+    /// The run's graph, which names its lifecycle events.
+    pub graph_name: String,
+    /// For a run started through the protocol: turns its graph's events into the protocol's.
+    pub normalizer: Option<Normalizer>,
+}
+
+/// Numbers the run's events after the thread's last logged one (starting with `metadata`)
+/// and hands each to live streams at once. The log gets them in batches: a batch is written
+/// when it is full or its first event has waited [`LOG_LINGER`], or goes with the next save
+/// the engine asks for, in its transaction (see `logged_saves`), so no save is stored
+/// without the events emitted before it; what is left when the run stops (all of a short
+/// run's events) is returned, for the transaction that ends the run. The protocol's
+/// `running` follows `metadata`; a v2 run's engine events pass through its normalizer
+/// first (see `crate::protocol`), and messages still open when the run failed end with the
+/// failure set in `failed`.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn pump_events(
+    storage: Arc<dyn Storage>,
+    hub: Arc<EventHub>,
+    run: Run,
+    seq: i64,
+    mut events: mpsc::Receiver<StreamEvent>,
+    mut saves: mpsc::UnboundedReceiver<SaveRequest>,
+    protocol_log: Option<ProtocolLog>,
+    failed: Arc<OnceLock<String>>,
+) -> Result<EventTail, String> {
+    let mut pump = Pump::new(storage, hub, run, seq);
+    let first = first_event(&pump.run, seq);
+    pump.log(first.event, first.data).await?;
+    if let Some(log) = protocol_log {
+        let (name, data) = normalize::lifecycle(&[], "running", &log.graph_name, None);
+        pump.log(name, data).await?;
+        pump.normalizer = log.normalizer;
+    }
+    let mut saves_open = true;
+    loop {
+        if pump
+            .flush_at
+            .is_some_and(|at| tokio::time::Instant::now() >= at)
+        {
+            pump.flush().await?;
+        }
+        let linger = pump.flush_at;
+        tokio::select! {
+            // A save first: it takes in every event sent before it anyway.
+            biased;
+            request = saves.recv(), if saves_open => match request {
+                Some(request) => pump.save(request, &mut events).await?,
+                None => saves_open = false,
+            },
+            event = events.recv() => match event {
+                Some(event) => pump.receive(event).await?,
+                None => break,
+            },
+            () = sleep_until(linger) => {}
+        }
+    }
+    // The engine is done; the saves it asked for were sent before its sink closed.
+    while let Ok(request) = saves.try_recv() {
+        pump.save(request, &mut events).await?;
+    }
+    if let Some(mut normalizer) = pump.normalizer.take() {
+        let error = failed.get().map(String::as_str);
+        for (name, data) in normalizer.finish(error) {
+            pump.log(name, data).await?;
+        }
+    }
+    if !pump.queues {
+        // The run's end is written after its last save, as every log write.
+        pump.settle().await;
+    }
+    Ok(EventTail {
+        seq: pump.seq,
+        events: pump.batch,
+    })
+}
+
+/// Resolves at `at`, or never.
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// What a run's event pump holds between events.
+struct Pump {
+    storage: Arc<dyn Storage>,
+    hub: Arc<EventHub>,
+    run: Run,
+    /// The last seq given.
+    seq: i64,
+    /// How many of the engine's events were taken from its channel.
+    received: u64,
+    /// Streamed, not yet handed to the log.
+    batch: Vec<LoggedEvent>,
+    /// When `batch` is written at the latest.
+    flush_at: Option<tokio::time::Instant>,
+    normalizer: Option<Normalizer>,
+    /// The storage applies writes in the order they are queued (SQLite's writer), so a log
+    /// write need not wait for the saves handed over before it.
+    queues: bool,
+    /// The last save handed to the storage and not known to be stored, and how many events
+    /// the saves not known to be stored carry.
+    unconfirmed: Option<(Saved, usize)>,
+}
+
+/// A save's outcome, awaited by the engine and by the pump.
+type Saved = Shared<WriteReceipt>;
+
+impl Pump {
+    fn new(storage: Arc<dyn Storage>, hub: Arc<EventHub>, run: Run, seq: i64) -> Self {
+        Self {
+            queues: storage.queues_logged_saves(),
+            storage,
+            hub,
+            run,
+            seq,
+            received: 0,
+            batch: Vec::new(),
+            flush_at: None,
+            normalizer: None,
+            unconfirmed: None,
+        }
+    }
+
+    /// An event taken from the engine's channel.
+    async fn receive(&mut self, event: StreamEvent) -> Result<(), String> {
+        self.received += 1;
+        self.take(event).await
+    }
+
+    /// An engine event, through the protocol's normalizer when the run has one.
+    async fn take(&mut self, event: StreamEvent) -> Result<(), String> {
+        let logged = match self.normalizer.as_mut() {
+            Some(normalizer) => normalizer.push(event),
+            None => vec![(event.event_name(), event.data)],
+        };
+        for (name, data) in logged {
+            self.log(name, data).await?;
+        }
+        Ok(())
+    }
+
+    /// Numbers an event, streams it and adds it to the batch.
+    async fn log(&mut self, name: String, data: Value) -> Result<(), String> {
+        self.bound_unlogged().await;
+        self.seq += 1;
+        let event = logged(&self.run, self.seq, name, data);
+        self.hub.publish(
+            self.run.thread_id,
+            HubMessage::Event(Arc::new(event.clone())),
+        );
+        self.batch.push(event);
+        self.flush_at
+            .get_or_insert_with(|| tokio::time::Instant::now() + LOG_LINGER);
+        if self.batch.len() >= MAX_BATCH {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    /// Keeps the events streamed but not known to be logged under [`MAX_BATCH`] (what a lost
+    /// worker's successor skips, [`UNLOGGED_EVENTS_MAX`], covers them): once the saves not
+    /// yet stored carry that many with the batch, waits for them.
+    async fn bound_unlogged(&mut self) {
+        let carried = self.unconfirmed.as_ref().map_or(0, |(_, carried)| *carried);
+        if carried > 0 && carried + self.batch.len() >= MAX_BATCH {
+            self.settle().await;
+        }
+    }
+
+    /// Waits until the saves handed over are stored. One that failed took its events with
+    /// it; the engine learns of the failure from its receipt and the run ends in error.
+    async fn settle(&mut self) {
+        if let Some((saved, _)) = self.unconfirmed.take() {
+            let _ = saved.await;
+        }
+    }
+
+    /// Writes the batch to the log.
+    async fn flush(&mut self) -> Result<(), String> {
+        if !self.queues {
+            // A save in flight carries events before these.
+            self.settle().await;
+        }
+        self.storage
+            .append_events(&self.batch)
+            .await
+            .map_err(|e| e.to_string())?;
+        self.batch.clear();
+        self.flush_at = None;
+        // Committed behind every save handed over before it (in the writer's order, or after
+        // `settle`), so those are done too.
+        self.unconfirmed = None;
+        Ok(())
+    }
+
+    /// A save the engine asked for: takes in the events sent before it (counted once in the
+    /// channel, so they are there), then has the storage store them with it, in one
+    /// transaction.
+    async fn save(
+        &mut self,
+        request: SaveRequest,
+        events: &mut mpsc::Receiver<StreamEvent>,
+    ) -> Result<(), String> {
+        while self.received < request.events_before {
+            let Some(event) = events.recv().await else {
+                break;
+            };
+            self.receive(event).await?;
+        }
+        let save = LoggedSave {
+            write: request.write,
+            events: std::mem::take(&mut self.batch),
+        };
+        self.flush_at = None;
+        let mut carried = save.events.len();
+        let receipt: WriteReceipt = match self.storage.queue_logged(save) {
+            Ok(receipt) => receipt,
+            // No ordered queue in the storage: each save starts once the one before is
+            // stored, and not at all when that one failed (a checkpoint is never stored
+            // without its history), while the pump goes on streaming.
+            Err(save) => {
+                let before = self.unconfirmed.as_ref().map(|(saved, _)| saved.clone());
+                let storage = self.storage.clone();
+                let task = tokio::spawn(async move {
+                    if let Some(before) = before {
+                        before.await?;
+                    }
+                    storage.save_logged(*save).await
+                });
+                Box::pin(async move {
+                    task.await
+                        .map_err(|e| CheckpointError::Backend(e.to_string()))?
+                })
+            }
+        };
+        let saved = receipt.shared();
+        carried += self.unconfirmed.take().map_or(0, |(_, carried)| carried);
+        self.unconfirmed = Some((saved.clone(), carried));
+        // The engine may have stopped waiting (its run was cancelled); the save goes on.
+        let _ = request.reply.send(Box::pin(saved));
+        Ok(())
+    }
+}
+
+/// Where a run's events stand when it stops: the last seq used and the events not logged yet.
+pub(super) struct EventTail {
+    pub seq: i64,
+    pub events: Vec<LoggedEvent>,
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use spindle_graph::checkpoint::{new_checkpoint_id, Checkpoint, QueuedWrite};
+    use spindle_graph::stream::StreamMode;
+    use spindle_graph::EventSink;
+    use spindle_storage::{
+        IfExists, IfThreadMissing, JsonObject, MultitaskStrategy, NewRun, NewThread, ResourceId,
+        Scope,
+    };
+    use tokio::sync::oneshot;
+    use uuid::Uuid;
+
+    use super::*;
+
+    fn custom(data: Value) -> StreamEvent {
+        StreamEvent {
+            namespace: Vec::new(),
+            mode: StreamMode::Custom,
+            part: None,
+            data,
+        }
+    }
+
+    /// A run's thread and the run, in a fresh SQLite database.
+    async fn a_run(dir: &std::path::Path) -> (Arc<dyn Storage>, Run) {
+        let url = dir.join("pump.db").to_string_lossy().into_owned();
+        let storage = spindle_storage::connect(&url).await.unwrap();
+        let scope = Scope::new("");
+        let thread_id = ResourceId::generate();
+        let thread = NewThread::new(thread_id, JsonObject::new(), IfExists::Raise);
+        storage.create_thread(&scope, thread).await.unwrap();
+        let new = NewRun {
+            run_id: Uuid::new_v4(),
+            thread_id,
+            assistant_id: ResourceId::generate(),
+            kwargs: JsonObject::new(),
+            metadata: JsonObject::new(),
+            multitask_strategy: MultitaskStrategy::Enqueue,
+            run_after: Utc::now(),
+            claim: None,
+            if_thread_missing: IfThreadMissing::Reject,
+            cron_firing: None,
+        };
+        let run = storage.create_run(&scope, new).await.unwrap().run;
+        (storage, run)
+    }
+
+    /// The engine went on to its next step while the pump was busy: the save stores the
+    /// events sent before it and leaves the next step's in the channel. Stored with the
+    /// save, they would show twice after a crash, as the resumed run sends them again.
+    #[tokio::test]
+    async fn a_save_carries_the_events_sent_before_it_and_none_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let (storage, run) = a_run(dir.path()).await;
+        let (sink, mut events) = mpsc::channel(16);
+        let sink = EventSink::from(sink);
+        assert!(sink.send(custom(json!("step 1"))).await);
+        let (reply, receipt) = oneshot::channel();
+        let request = SaveRequest {
+            write: QueuedWrite::Checkpoint {
+                thread_id: run.thread_id.to_string(),
+                checkpoint_ns: String::new(),
+                checkpoint: Box::new(Checkpoint {
+                    v: 1,
+                    id: new_checkpoint_id(),
+                    ts: Utc::now().to_rfc3339(),
+                    channel_values: Default::default(),
+                    channel_versions: Default::default(),
+                    versions_seen: Default::default(),
+                    updated_channels: Vec::new(),
+                    delta_depths: Default::default(),
+                }),
+                metadata: json!({"step": 1}),
+                parent_id: None,
+                blobs: Vec::new(),
+            },
+            events_before: sink.sent().get(),
+            reply,
+        };
+        assert!(sink.send(custom(json!("step 2"))).await);
+
+        let mut pump = Pump::new(storage.clone(), Arc::default(), run.clone(), 0);
+        pump.save(request, &mut events).await.unwrap();
+        receipt.await.unwrap().await.unwrap();
+
+        let logged = storage
+            .read_events(run.thread_id, 0, Some(run.run_id), 100)
+            .await
+            .unwrap();
+        let logged: Vec<&Value> = logged.iter().map(|event| &event.data).collect();
+        assert_eq!(logged, [&json!("step 1")]);
+        assert_eq!(events.try_recv().unwrap().data, json!("step 2"));
+    }
+}
