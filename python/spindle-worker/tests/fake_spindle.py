@@ -10,8 +10,10 @@ It is also the executable spec for the Rust implementation, so it is written to 
 - Checkpoint values stay opaque: a `[type, bytes]` pair is stored as it came and given back
   as it was stored, never decoded.
 - The ordering rule is asserted as Spindle relies on it: each save is stored with the count
-  of the run's events received before it, and a `checkpoints`/`debug` event naming a
-  checkpoint that was already saved is a violation (its step was saved before its events).
+  of the run's events received before it. LangGraph emits a checkpoint's `checkpoints` /
+  `debug` event before any task runs on it, so that event arriving after a save built on
+  the checkpoint (writes against it, or its child checkpoint) is a violation: the step
+  after it was saved before its events.
 """
 
 from __future__ import annotations
@@ -76,7 +78,8 @@ class FakeSpindle:
     fenced: set[tuple[str, int]] = field(default_factory=set)
     violations: list[str] = field(default_factory=list)
     _done_waiters: dict[tuple[str, int], asyncio.Event] = field(default_factory=lambda: defaultdict(asyncio.Event))
-    _saved_ids: dict[tuple[str, int], set[str]] = field(default_factory=lambda: defaultdict(set))
+    # per run: the checkpoints a save was built on (writes against them, or children of them)
+    _built_on: dict[tuple[str, int], set[str]] = field(default_factory=lambda: defaultdict(set))
 
     async def spawn(self, env: dict[str, str] | None = None) -> "WorkerProcess":
         worker = WorkerProcess(self)
@@ -123,8 +126,8 @@ class FakeSpindle:
             payload = payload["payload"]
         conf = (payload.get("config") or {}).get("configurable") or {}
         cid = conf.get("checkpoint_id")
-        if cid and cid in self._saved_ids[run]:
-            self.violations.append(f"{name} event for checkpoint {cid} arrived after its cp.put")
+        if cid and cid in self._built_on[run]:
+            self.violations.append(f"{name} event for checkpoint {cid} arrived after a save built on it")
 
     # -- worker -> Spindle: requests --------------------------------------------------------
 
@@ -144,6 +147,8 @@ class FakeSpindle:
         }[op]
         if op in ("cp.put", "cp.writes"):
             self.saves.append(Save(op, run, len(self.events[run]) if run else 0, body))
+            if run is not None and (base := body["config"].get("checkpoint_id")):
+                self._built_on[run].add(base)
         return handler(body)
 
     def _tuple(self, thread: str, ns: str, cid: str) -> dict[str, Any]:
@@ -206,8 +211,6 @@ class FakeSpindle:
             "metadata": body["metadata"],
             "parent_id": cfg.get("checkpoint_id"),
         }
-        if body.get("run"):
-            self._saved_ids[tuple(body["run"])].add(cid)
         return {"config": {"thread_id": thread, "checkpoint_ns": ns, "checkpoint_id": cid}}
 
     def cp_writes(self, body: dict[str, Any]) -> None:
