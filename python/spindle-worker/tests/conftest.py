@@ -26,6 +26,7 @@ EXTRA_GRAPHS = {
     "two_params": "./graphs/factories.py:two_params",
     "store_graph": "./graphs/factories.py:store_graph",
     "by_module": "extra_pkg.graphs:graph",
+    "schema_graph": "extra_pkg.graphs:schema_graph",
     "broken": "./graphs/broken.py:graph",
     "missing_var": "extra_pkg.graphs:nope",
     "not_a_graph": "extra_pkg.graphs:not_a_graph",
