@@ -12,7 +12,8 @@ from typing import Any
 from langgraph.checkpoint.serde.jsonplus import _msgpack_ext_hook_to_json
 from langgraph.pregel import Pregel
 from langgraph.types import StateSnapshot, StateUpdate
-from pydantic import TypeAdapter, create_model
+from langchain_core.runnables.utils import create_model  # knows `__root__` models, as the reference uses
+from pydantic import TypeAdapter
 
 from .bridge import Callbacks
 from .connection import Connection
