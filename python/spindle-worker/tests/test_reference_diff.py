@@ -114,7 +114,7 @@ def normalise(value: Any) -> Any:
 
 def comparable(events: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
     """Spindle's own events (`metadata`, `error`) left out; names and payloads normalised."""
-    return [(UUID_RE.sub("<uuid>", n), normalise(p)) for n, p in events if n not in ("metadata", "error")]
+    return [(UUID_RE.sub("<uuid>", n), p if n == "events" else normalise(p)) for n, p in events if n not in ("metadata", "error")]
 
 
 async def worker_stream(graph_id: str, body: dict[str, Any], spindle=None, worker=None, thread: str | None = None):
@@ -143,6 +143,7 @@ MESSAGE_CASES = [
     ("agent", {"input": {"messages": [{"role": "user", "content": "add"}]}, "stream_mode": ["messages"]}),
     ("nested", {"input": {"messages": [{"role": "user", "content": "x"}]}, "stream_mode": ["messages-tuple"], "subgraphs": True}),
     ("chain", {"input": {"n": 0}, "stream_mode": ["debug", "checkpoints"]}),
+    ("echo", {"input": {"messages": [{"role": "user", "content": "hi"}]}, "stream_mode": ["events", "values"]}),
 ]
 
 
@@ -163,6 +164,8 @@ def _shape(name: str, payload: Any) -> Any:
         return name, [m.get("content") for m in payload]
     if name.startswith("messages"):
         return name, payload[0].get("content"), payload[1].get("langgraph_node")
+    if name == "events":
+        return name, payload["event"], payload["name"], payload.get("metadata", {}).get("langgraph_node")
     if name.startswith(("debug", "checkpoints")):
         return name, payload.get("type"), sorted(payload) if isinstance(payload, dict) else None
     return name
