@@ -81,7 +81,7 @@ class FakeSpindle:
     # per run: the checkpoints a save was built on (writes against them, or children of them)
     _built_on: dict[tuple[str, int], set[str]] = field(default_factory=lambda: defaultdict(set))
 
-    async def spawn(self, env: dict[str, str] | None = None) -> "WorkerProcess":
+    async def spawn(self, env: dict[str, str] | None = None) -> WorkerProcess:
         worker = WorkerProcess(self)
         await worker.start(env or {})
         return worker

@@ -81,7 +81,6 @@ async def test_context_manager_factory_stays_open_for_the_run() -> None:
 @run_async
 async def test_store_calls_go_to_spindle_with_the_run() -> None:
     spindle, worker, _ = await extra_worker()
-    run = new_run()
     values = await _final(spindle, worker, "store_graph", input={"text": "remember me"})
     assert values == {"text": "remember me|1|sync:remember me"}
     assert spindle.store[(("memories", "u1"), "last")]["value"] == {"text": "remember me"}

@@ -15,7 +15,7 @@ class RemoteError(Exception):
         self.retryable = retryable
 
     @classmethod
-    def from_body(cls, body: Any) -> "RemoteError":
+    def from_body(cls, body: Any) -> RemoteError:
         body = body if isinstance(body, dict) else {}
         code = str(body.get("code", "internal"))
         cls_ = FencedError if code == "fenced" else cls

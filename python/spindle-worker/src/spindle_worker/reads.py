@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from langchain_core.runnables.utils import create_model  # knows `__root__` models, as the reference uses
 from langgraph.checkpoint.serde.jsonplus import _msgpack_ext_hook_to_json
 from langgraph.pregel import Pregel
 from langgraph.types import StateSnapshot, StateUpdate
-from langchain_core.runnables.utils import create_model  # knows `__root__` models, as the reference uses
 from pydantic import TypeAdapter
 
 from .bridge import Callbacks

@@ -24,12 +24,12 @@ import langgraph.version
 from langgraph.pregel import Pregel
 from langgraph.types import Command, Interrupt, Send
 
+from .batching import EventBatcher
 from .bridge import Callbacks
 from .connection import Connection
 from .errors import FencedError, RequestError, find_fenced
 from .jsonenc import dumpb, public_error
 from .loader import Registry, open_graph
-from .batching import EventBatcher
 from .saver import SpindleSaver, make_serde
 from .store import SpindleStore
 from .streaming import StreamTranslator, graph_stream_modes
