@@ -26,6 +26,7 @@ EXTRA_GRAPHS = {
     "context_factory": "./graphs/factories.py:context_factory",
     "two_params": "./graphs/factories.py:two_params",
     "store_graph": "./graphs/factories.py:store_graph",
+    "whoami": "./graphs/factories.py:whoami_factory",
     "by_module": "extra_pkg.graphs:graph",
     "schema_graph": "extra_pkg.graphs:schema_graph",
     "broken": "./graphs/broken.py:graph",

@@ -24,6 +24,7 @@ async def test_init_loads_each_kind_and_reports_failures_per_graph() -> None:
         "async_factory": "factory",
         "context_factory": "factory",
         "two_params": "factory",
+        "whoami": "factory",
         "store_graph": "compiled",
         "by_module": "compiled",
         "schema_graph": "compiled",
@@ -102,4 +103,13 @@ async def test_graph_schemas() -> None:
     }
     assert orjson.loads(schemas["state"])["title"] == "schema_graph_state"  # named after the graph id
     assert orjson.loads(schemas["context"])["properties"]["user"]["default"] == "anon"
+    await worker.close()
+
+
+@run_async
+async def test_auth_user_reads_by_key_and_attribute() -> None:
+    spindle, worker, _ = await extra_worker()
+    user = {"identity": "u-1", "display_name": "Ada", "permissions": ["read"]}
+    config = {"configurable": {"thread_id": new_thread(), "langgraph_auth_user": user}}
+    assert await _final(spindle, worker, "whoami", input={}, config=config) == {"text": "u-1/u-1/Ada/['read']"}
     await worker.close()

@@ -258,3 +258,18 @@ async def _until(cond, timeout: float = 10) -> None:
         if asyncio.get_running_loop().time() > deadline:
             raise TimeoutError("condition not met in time")
         await asyncio.sleep(0.01)
+
+
+@run_async
+async def test_concurrent_runs_share_one_worker() -> None:
+    spindle, worker = await ref_worker()
+    runs = [new_run() for _ in range(6)]
+    for run in runs:
+        await worker.start_run(run, "slow", new_thread(), input={"delay_ms": 300, "ticks": 0}, stream_mode=["custom"])
+    assert (await worker.request("ping"))["active_runs"] == 6
+    for run in runs:
+        done = await spindle.wait_done(run)
+        assert orjson.loads(done["final"])["values"]["ticks"] == 2
+        assert spindle.event_payloads(run, "custom") == [{"tick": "a"}, {"tick": "b"}]
+    assert spindle.violations == []
+    await worker.close()

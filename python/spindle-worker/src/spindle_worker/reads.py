@@ -15,6 +15,7 @@ from langgraph.pregel import Pregel
 from langgraph.types import StateSnapshot, StateUpdate
 from pydantic import TypeAdapter
 
+from .auth import wrap_auth_user
 from .bridge import Callbacks
 from .connection import Connection
 from .errors import RequestError
@@ -39,6 +40,7 @@ def runnable_config(raw: Any) -> dict[str, Any]:
         return {"configurable": dict(raw)}
     config = dict(raw)
     config["configurable"] = dict(config.get("configurable") or {})
+    wrap_auth_user(config["configurable"])
     return config
 
 

@@ -81,3 +81,13 @@ store_graph = (
     .add_edge("remember_sync", END)
     .compile()
 )
+
+
+def whoami_factory(config: RunnableConfig, runtime: ServerRuntime):
+    """Reads the user both ways, from the config and from the factory's runtime."""
+    user = config["configurable"]["langgraph_auth_user"]
+
+    def node(state: S):
+        return {"text": f"{user.identity}/{user['identity']}/{runtime.user.display_name}/{user.permissions}"}
+
+    return StateGraph(S).add_node("node", node).add_edge(START, "node").add_edge("node", END).compile()
