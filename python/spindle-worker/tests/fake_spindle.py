@@ -230,7 +230,7 @@ class FakeSpindle:
         return [self._store_op(op) for op in body["ops"]]
 
     def _store_op(self, op: dict[str, Any]) -> Any:
-        (kind, args), = op.items()
+        ((kind, args),) = op.items()
         if kind == "get":
             return self._item(tuple(args["namespace"]), args["key"])
         if kind == "put":
@@ -324,10 +324,18 @@ class WorkerProcess:
             try:
                 reply = {"k": "ok", "re": msg["id"], "b": self.spindle.answer(msg["op"], msg.get("b"))}
             except Fenced:
-                reply = {"k": "err", "re": msg["id"], "b": {"code": "fenced", "message": "attempt is not live", "retryable": False}}
+                reply = {
+                    "k": "err",
+                    "re": msg["id"],
+                    "b": {"code": "fenced", "message": "attempt is not live", "retryable": False},
+                }
             except Exception as e:  # a bug in the worker's call: tell it, and remember
                 self.spindle.violations.append(f"{msg['op']} failed in the fake: {e!r}")
-                reply = {"k": "err", "re": msg["id"], "b": {"code": "bad_request", "message": repr(e), "retryable": False}}
+                reply = {
+                    "k": "err",
+                    "re": msg["id"],
+                    "b": {"code": "bad_request", "message": repr(e), "retryable": False},
+                }
             self._send(reply)
 
     async def init(self, graphs: dict[str, str]) -> dict[str, Any]:

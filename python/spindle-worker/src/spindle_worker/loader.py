@@ -203,7 +203,6 @@ def _server_runtime(access_context: AccessContext, store: BaseStore | None, cont
     return _ReadRuntime(access_context=access_context, user=user, store=store)
 
 
-
 @asynccontextmanager
 async def _as_context(value: Any) -> AsyncIterator[Any]:
     """A factory's result as an async context: a CM stays open, a coroutine is awaited."""
@@ -247,9 +246,7 @@ async def open_graph(
         if isinstance(graph, StateGraph):
             graph = graph.compile()
         if not isinstance(graph, Pregel):
-            raise TypeError(
-                f"graph {loaded.graph_id!r}: the factory gave a {type(graph).__name__}, not a graph"
-            )
+            raise TypeError(f"graph {loaded.graph_id!r}: the factory gave a {type(graph).__name__}, not a graph")
         update: dict[str, Any] = {"checkpointer": checkpointer, "store": store}
         if graph.name == "LangGraph":
             update["name"] = loaded.graph_id

@@ -165,8 +165,7 @@ class Reads:
         limit = body.get("limit", 10)
         async with opener as graph:
             states = [
-                s
-                async for s in graph.aget_state_history(config, limit=limit, filter=body.get("filter"), before=before)
+                s async for s in graph.aget_state_history(config, limit=limit, filter=body.get("filter"), before=before)
             ]
         return [dumpb(thread_state(s)) for s in states]
 

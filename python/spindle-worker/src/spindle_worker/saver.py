@@ -175,6 +175,4 @@ class SpindleSaver(BaseCheckpointSaver[int]):
     def put_writes(
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
     ) -> None:
-        self.callbacks.run_sync(
-            lambda: self.aput_writes(config, writes, task_id, task_path), "SpindleSaver.put_writes"
-        )
+        self.callbacks.run_sync(lambda: self.aput_writes(config, writes, task_id, task_path), "SpindleSaver.put_writes")

@@ -157,8 +157,11 @@ async def serve(sock: socket.socket, max_runs: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=os.environ.get("SPINDLE_WORKER_LOG", "WARNING"), stream=sys.stderr,
-                        format="spindle_worker %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("SPINDLE_WORKER_LOG", "WARNING"),
+        stream=sys.stderr,
+        format="spindle_worker %(levelname)s %(message)s",
+    )
     args = parse_args(argv)
     try:
         max_runs = max_runs_from_env()

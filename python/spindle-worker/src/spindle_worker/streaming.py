@@ -116,12 +116,7 @@ class StreamTranslator:
             return self._accumulate(chunk)
         if mode in self.stream_mode:
             return [(self._name(mode, ns), chunk)]
-        if (
-            mode == "updates"
-            and self.only_interrupt_updates
-            and isinstance(chunk, dict)
-            and chunk.get("__interrupt__")
-        ):
+        if mode == "updates" and self.only_interrupt_updates and isinstance(chunk, dict) and chunk.get("__interrupt__"):
             return [(self._name("values", ns), chunk)]
         return []
 
