@@ -16,7 +16,10 @@ sys.path.insert(0, str(HERE))
 
 from fake_spindle import FakeSpindle  # noqa: E402
 
-REF_DIR = HERE / "projects" / "ref"
+# The Python twins of the example graphs, beside the checkout (`../shared/ref`), as CI has them.
+REF_DIR = HERE.parents[3] / "shared" / "ref"
+if not (REF_DIR / "langgraph.json").is_file():
+    raise RuntimeError(f"the reference graphs are not at {REF_DIR} (../shared/ref beside the checkout)")
 EXTRA_DIR = HERE / "projects" / "extra"
 REF_GRAPHS: dict[str, str] = json.loads((REF_DIR / "langgraph.json").read_text())["graphs"]
 EXTRA_GRAPHS = {

@@ -48,6 +48,8 @@ def _free_port() -> int:
 def reference() -> Iterator[str]:
     cli = _langgraph_cli()
     if cli is None:
+        if os.environ.get("SPINDLE_TEST_REQUIRE_REFERENCE"):
+            pytest.fail("SPINDLE_TEST_REQUIRE_REFERENCE is set but no reference `langgraph` CLI was found")
         pytest.skip("reference server unavailable: set SPINDLE_REF_LANGGRAPH to a `langgraph` CLI "
                     "with the inmem extra (pip install 'langgraph-cli[inmem]'), or put it on PATH")
     project = Path(tempfile.mkdtemp(prefix="spindle-ref-")) / "ref"
