@@ -1,0 +1,1 @@
+"""Runs LangGraph Python graphs for Spindle."""

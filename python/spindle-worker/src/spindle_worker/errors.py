@@ -1,0 +1,68 @@
+"""Errors that cross the protocol boundary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class RemoteError(Exception):
+    """An `err` reply from the other side: `{code, message, retryable}`."""
+
+    def __init__(self, code: str, message: str, retryable: bool = False) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.retryable = retryable
+
+    @classmethod
+    def from_body(cls, body: Any) -> RemoteError:
+        body = body if isinstance(body, dict) else {}
+        code = str(body.get("code", "internal"))
+        cls_ = FencedError if code == "fenced" else cls
+        return cls_(code, str(body.get("message", "")), bool(body.get("retryable", False)))
+
+
+class FencedError(RemoteError):
+    """Spindle says the run attempt a call belongs to is no longer the live one.
+
+    The worker stops that run without sending anything more for it.
+    """
+
+
+class RequestError(Exception):
+    """Raised by a request handler to answer `err` with a chosen code."""
+
+    def __init__(self, code: str, message: str, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.retryable = retryable
+
+
+class ConnectionClosed(Exception):
+    """The socket to Spindle closed while a request was waiting for its reply."""
+
+
+def find_fenced(exc: BaseException | None) -> FencedError | None:
+    """The FencedError behind `exc`, through causes, contexts and exception groups.
+
+    LangGraph may wrap a saver's exception (a background checkpoint put failing is
+    re-raised later, sometimes chained), so a fence is looked for along the whole chain.
+    """
+    seen: set[int] = set()
+    stack: list[BaseException] = [exc] if exc is not None else []
+    while stack:
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, FencedError):
+            return e
+        # Exception groups (3.11+) carry their members in `.exceptions`.
+        members = getattr(e, "exceptions", None)
+        if isinstance(members, (list, tuple)):
+            stack.extend(m for m in members if isinstance(m, BaseException))
+        for nxt in (e.__cause__, e.__context__):
+            if nxt is not None:
+                stack.append(nxt)
+    return None
