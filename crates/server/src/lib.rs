@@ -1,12 +1,11 @@
 //! Spindle's HTTP API: the routes, their wire types, the error model and the OpenAPI document.
 //!
 //! The wire format (field names, error bodies, SSE framing) lives in this crate only; the
-//! storage and graph crates hand it typed values.
+//! storage, execution and graph crates hand it typed values. A handler maps a request to calls
+//! of storage and of run execution (`spindle_execution`), and their answers to responses.
 
-pub mod crons;
 pub mod error;
 pub mod extract;
-pub mod graphs;
 mod guard;
 mod openapi;
 pub mod protocol;
@@ -14,9 +13,7 @@ pub mod routes;
 pub mod runs;
 pub mod sse;
 pub mod state;
-pub mod store;
 pub mod ttl;
-pub mod webhook;
 pub mod wire;
 
 use std::net::SocketAddr;
@@ -25,12 +22,8 @@ use axum::Router;
 use tokio::net::TcpListener;
 use tower_http::trace::TraceLayer;
 
-pub use graphs::{default_assistant_id, GraphRegistry};
-pub use runs::WorkerConfig;
 pub use state::AppState;
-pub use store::StoreConfig;
 pub use ttl::ThreadTtlConfig;
-pub use webhook::WebhookConfig;
 
 /// The application: every route, the OpenAPI document at `/openapi.json` and its rendering at
 /// `/docs`.
@@ -62,8 +55,13 @@ pub async fn serve(
         state.thread_ttl,
         stop_workers.clone(),
     ));
-    tokio::spawn(crons::run_scheduler(state.clone(), stop_workers.clone()));
-    tokio::spawn(store::sweep_items(
+    tokio::spawn(spindle_execution::crons::run_scheduler(
+        state.storage.clone(),
+        state.crons.clone(),
+        std::sync::Arc::new(routes::crons::CronRuns(state.clone())),
+        stop_workers.clone(),
+    ));
+    tokio::spawn(spindle_execution::store::sweep_items(
         state.storage.clone(),
         state.store.sweep_every,
         stop_workers.clone(),

@@ -7,14 +7,14 @@ use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use spindle_storage::{Scope, Storage};
 
-use crate::crons::Scheduler;
 use crate::error::ApiError;
-use crate::graphs::GraphRegistry;
-use crate::runs::{EventHub, RunWorkers, WorkerConfig};
 use crate::sse::DEFAULT_KEEPALIVE_SECS;
-use crate::store::StoreConfig;
 use crate::ttl::ThreadTtlConfig;
-use crate::webhook::{WebhookConfig, Webhooks};
+use spindle_execution::crons::Scheduler;
+use spindle_execution::graphs::GraphRegistry;
+use spindle_execution::store::StoreConfig;
+use spindle_execution::webhook::{WebhookConfig, Webhooks};
+use spindle_execution::{EventHub, RunWorkers, WorkerConfig};
 
 #[derive(Clone)]
 pub struct AppState {

@@ -7,7 +7,8 @@ use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
-use spindle_server::{app, default_assistant_id, AppState, GraphRegistry};
+use spindle_execution::{default_assistant_id, GraphRegistry};
+use spindle_server::{app, AppState};
 use spindle_storage::{AssistantFields, IfExists, NewAssistant, Owner};
 use tower::ServiceExt;
 

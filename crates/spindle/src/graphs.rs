@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result};
 use serde_json::Value;
-use spindle_server::{default_assistant_id, GraphRegistry};
+use spindle_execution::{default_assistant_id, GraphRegistry};
 use spindle_storage::{AssistantFields, IfExists, JsonObject, NewAssistant, Owner, Storage};
 
 use crate::config::LoadedConfig;

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use spindle_server::{AppState, ThreadTtlConfig, WebhookConfig, WorkerConfig};
+use spindle_execution::{WebhookConfig, WorkerConfig};
+use spindle_server::{AppState, ThreadTtlConfig};
 use spindle_storage::{ThreadTtl, TtlStrategy};
 use tokio::net::TcpListener;
 

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use spindle_server::store::{Embedder, HashEmbedder, OpenAiEmbedder, StoreIndex};
-use spindle_server::StoreConfig;
+use spindle_execution::store::{Embedder, HashEmbedder, OpenAiEmbedder, StoreIndex};
+use spindle_execution::StoreConfig;
 
 use crate::config::{EmbedSpec, LoadedConfig, StoreIndexSection};
 
@@ -112,7 +112,7 @@ fn openai(
 #[cfg(feature = "local-embeddings")]
 fn local(config: &LoadedConfig, path: &std::path::Path) -> Result<Arc<dyn Embedder>> {
     let folder = config.resolve(&path.to_string_lossy());
-    let model = spindle_server::store::minilm::MiniLmEmbedder::load(&folder)
+    let model = spindle_execution::store::minilm::MiniLmEmbedder::load(&folder)
         .map_err(anyhow::Error::msg)
         .with_context(|| format!("cannot load the embedding model in {}", folder.display()))?;
     Ok(Arc::new(model))

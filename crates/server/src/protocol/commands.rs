@@ -17,10 +17,11 @@ use uuid::Uuid;
 use super::{split_name, V2_CONFIG_KEY, V2_STREAM_MODES};
 use crate::error::{ApiError, ErrorCode};
 use crate::extract::{Validate, Violations};
-use crate::routes::runs::{start_run, RunCreate, Stateless};
+use crate::routes::runs::{start_run, RunCreate};
 use crate::routes::state::thread_graph;
 use crate::state::AppState;
 use crate::wire::whole_number;
+use spindle_execution::Stateless;
 
 /// Most checkpoints one `state.listCheckpoints` answers.
 const MAX_CHECKPOINTS: usize = 100;

@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use spindle_storage::{LoggedEvent, RUN_END_EVENT};
 use uuid::Uuid;
 
-use super::split_name;
+use super::{input_requested, split_name};
 use crate::sse;
 
 /// What a subscription selects.
@@ -214,13 +214,6 @@ fn update(event: &LoggedEvent, namespace: Vec<String>) -> Option<Value> {
         event.data.clone(),
         node.map(Value::String),
     ))
-}
-
-/// `input.requested` data: the protocol's `payload`, and the same value as `value`, which
-/// the Python client reads (`InterruptPayload.value`).
-pub fn input_requested(interrupt_id: &Value, value: Option<&Value>) -> Value {
-    let value = value.cloned().unwrap_or(Value::Null);
-    json!({"interrupt_id": interrupt_id, "payload": value, "value": value})
 }
 
 fn strip_interrupt(values: &Value) -> Option<Value> {

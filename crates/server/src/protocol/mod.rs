@@ -12,17 +12,13 @@
 
 pub mod commands;
 pub mod envelope;
-pub mod normalize;
 #[cfg(test)]
 mod reference_tests;
 pub mod socket;
 
-use serde_json::Value;
-use spindle_storage::Run;
-
-/// `config.configurable` key that marks a run as started through the protocol (the key the
-/// reference server uses for the same purpose).
-pub const V2_CONFIG_KEY: &str = "__event_streaming_v2";
+pub use spindle_execution::v2_events::{
+    input_requested, is_lifecycle, is_v2_run, join_name, normalize, split_name, V2_CONFIG_KEY,
+};
 
 /// The stream modes a v2 run logs: enough to derive every protocol method.
 pub const V2_STREAM_MODES: [&str; 7] = [
@@ -51,36 +47,4 @@ pub const CHANNELS: [&str; 9] = [
 /// Whether a channel name is one the protocol knows.
 pub fn is_channel(name: &str) -> bool {
     CHANNELS.contains(&name) || name.strip_prefix("custom:").is_some_and(|n| !n.is_empty())
-}
-
-/// Whether a stored run was started through the protocol.
-pub fn is_v2_run(run: &Run) -> bool {
-    run.kwargs
-        .get("config")
-        .and_then(|c| c.get("configurable"))
-        .and_then(|c| c.get(V2_CONFIG_KEY))
-        .and_then(Value::as_bool)
-        .unwrap_or(false)
-}
-
-/// Splits a logged event name (`method|ns1|ns2`) into its method and namespace.
-pub fn split_name(name: &str) -> (&str, Vec<String>) {
-    let mut parts = name.split('|');
-    let method = parts.next().unwrap_or_default();
-    (method, parts.map(str::to_owned).collect())
-}
-
-/// A logged event name from a method and a namespace.
-pub fn join_name(method: &str, namespace: &[String]) -> String {
-    let mut name = method.to_owned();
-    for part in namespace {
-        name.push('|');
-        name.push_str(part);
-    }
-    name
-}
-
-/// Whether a logged event is a lifecycle event of the protocol (of the root or a subgraph).
-pub fn is_lifecycle(name: &str) -> bool {
-    name.split('|').next() == Some("lifecycle")
 }

@@ -8,6 +8,9 @@ use axum::Json;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{json, Value};
+use spindle_execution::crons::{firing_thread, FireCron, Schedule};
+use spindle_execution::StartedRun;
+use spindle_storage::CronFiring;
 use spindle_storage::ResourceId;
 use spindle_storage::{
     Cron, CronFields, CronFilter, CronSearch, CronSortBy, NewCron, OnRunCompleted, Scope,
@@ -18,9 +21,8 @@ use utoipa_axum::routes;
 use uuid::Uuid;
 
 use super::runs::{
-    check_webhook, locations, run_assistant, start_run, OnCompletion, RunCreate, RunOut, StartedRun,
+    check_webhook, locations, run_assistant, start_run, OnCompletion, RunCreate, RunOut,
 };
-use crate::crons::Schedule;
 use crate::error::{ApiError, ApiResult, ErrorBody, ValidationErrorBody};
 use crate::extract::{parse_body, ApiJson, Patch, Validate, Violations};
 use crate::routes::assistants::resolve_assistant_id;
@@ -305,7 +307,7 @@ async fn create(
     if !live {
         return Ok(Json(CronOut::from(cron)).into_response());
     }
-    let (run_thread, stateless) = crate::crons::firing_thread(&cron);
+    let (run_thread, stateless) = firing_thread(&cron);
     match start_run(state, scope, run_thread, &first, stateless, None).await {
         Ok(StartedRun { run, .. }) => {
             let headers = locations(&run);
@@ -627,6 +629,33 @@ async fn count_crons(
 ) -> ApiResult<Json<i64>> {
     let filter = filter_of(&state, &body)?;
     Ok(Json(state.storage.count_crons(&scope, filter).await?))
+}
+
+/// What a due cron does: starts the run its payload asks for, as `POST /threads/{id}/runs`
+/// (or `POST /runs` for a cron without a thread) would, with the payload checked as at the
+/// cron's creation.
+pub struct CronRuns(pub AppState);
+
+#[async_trait::async_trait]
+impl FireCron for CronRuns {
+    async fn fire(&self, firing: &CronFiring) -> Result<Uuid, String> {
+        let cron = &firing.cron;
+        let scope = Scope::new(cron.user_id.clone().unwrap_or_default());
+        let body = run_of(&cron.fields.payload, &cron.fields.metadata)
+            .map_err(|e| format!("invalid payload: {}", e.message()))?;
+        let (thread_id, stateless) = firing_thread(cron);
+        start_run(
+            &self.0,
+            &scope,
+            thread_id,
+            &body,
+            stateless,
+            Some(firing.id()),
+        )
+        .await
+        .map(|started| started.run.run_id)
+        .map_err(|e| e.message().to_owned())
+    }
 }
 
 #[cfg(test)]

@@ -9,14 +9,11 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use spindle_storage::{
-    CancelAction, ClaimedRun, FiringId, IfThreadMissing, LoggedEvent, MultitaskStrategy, NewRun,
-    Run, RunFilter, RunStatus, Scope,
+    CancelAction, FiringId, LoggedEvent, MultitaskStrategy, Run, RunFilter, RunStatus, Scope,
 };
-use tracing::Instrument;
 use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, SchemaType, Type};
 use utoipa::openapi::{RefOr, Schema};
 use utoipa::{IntoParams, ToSchema};
@@ -24,17 +21,18 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
+pub use spindle_execution::run_view::RunOut;
+
 use crate::error::{ApiError, ApiResult, ErrorBody, ValidationErrorBody, ValidationItem};
 use crate::extract::{ApiJson, ApiQuery, Validate, Violations};
 use crate::routes::assistants::resolve_assistant_id;
-use crate::runs::event_pump;
-use crate::runs::execute::keys;
-use crate::runs::hub::{HubMessage, Subscription};
 use crate::runs::stream::{follow_new_run, follow_stream, Follow, Target};
-use crate::runs::worker::CLEANUP_BY_WORKER;
 use crate::sse::{self, ServerSentEvent};
 use crate::state::{AppState, Caller};
 use crate::wire::{page, path_thread_id, path_uuid, validate_page, JsonObject};
+use spindle_execution::execute::keys;
+use spindle_execution::hub::{HubMessage, Subscription};
+use spindle_execution::{RunRequest, StartedRun, Stateless};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -51,72 +49,6 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(wait_stateless_run))
         .routes(routes!(create_run_batch))
         .routes(routes!(cancel_many_runs))
-}
-
-/// A run as clients read it: the fields LangGraph's clients read (`kwargs`, `metadata`,
-/// `multitask_strategy`, ...) and the interface document's (`input`, `output`,
-/// `error_message`, `config`, `context`).
-#[derive(Debug, Serialize, ToSchema)]
-pub struct RunOut {
-    pub run_id: Uuid,
-    pub thread_id: ResourceId,
-    pub assistant_id: ResourceId,
-    pub created_at: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
-    /// pending, running, error, success, timeout or interrupted.
-    pub status: String,
-    #[schema(value_type = Object)]
-    pub metadata: JsonObject,
-    /// The run's parameters: input, command, config, context, stream modes, ...
-    #[schema(value_type = Object)]
-    pub kwargs: JsonObject,
-    pub multitask_strategy: String,
-    pub user_id: Option<String>,
-    /// The input the run was given; null for a run that only resumes or continues.
-    #[schema(value_type = Option<Object>)]
-    pub input: Option<Value>,
-    /// The thread's values when the run ended; null until it ends.
-    #[schema(value_type = Option<Object>)]
-    pub output: Option<Value>,
-    /// Why the run failed; null unless it did.
-    pub error_message: Option<String>,
-    /// The configuration the run was created with.
-    #[schema(value_type = Option<Object>)]
-    pub config: Option<JsonObject>,
-    /// The context the run was created with.
-    #[schema(value_type = Option<Object>)]
-    pub context: Option<JsonObject>,
-}
-
-impl From<Run> for RunOut {
-    fn from(r: Run) -> Self {
-        let object = |key: &str| r.kwargs.get(key).and_then(Value::as_object).cloned();
-        let (config, context) = (object(keys::CONFIG), object(keys::CONTEXT));
-        let input = r.kwargs.get(keys::INPUT).cloned();
-        let error_message = r
-            .error
-            .as_ref()
-            .and_then(|e| e.get("message"))
-            .and_then(Value::as_str)
-            .map(str::to_owned);
-        Self {
-            run_id: r.run_id,
-            thread_id: r.thread_id,
-            assistant_id: r.assistant_id,
-            created_at: r.created_at,
-            updated_at: r.updated_at,
-            status: r.status.as_str().to_owned(),
-            metadata: r.metadata,
-            kwargs: r.kwargs,
-            multitask_strategy: r.multitask_strategy.as_str().to_owned(),
-            user_id: r.user_id,
-            input,
-            output: r.output,
-            error_message,
-            config,
-            context,
-        }
-    }
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, ToSchema, PartialEq, Eq)]
@@ -347,7 +279,11 @@ impl Validate for RunCreate {
         v.max_len("webhook", self.webhook.as_deref(), 2048);
         // The syntax here; where the host resolves to is checked by `start_run`, which can
         // wait for DNS.
-        if let Some(Err(refusal)) = self.webhook.as_deref().map(crate::webhook::parse) {
+        if let Some(Err(refusal)) = self
+            .webhook
+            .as_deref()
+            .map(spindle_execution::webhook::parse)
+        {
             v.push(
                 &["webhook"],
                 refusal.kind,
@@ -521,57 +457,18 @@ impl RunCreate {
     }
 }
 
-/// Who removes the thread of a stateless run, and when.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Stateless {
-    /// A run on a thread the client named.
-    No,
-    /// `on_completion=keep`: the thread stays.
-    Keep,
-    /// The handler that streams or waits deletes it once it has answered.
-    DeleteAfterResponse,
-    /// Nobody waits (`POST /runs`): the worker deletes it when the run ends.
-    DeleteByWorker,
-}
-
-impl Stateless {
-    fn of(body: &RunCreate, background: bool) -> Self {
-        match (body.on_completion.unwrap_or_default(), background) {
-            (OnCompletion::Keep, _) => Stateless::Keep,
-            (OnCompletion::Delete, true) => Stateless::DeleteByWorker,
-            (OnCompletion::Delete, false) => Stateless::DeleteAfterResponse,
-        }
-    }
-
-    fn kwarg(self) -> Option<&'static str> {
-        match self {
-            Stateless::No => None,
-            Stateless::Keep => Some("keep"),
-            Stateless::DeleteAfterResponse => Some("response"),
-            Stateless::DeleteByWorker => Some(CLEANUP_BY_WORKER),
-        }
+/// Who removes the thread of a stateless run, and when (`on_completion`; `background`: nobody
+/// waits for the run).
+fn stateless_of(body: &RunCreate, background: bool) -> Stateless {
+    match (body.on_completion.unwrap_or_default(), background) {
+        (OnCompletion::Keep, _) => Stateless::Keep,
+        (OnCompletion::Delete, true) => Stateless::DeleteByWorker,
+        (OnCompletion::Delete, false) => Stateless::DeleteAfterResponse,
     }
 }
 
-/// A run just created.
-pub(crate) struct StartedRun {
-    pub run: Run,
-    /// The thread's last logged seq, when this process claimed the run at its creation.
-    claimed_after: Option<i64>,
-}
-
-impl StartedRun {
-    /// The run's first event, when this process claimed the run at its creation and so
-    /// knows the event before its worker sends it (see [`follow_new_run`]). Made only for
-    /// the streams that send it, not for every run created.
-    fn first_event(&self) -> Option<LoggedEvent> {
-        let last_seq = self.claimed_after?;
-        Some(event_pump::first_event(&self.run, last_seq))
-    }
-}
-
-/// Creates a run on `thread_id` (pending) and wakes a worker. Every run is created here: by
-/// the run routes, and by crons when they fire (`cron_firing`, which the run's creation ends).
+/// Starts the run a body asks for on `thread_id`: by the run routes, and by crons when they
+/// fire (`cron_firing`, which the run's creation ends).
 pub(crate) async fn start_run(
     state: &AppState,
     scope: &Scope,
@@ -581,64 +478,18 @@ pub(crate) async fn start_run(
     cron_firing: Option<FiringId>,
 ) -> ApiResult<StartedRun> {
     let assistant = run_assistant(state, scope, &body.assistant_id).await?;
-    let assistant_id = assistant.assistant_id;
     check_webhook(state, body, vec![json!("body"), json!("webhook")]).await?;
-    let mut kwargs = body.kwargs();
-    if let Some(cleanup) = stateless.kwarg() {
-        kwargs.insert(keys::TEMPORARY.into(), json!(cleanup));
-    }
-    let temporary = stateless != Stateless::No;
-    let if_thread_missing = match (temporary, body.if_not_exists.unwrap_or_default()) {
-        (true, _) | (false, IfNotExists::Create) => {
-            let mut metadata = Map::new();
-            metadata.insert("graph_id".into(), json!(assistant.fields.graph_id));
-            metadata.insert("assistant_id".into(), json!(assistant_id.to_string()));
-            IfThreadMissing::Create { metadata }
-        }
-        (false, IfNotExists::Reject) => IfThreadMissing::Reject,
-    };
-    let delay = body.after_seconds.unwrap_or(0.0);
-    // With a free slot here, a run that can start now is created claimed and starts at once.
-    let slot = state.workers.reserve();
-    let new = NewRun {
-        run_id: Uuid::now_v7(),
-        thread_id,
-        assistant_id,
-        kwargs,
+    let request = RunRequest {
+        assistant,
+        kwargs: body.kwargs(),
         metadata: body.metadata.clone().unwrap_or_default(),
         multitask_strategy: body.multitask_strategy.map(Into::into).unwrap_or_default(),
-        run_after: Utc::now() + chrono::Duration::milliseconds((delay * 1000.0) as i64),
-        if_thread_missing,
-        claim: slot.as_ref().map(|slot| slot.claim.clone()),
+        after_seconds: body.after_seconds.unwrap_or(0.0),
+        create_missing_thread: body.if_not_exists.unwrap_or_default() == IfNotExists::Create,
+        stateless,
         cron_firing,
     };
-    let span = tracing::info_span!("run.create", run_id = %new.run_id, thread_id = %thread_id);
-    crate::runs::trace::tag_with_metadata(&span, &new.metadata);
-    let created = state
-        .storage
-        .create_run(scope, new)
-        .instrument(span)
-        .await?;
-    state.workers.cancel_local(&created.cancelled);
-    let claimed_after = match (created.claimed, slot) {
-        (Some(start), Some(slot)) => {
-            let claimed = ClaimedRun {
-                run: created.run.clone(),
-                last_seq: start.last_seq,
-                thread_is_new: start.thread_is_new,
-            };
-            state.workers.execute_now(slot, claimed, assistant);
-            Some(start.last_seq)
-        }
-        _ => {
-            state.workers.wake();
-            None
-        }
-    };
-    Ok(StartedRun {
-        run: created.run,
-        claimed_after,
-    })
+    Ok(state.workers.start_run(scope, thread_id, request).await?)
 }
 
 /// The assistant a run names (its id, or a graph id for the graph's default assistant), or a
@@ -735,8 +586,12 @@ fn stream_response(
             }
             if delete_after {
                 let _ = wait_for_end(&state, &scope, &done_run).await;
-                if let Err(err) =
-                    crate::runs::delete_thread(state.storage.as_ref(), &scope, thread_id).await
+                if let Err(err) = spindle_execution::threads::delete_thread(
+                    state.storage.as_ref(),
+                    &scope,
+                    thread_id,
+                )
+                .await
                 {
                     tracing::warn!(%thread_id, error = %err, "cannot delete the stateless run's thread");
                 }
@@ -940,8 +795,12 @@ fn respond_when_ended(
         };
         let _ = tx.send(Ok(bytes::Bytes::from(body.to_string()))).await;
         if temporary_delete {
-            if let Err(err) =
-                crate::runs::delete_thread(state.storage.as_ref(), &scope, run.thread_id).await
+            if let Err(err) = spindle_execution::threads::delete_thread(
+                state.storage.as_ref(),
+                &scope,
+                run.thread_id,
+            )
+            .await
             {
                 tracing::warn!(thread_id = %run.thread_id, error = %err, "cannot delete the temporary thread");
             }
@@ -1265,7 +1124,7 @@ async fn start_stateless(
     body: &RunCreate,
     background: bool,
 ) -> ApiResult<(StartedRun, Stateless)> {
-    let stateless = Stateless::of(body, background);
+    let stateless = stateless_of(body, background);
     let started = start_run(state, scope, thread_id, body, stateless, None).await?;
     Ok((started, stateless))
 }

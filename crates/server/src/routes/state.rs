@@ -25,11 +25,11 @@ use utoipa_axum::routes;
 
 use crate::error::{ApiError, ApiResult, ErrorBody, ValidationErrorBody};
 use crate::extract::{ApiJson, ApiQuery, Validate, Violations};
-use crate::runs::hub::HubMessage;
-use crate::runs::state_columns;
 use crate::runs::stream::STATE_UPDATE_EVENT;
 use crate::state::{AppState, Caller};
 use crate::wire::{page, path_thread_id};
+use spindle_execution::hub::HubMessage;
+use spindle_execution::threads::state_columns;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()

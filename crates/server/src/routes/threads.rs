@@ -20,12 +20,12 @@ use utoipa_axum::routes;
 
 use crate::error::{ApiError, ApiResult, ErrorBody, ValidationErrorBody};
 use crate::extract::{ApiJson, Validate, Violations};
-use crate::runs::execute::goto_of;
 use crate::state::{AppState, Caller};
 use crate::wire::{
     page, pagination_headers, path_thread_id, select_fields, validate_page, IfExistsWire,
     JsonObject, SortOrderWire, MAX_LIMIT,
 };
+use spindle_execution::execute::goto_of;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -459,7 +459,7 @@ async fn superstep_history(
         .ok_or_else(|| ApiError::internal("supersteps made no checkpoint"))?;
     Ok(StateWrite {
         checkpoints,
-        columns: crate::runs::state_columns(&snapshot),
+        columns: spindle_execution::threads::state_columns(&snapshot),
         // A new thread: nothing can have been written before.
         expect_latest: None,
     })
@@ -571,7 +571,7 @@ async fn delete_thread(
     let id = path_thread_id(&thread_id)?;
     state.storage.get_thread(&scope, id).await?;
     stop_active_runs(&state, &scope, id).await?;
-    crate::runs::delete_thread(state.storage.as_ref(), &scope, id).await?;
+    spindle_execution::threads::delete_thread(state.storage.as_ref(), &scope, id).await?;
     Ok(Json(json!({})))
 }
 

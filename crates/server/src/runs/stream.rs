@@ -20,10 +20,10 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use super::hub::{EventHub, HubMessage, Subscription};
 use crate::protocol::envelope::Framer;
 use crate::protocol::is_lifecycle;
 use crate::sse;
+use spindle_execution::hub::{EventHub, HubMessage, Subscription};
 
 /// How often a stream re-reads the log in case the run executes in another process.
 const POLL: Duration = Duration::from_millis(250);
@@ -166,7 +166,7 @@ pub fn follow_stream(
 /// must (a lagging subscription, a run executing in another process, the run's end).
 ///
 /// `first` is the run's first event when this process claimed the run at its creation
-/// ([`crate::runs::event_pump::first_event`]): the body then opens with it, ready before the
+/// ([`spindle_execution::first_event`]): the body then opens with it, ready before the
 /// worker has even started, and the worker's own copy of it is passed over as already sent.
 pub fn follow_new_run(
     storage: Arc<dyn Storage>,

@@ -8,22 +8,22 @@
 //! [`POLL`], so crons made by other processes are seen), then claims the due crons: storage
 //! moves each one's next due time past now in the claiming transaction (PostgreSQL skips
 //! rows another process holds), so a due time fires once, and a cron that missed several while
-//! no server ran fires once for the whole window. A firing creates a run through the same path
-//! as `POST /threads/{id}/runs` (or `POST /runs` for a cron without a thread): queue, multitask
-//! strategy, webhook.
+//! no server ran fires once for the whole window. What a firing does is the [`FireCron`] the
+//! scheduler is given: the server creates the run through the same path as
+//! `POST /threads/{id}/runs` (or `POST /runs` for a cron without a thread), as a cron's payload
+//! is a run request of its API.
 
-use spindle_storage::ResourceId;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use croner::parser::{CronParser, Seconds, Year};
-use spindle_storage::{Cron, CronFiring, OnRunCompleted, Scope};
+use spindle_storage::{Cron, CronFiring, OnRunCompleted, ResourceId, Storage};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::routes::runs::{start_run, RunCreate, Stateless};
-use crate::state::AppState;
+use crate::start::Stateless;
 
 /// The longest a scheduler sleeps without looking for due crons.
 pub const POLL: Duration = Duration::from_secs(1);
@@ -110,12 +110,23 @@ impl Scheduler {
     }
 }
 
-/// Fires due crons until `shutdown`.
-pub async fn run_scheduler(state: AppState, shutdown: CancellationToken) {
+/// What a due cron does: creates its run, and answers the run's id or why there is none.
+#[async_trait::async_trait]
+pub trait FireCron: Send + Sync {
+    async fn fire(&self, firing: &CronFiring) -> Result<Uuid, String>;
+}
+
+/// Fires due crons until `shutdown`; `scheduler` wakes it when a cron changes here.
+pub async fn run_scheduler(
+    storage: Arc<dyn Storage>,
+    scheduler: Arc<Scheduler>,
+    firer: Arc<dyn FireCron>,
+    shutdown: CancellationToken,
+) {
     while !shutdown.is_cancelled() {
-        let wait = match state.storage.next_cron_due().await {
+        let wait = match storage.next_cron_due().await {
             Ok(Some(due)) if due <= Utc::now() => {
-                fire_due(&state).await;
+                fire_due(storage.as_ref(), firer.as_ref()).await;
                 continue;
             }
             Ok(Some(due)) => (due - Utc::now()).to_std().unwrap_or_default().min(POLL),
@@ -127,19 +138,15 @@ pub async fn run_scheduler(state: AppState, shutdown: CancellationToken) {
         };
         tokio::select! {
             () = tokio::time::sleep(wait) => {}
-            () = state.crons.wake.notified() => {}
+            () = scheduler.wake.notified() => {}
             () = shutdown.cancelled() => {}
         }
     }
 }
 
 /// Claims the due crons and creates their runs.
-async fn fire_due(state: &AppState) {
-    let firings = match state
-        .storage
-        .claim_due_crons(Utc::now(), BATCH, &next_run)
-        .await
-    {
+async fn fire_due(storage: &dyn Storage, firer: &dyn FireCron) {
+    let firings = match storage.claim_due_crons(Utc::now(), BATCH, &next_run).await {
         Ok(firings) => firings,
         Err(err) => {
             tracing::warn!(error = %err, "cannot claim due crons; retrying");
@@ -149,15 +156,14 @@ async fn fire_due(state: &AppState) {
     };
     for firing in firings {
         let (cron_id, due) = (firing.cron.cron_id, firing.due);
-        let id = firing.id();
-        match fire(state, firing).await {
+        match firer.fire(&firing).await {
             Ok(run_id) => tracing::info!(%cron_id, %due, %run_id, "cron fired"),
             Err(message) => {
                 // Also when the firing is no longer in flight: the cron was disabled meanwhile,
                 // or another scheduler made it (this one was thought dead). Then the release
                 // finds nothing in flight and changes nothing.
                 tracing::warn!(%cron_id, %due, error = %message, "cron firing created no run");
-                if let Err(err) = state.storage.release_cron_firing(id).await {
+                if let Err(err) = storage.release_cron_firing(firing.id()).await {
                     // Taken over after FIRING_LEASE, and most likely refused again.
                     tracing::warn!(%cron_id, %due, error = %err, "cannot release the cron firing");
                 }
@@ -166,16 +172,9 @@ async fn fire_due(state: &AppState) {
     }
 }
 
-/// The run request a cron makes: its payload, with its metadata, checked as at the cron's
-/// creation.
-pub fn run_request(cron: &Cron) -> Result<RunCreate, String> {
-    crate::routes::crons::run_of(&cron.fields.payload, &cron.fields.metadata)
-        .map_err(|e| format!("invalid payload: {}", e.message()))
-}
-
 /// Where a cron's run goes: the cron's thread, or a new thread that the worker removes after
 /// the run (`on_run_completed: delete`, the default) or keeps.
-pub(crate) fn firing_thread(cron: &Cron) -> (ResourceId, Stateless) {
+pub fn firing_thread(cron: &Cron) -> (ResourceId, Stateless) {
     match cron.thread_id {
         Some(thread_id) => (thread_id, Stateless::No),
         None => match cron.fields.on_run_completed {
@@ -183,25 +182,6 @@ pub(crate) fn firing_thread(cron: &Cron) -> (ResourceId, Stateless) {
             _ => (ResourceId::generate(), Stateless::DeleteByWorker),
         },
     }
-}
-
-/// Creates the run of one due time (see [`firing_thread`]).
-async fn fire(state: &AppState, firing: CronFiring) -> Result<Uuid, String> {
-    let cron = &firing.cron;
-    let scope = Scope::new(cron.user_id.clone().unwrap_or_default());
-    let body = run_request(cron)?;
-    let (thread_id, stateless) = firing_thread(cron);
-    start_run(
-        state,
-        &scope,
-        thread_id,
-        &body,
-        stateless,
-        Some(firing.id()),
-    )
-    .await
-    .map(|started| started.run.run_id)
-    .map_err(|e| e.message().to_owned())
 }
 
 #[cfg(test)]

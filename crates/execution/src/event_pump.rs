@@ -19,9 +19,9 @@ use spindle_graph::stream::StreamEvent;
 use spindle_storage::{LoggedEvent, LoggedSave, Run, Storage, UNLOGGED_EVENTS_MAX};
 use tokio::sync::mpsc;
 
-use super::hub::{EventHub, HubMessage};
-use super::logged_saves::SaveRequest;
-use crate::protocol::{normalize, normalize::Normalizer};
+use crate::hub::{EventHub, HubMessage};
+use crate::logged_saves::SaveRequest;
+use crate::v2_events::{normalize, normalize::Normalizer};
 
 /// Most events one log write carries; a model streaming tokens fills batches, not transactions.
 /// At most this many events (plus a final `error`) are streamed but not logged at any time,

@@ -6,7 +6,7 @@
 //! engine's `tools` mode as tools start and end, or else from the tool calls a model made and
 //! the tool messages that answer them); `input.requested` from an
 //! interrupt; the run's `lifecycle`. Everything else is logged as the engine made it and
-//! shaped by the read side ([`super::envelope`]), which also serves plain runs.
+//! shaped by the read side (the server's `protocol::envelope`), which also serves plain runs.
 //!
 //! As in the reference, the `messages` channel carries what a chat model streams, and only
 //! that: a message a node returns whole (an AI message with tool calls, a tool message) is in
@@ -18,8 +18,7 @@ use serde_json::{json, Map, Value};
 use spindle_graph::stream::{StreamEvent, StreamMode};
 use spindle_storage::{RunStatus, ThreadStatus};
 
-use super::envelope::input_requested;
-use super::join_name;
+use super::{input_requested, join_name};
 
 /// A protocol event ready to be numbered and logged: `(event name, data)`.
 pub type Logged = (String, Value);

@@ -26,13 +26,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use super::event_pump::{logged, pump_events, ProtocolLog};
-use super::execute::{keys, resumed, run_config, run_input, Resumed};
-use super::hub::{EndedRun, EventHub, HubMessage};
-use super::logged_saves::LoggedSaves;
+use crate::event_pump::{logged, pump_events, ProtocolLog};
+use crate::execute::{keys, resumed, run_config, run_input, Resumed};
 use crate::graphs::GraphRegistry;
-use crate::protocol::{self, normalize, normalize::Normalizer};
+use crate::hub::{EndedRun, EventHub, HubMessage};
+use crate::logged_saves::LoggedSaves;
 use crate::store::{GraphStore, StoreConfig};
+use crate::v2_events::{self, normalize, normalize::Normalizer};
 use crate::webhook::{self, Webhooks};
 
 #[derive(Debug, Clone)]
@@ -75,7 +75,7 @@ impl Default for WorkerConfig {
 pub const CLEANUP_BY_WORKER: &str = "worker";
 
 pub struct RunWorkers {
-    storage: Arc<dyn Storage>,
+    pub(crate) storage: Arc<dyn Storage>,
     graphs: Arc<GraphRegistry>,
     hub: Arc<EventHub>,
     webhooks: Arc<Webhooks>,
@@ -299,7 +299,7 @@ impl RunWorkers {
             .map(|(assistant, _)| assistant.fields.graph_id.clone());
         let protocol_log = graph_name.clone().map(|graph_name| ProtocolLog {
             graph_name,
-            normalizer: protocol::is_v2_run(run).then(Normalizer::default),
+            normalizer: v2_events::is_v2_run(run).then(Normalizer::default),
         });
         // Why the run failed, set before the sink closes: the pump ends open messages with it.
         let failed = Arc::new(OnceLock::new());
@@ -387,7 +387,10 @@ impl RunWorkers {
                 let checkpoint = snapshot
                     .as_ref()
                     .map(|s| s.checkpoint.checkpoint_id.clone());
-                (snapshot.as_ref().map(super::state_columns), checkpoint)
+                (
+                    snapshot.as_ref().map(crate::threads::state_columns),
+                    checkpoint,
+                )
             }
             (Err(_), _) => (None, None),
         };
@@ -441,7 +444,7 @@ impl RunWorkers {
         }
         if run.kwargs.get(keys::TEMPORARY).and_then(Value::as_str) == Some(CLEANUP_BY_WORKER) {
             if let Err(err) =
-                super::delete_thread(self.storage.as_ref(), &scope, run.thread_id).await
+                crate::threads::delete_thread(self.storage.as_ref(), &scope, run.thread_id).await
             {
                 tracing::warn!(error = %err, "cannot delete the stateless run's thread");
             }
@@ -705,7 +708,7 @@ mod tests {
                     let (columns, checkpoint) = finished_state(&done);
                     assert_eq!(
                         columns,
-                        Some(crate::runs::state_columns(&snapshot)),
+                        Some(crate::threads::state_columns(&snapshot)),
                         "{case}"
                     );
                     assert_eq!(

@@ -82,7 +82,7 @@ fn command_input(command: &Value) -> RunInput {
 }
 
 /// A `goto` item of a command: a node name or a `Send` (`{node, arg}`).
-pub(crate) fn goto_of(item: &Value) -> Option<Goto> {
+pub fn goto_of(item: &Value) -> Option<Goto> {
     match item {
         Value::String(node) => Some(Goto::Node(node.clone())),
         Value::Object(send) => Some(Goto::Send {

@@ -32,7 +32,7 @@ use spindle_storage::Run;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use crate::routes::runs::RunOut;
+use crate::run_view::RunOut;
 
 /// Webhook settings.
 #[derive(Debug, Clone)]

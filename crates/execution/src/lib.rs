@@ -1,0 +1,32 @@
+//! Run execution, apart from HTTP: the queue's workers that claim runs and execute their
+//! graphs, the event pump that logs and streams what a run emits, the live event hub, the
+//! cron scheduler, webhook delivery, the long-term store as graphs reach it, and the graphs
+//! this process serves.
+//!
+//! The HTTP server (`spindle-server`) maps requests to calls here and to storage; nothing here
+//! knows HTTP. Starting a run (`RunWorkers::start_run`) is the one way every run begins: from
+//! the run routes, and from crons when they fire.
+
+pub mod crons;
+mod event_pump;
+pub mod execute;
+pub mod graphs;
+pub mod hub;
+mod logged_saves;
+pub mod retention;
+pub mod run_view;
+pub mod start;
+pub mod store;
+pub mod threads;
+pub mod trace;
+pub mod v2_events;
+pub mod webhook;
+pub mod worker;
+
+pub use event_pump::first_event;
+pub use graphs::{default_assistant_id, GraphRegistry};
+pub use hub::{EndedRun, EventHub, HubMessage, Subscription};
+pub use start::{RunRequest, StartedRun, Stateless};
+pub use store::StoreConfig;
+pub use webhook::{WebhookConfig, Webhooks};
+pub use worker::{RunWorkers, WorkerConfig, CLEANUP_BY_WORKER};
