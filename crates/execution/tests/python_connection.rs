@@ -166,7 +166,7 @@ async fn incoming_requests_are_answered_and_a_slow_one_holds_up_nothing() {
         .unwrap();
     peer.send(req(3, "fenced", Value::Nil)).await.unwrap();
     peer.send(req(4, "nope", Value::Nil)).await.unwrap();
-    let mut replies = vec![
+    let mut replies = [
         next(&mut peer).await,
         next(&mut peer).await,
         next(&mut peer).await,

@@ -277,39 +277,40 @@ async fn a_run_of_chain_end_to_end_with_checkpoints_kept_in_rust() {
     assert_eq!(final_json["values"], serde_json::json!({"n": 3}));
     assert_eq!(final_json["next"], serde_json::json!([]));
 
-    let memory = spindle.memory.lock().unwrap();
-    assert_eq!(memory.violations, Vec::<String>::new());
-    let names: Vec<&str> = memory
-        .events
-        .iter()
-        .map(|(name, _)| name.as_str())
-        .collect();
-    assert!(
-        names.contains(&"values") && names.contains(&"checkpoints"),
-        "{names:?}"
-    );
-    let last_values = memory
-        .events
-        .iter()
-        .rev()
-        .find(|(name, _)| name == "values")
-        .unwrap();
-    let last_values: serde_json::Value = serde_json::from_slice(&last_values.1).unwrap();
-    assert_eq!(last_values, serde_json::json!({"n": 3}));
-    // Every step was saved, each save after the events produced before it.
-    let puts: Vec<usize> = memory
-        .saves
-        .iter()
-        .filter(|s| s.0 == "cp.put")
-        .map(|s| s.1)
-        .collect();
-    assert!(puts.len() >= 4, "input + 3 steps: {:?}", memory.saves);
-    assert!(puts.windows(2).all(|w| w[0] <= w[1]), "{puts:?}");
-    assert!(
-        puts[1..].iter().all(|&n| n > 0),
-        "later saves come after events: {puts:?}"
-    );
-    drop(memory);
+    {
+        let memory = spindle.memory.lock().unwrap();
+        assert_eq!(memory.violations, Vec::<String>::new());
+        let names: Vec<&str> = memory
+            .events
+            .iter()
+            .map(|(name, _)| name.as_str())
+            .collect();
+        assert!(
+            names.contains(&"values") && names.contains(&"checkpoints"),
+            "{names:?}"
+        );
+        let last_values = memory
+            .events
+            .iter()
+            .rev()
+            .find(|(name, _)| name == "values")
+            .unwrap();
+        let last_values: serde_json::Value = serde_json::from_slice(&last_values.1).unwrap();
+        assert_eq!(last_values, serde_json::json!({"n": 3}));
+        // Every step was saved, each save after the events produced before it.
+        let puts: Vec<usize> = memory
+            .saves
+            .iter()
+            .filter(|s| s.0 == "cp.put")
+            .map(|s| s.1)
+            .collect();
+        assert!(puts.len() >= 4, "input + 3 steps: {:?}", memory.saves);
+        assert!(puts.windows(2).all(|w| w[0] <= w[1]), "{puts:?}");
+        assert!(
+            puts[1..].iter().all(|&n| n > 0),
+            "later saves come after events: {puts:?}"
+        );
+    }
 
     // The state the worker reads back through cp.get is the one the handler kept.
     let state_get = serde_json::json!({
@@ -461,13 +462,16 @@ struct Memory {
     /// (thread, ns, channel, version) -> (type, bytes)
     blobs: HashMap<(String, String, String, u64), (Value, Value)>,
     /// (thread, ns, checkpoint id) -> (task_path, task_id, idx) -> [task_id, channel, type, bytes]
-    writes: HashMap<(String, String, String), BTreeMap<(String, String, i64), Value>>,
+    writes: HashMap<(String, String, String), TaskWrites>,
     events: Vec<(String, Vec<u8>)>,
     /// (op, events received before it)
     saves: Vec<(String, usize)>,
     built_on: HashSet<String>,
     violations: Vec<String>,
 }
+
+/// (task_path, task_id, idx) -> [task_id, channel, type, bytes], in LangGraph's order.
+type TaskWrites = BTreeMap<(String, String, i64), Value>;
 
 struct Saved {
     checkpoint: Value,
