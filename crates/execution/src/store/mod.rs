@@ -19,6 +19,11 @@ use tokio_util::sync::CancellationToken;
 pub use embed::{Embedder, HashEmbedder, OpenAiEmbedder};
 pub use for_graphs::GraphStore;
 
+/// Whether this build has the `local:<folder>` MiniLM embedder (cargo feature
+/// `local-embeddings` of this crate, which the server's and the binary's features enable):
+/// what `/info` reports, from where the embedder is compiled.
+pub const LOCAL_EMBEDDINGS: bool = cfg!(feature = "local-embeddings");
+
 /// Store settings (`store.ttl` and `store.index` of the config file).
 #[derive(Clone)]
 pub struct StoreConfig {

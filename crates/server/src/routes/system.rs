@@ -82,7 +82,7 @@ async fn info(State(state): State<AppState>) -> Json<Value> {
         "database": state.storage.backend().as_str(),
         "graphs": state.graphs.ids().collect::<Vec<_>>(),
         // Optional parts compiled into this build (cargo features).
-        "features": if cfg!(feature = "local-embeddings") { vec!["local-embeddings"] } else { Vec::<&str>::new() },
+        "features": if spindle_execution::store::LOCAL_EMBEDDINGS { vec!["local-embeddings"] } else { Vec::<&str>::new() },
         "flags": {
             "assistants": true,
             "crons": true,
