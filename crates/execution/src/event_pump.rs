@@ -36,7 +36,7 @@ const LOG_LINGER: Duration = Duration::from_millis(50);
 
 /// The first event of a run's attempt, numbered after `last_seq`, the thread's last logged
 /// event when the run was claimed: `metadata {run_id, attempt}`. The worker logs it; a stream
-/// of a run claimed at its creation sends it at once (see `crate::runs::stream`).
+/// of a run claimed at its creation sends it at once (the server's `runs::stream`).
 pub fn first_event(run: &Run, last_seq: i64) -> LoggedEvent {
     let data = json!({"run_id": run.run_id.to_string(), "attempt": run.attempt});
     logged(run, last_seq + 1, "metadata".to_owned(), data)
