@@ -145,6 +145,35 @@ def ttl_server(request: pytest.FixtureRequest):
     yield from _session_server(request.param, extra_args=TTL_SERVER_ARGS)
 
 
+# The Python twins of the example graphs (../shared/ref), served through Spindle's Python
+# workers, with the interpreter that has `spindle_worker` and LangGraph installed.
+REF_PROJECT = Path(__file__).resolve().parents[2].parent / "shared" / "ref"
+WORKER_PYTHON = os.environ.get("SPINDLE_TEST_PYTHON", "").strip()
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def python_server(request: pytest.FixtureRequest):
+    """A server whose graphs are LangGraph Python graphs: the reference's own project
+    (``../shared/ref/langgraph.json``), run by Spindle's Python workers."""
+    if request.param != "external":
+        if not WORKER_PYTHON:
+            if os.environ.get("SPINDLE_TEST_REQUIRE_PYTHON") == "1":
+                pytest.fail("SPINDLE_TEST_REQUIRE_PYTHON=1 but SPINDLE_TEST_PYTHON is not set")
+            pytest.skip("SPINDLE_TEST_PYTHON (a Python with spindle_worker installed) is not set")
+        if not (REF_PROJECT / "langgraph.json").is_file():
+            pytest.fail(f"the reference project is not at {REF_PROJECT}")
+    args = ["--config", str(REF_PROJECT / "langgraph.json"), "--python", WORKER_PYTHON]
+    yield from _session_server(request.param, extra_args=args)
+
+
+@pytest.fixture
+def python_client(python_server: harness.Server):
+    """The official async client, on ``python_server``."""
+    c = get_client(url=python_server.base_url, api_key=None, timeout=30)
+    yield c
+    _loop().run_until_complete(c.aclose())
+
+
 @pytest.fixture
 def ttl_client(ttl_server: harness.Server):
     """The official async client, on ``ttl_server``."""

@@ -16,9 +16,29 @@ pub fn default_assistant_id(graph_id: &str) -> ResourceId {
     Uuid::new_v5(&ASSISTANT_NAMESPACE, graph_id.as_bytes()).into()
 }
 
+/// A graph this server runs: a graph file, run by Spindle's engine, or a LangGraph Python
+/// graph, run by the Python workers.
+#[derive(Clone)]
+pub enum LoadedGraph {
+    Engine(Arc<Graph>),
+    Python(PythonGraph),
+}
+
+/// A Python graph as the workers loaded it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PythonGraph {
+    /// `./path/file.py:name` or `package.module:name`.
+    pub spec: String,
+    /// What the spec named (`compiled`, `state_graph`, `factory`); `None` when it failed to
+    /// load.
+    pub kind: Option<String>,
+    /// Why it failed to load (`ExceptionClass: message`): its runs fail with this.
+    pub error: Option<String>,
+}
+
 #[derive(Default)]
 pub struct GraphRegistry {
-    graphs: BTreeMap<String, Arc<Graph>>,
+    graphs: BTreeMap<String, LoadedGraph>,
 }
 
 impl GraphRegistry {
@@ -27,15 +47,45 @@ impl GraphRegistry {
     }
 
     pub fn insert(&mut self, graph_id: impl Into<String>, graph: Graph) {
-        self.graphs.insert(graph_id.into(), Arc::new(graph));
+        self.graphs
+            .insert(graph_id.into(), LoadedGraph::Engine(Arc::new(graph)));
     }
 
-    pub fn get(&self, graph_id: &str) -> Option<&Arc<Graph>> {
+    pub fn insert_python(&mut self, graph_id: impl Into<String>, graph: PythonGraph) {
+        self.graphs
+            .insert(graph_id.into(), LoadedGraph::Python(graph));
+    }
+
+    /// The graph, whichever runs it.
+    pub fn loaded(&self, graph_id: &str) -> Option<&LoadedGraph> {
         self.graphs.get(graph_id)
+    }
+
+    /// A graph file's graph (`None` for a Python graph).
+    pub fn get(&self, graph_id: &str) -> Option<&Arc<Graph>> {
+        match self.graphs.get(graph_id)? {
+            LoadedGraph::Engine(graph) => Some(graph),
+            LoadedGraph::Python(_) => None,
+        }
+    }
+
+    /// A Python graph (`None` for a graph file's).
+    pub fn python(&self, graph_id: &str) -> Option<&PythonGraph> {
+        match self.graphs.get(graph_id)? {
+            LoadedGraph::Python(graph) => Some(graph),
+            LoadedGraph::Engine(_) => None,
+        }
     }
 
     pub fn contains(&self, graph_id: &str) -> bool {
         self.graphs.contains_key(graph_id)
+    }
+
+    /// Whether any graph runs on Python workers.
+    pub fn has_python(&self) -> bool {
+        self.graphs
+            .values()
+            .any(|g| matches!(g, LoadedGraph::Python(_)))
     }
 
     /// Graph ids in a stable (sorted) order.

@@ -13,7 +13,6 @@ pub mod execute;
 pub mod graphs;
 pub mod hub;
 mod logged_saves;
-#[cfg(unix)]
 pub mod python;
 pub mod retention;
 pub mod run_view;

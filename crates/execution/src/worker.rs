@@ -28,7 +28,8 @@ use uuid::Uuid;
 
 use crate::event_pump::{logged, pump_events, ProtocolLog};
 use crate::execute::{keys, resumed, run_config, run_input, Resumed};
-use crate::graphs::GraphRegistry;
+use crate::graphs::{GraphRegistry, LoadedGraph};
+use crate::python::pool::PythonPool;
 use crate::hub::{EndedRun, EventHub, HubMessage};
 use crate::logged_saves::LoggedSaves;
 use crate::store::{GraphStore, StoreConfig};
@@ -87,6 +88,8 @@ pub struct RunWorkers {
     slots: Arc<Semaphore>,
     /// Cancel tokens of the runs executing in this process, for immediate local cancels.
     executing: Mutex<HashMap<Uuid, CancellationToken>>,
+    /// The workers that run Python graphs, when the server has any.
+    python: OnceLock<Arc<PythonPool>>,
 }
 
 impl RunWorkers {
@@ -107,7 +110,20 @@ impl RunWorkers {
             worker_id: format!("{}-{}", std::process::id(), Uuid::new_v4().simple()),
             wake: Notify::new(),
             executing: Mutex::new(HashMap::new()),
+            python: OnceLock::new(),
         }
+    }
+
+    /// The Python workers that run the registry's Python graphs (set once, at start-up).
+    pub fn set_python(&self, pool: Arc<PythonPool>) {
+        if self.python.set(pool).is_err() {
+            tracing::warn!("the Python worker pool was set twice; keeping the first");
+        }
+    }
+
+    /// The Python workers, when the server runs Python graphs.
+    pub fn python(&self) -> Option<&Arc<PythonPool>> {
+        self.python.get()
     }
 
     /// Starts the worker loops; they stop when `shutdown` is cancelled.
@@ -248,7 +264,11 @@ impl RunWorkers {
             .unwrap_or_else(|e| e.into_inner())
             .remove(&run.run_id);
         match result {
-            Ok((status, ended)) => {
+            Ok(None) => {
+                tracing::warn!("run handed back to the queue: it resumes from its last checkpoint");
+                self.wake();
+            }
+            Ok(Some((status, ended))) => {
                 tracing::info!(
                     status = status.as_str(),
                     elapsed_ms = started.elapsed().as_millis() as u64,
@@ -276,7 +296,7 @@ impl RunWorkers {
         claimed: &ClaimedRun,
         assistant: Option<Assistant>,
         cancel: &CancellationToken,
-    ) -> Result<(RunStatus, Option<Arc<EndedRun>>), String> {
+    ) -> Result<Option<(RunStatus, Option<Arc<EndedRun>>)>, String> {
         let run = &claimed.run;
         let scope = Scope::new(run.user_id.clone().unwrap_or_default());
         // The engine's saves go through the event pump, which stores each with the events
@@ -321,9 +341,8 @@ impl RunWorkers {
             cancel.clone(),
         ));
 
-        // `saves`: those the engine left queued when the run went to its end (see below).
-        let (outcome, saves) = match &prepared {
-            Ok((assistant, graph)) => {
+        let mut ran = match &prepared {
+            Ok((assistant, Executable::Engine(graph))) => {
                 let env = RunEnv {
                     checkpointer: Some(checkpointer.clone()),
                     store: Some(Arc::new(GraphStore::new(
@@ -334,35 +353,26 @@ impl RunWorkers {
                     sink: Some(sink.clone()),
                     cancel: cancel.clone(),
                 };
-                let resumed = resumed_from(checkpointer.as_ref(), run).await;
-                let input = run_input(&run.kwargs, resumed);
-                let mut config = run_config(run, assistant);
-                config.new_thread = claimed.thread_is_new;
-                if resumed == Resumed::FromItsCheckpoint {
-                    // A fork was made by the first attempt; go on from where it got to.
-                    config.checkpoint_id = None;
-                }
-                let future = pregel::run_leaving_saves(graph, input, config, env);
-                let result = match self.config.run_timeout {
-                    Some(limit) => tokio::time::timeout(limit, future)
-                        .await
-                        .unwrap_or(Err(RunError::Cancelled)),
-                    None => future.await,
-                };
-                match result {
-                    Ok((done, saves)) => (Ok(done), saves),
-                    Err(e) => (Err(Failure::from(e)), None),
-                }
+                self.run_engine(claimed, assistant, graph, env).await
             }
-            Err(msg) => (Err(Failure::Setup(msg.clone())), None),
+            Ok((assistant, Executable::Python)) => {
+                let route = crate::python::executor::RunRoute {
+                    sink: sink.clone(),
+                    saves: checkpointer.clone(),
+                    scope: scope.clone(),
+                };
+                self.run_python(claimed, assistant, route, cancel).await
+            }
+            Err(msg) => Ran::NotStarted(Failure::Setup(msg.clone())),
         };
+        let failure = ran.failure();
         let timed_out =
-            matches!(outcome, Err(Failure::Run(RunError::Cancelled))) && !cancel.is_cancelled();
+            matches!(failure, Some(Failure::Run(RunError::Cancelled))) && !cancel.is_cancelled();
         // The run's `error` event; a cancel the caller asked for is not one.
-        let error = match &outcome {
-            Err(Failure::Run(RunError::Cancelled)) if !timed_out => None,
-            Err(failure) => Some(failure.body()),
-            Ok(_) => None,
+        let error = match failure {
+            Some(Failure::Run(RunError::Cancelled)) if !timed_out => None,
+            Some(failure) => Some(failure.body()),
+            None => None,
         };
         if let Some(body) = &error {
             let _ = failed.set(body["message"].as_str().unwrap_or_default().to_owned());
@@ -370,6 +380,13 @@ impl RunWorkers {
         drop(sink);
         renewal.abort();
         let mut tail = pump.await.map_err(|e| e.to_string())??;
+        if let Ran::HandedBack(why) = &ran {
+            // As after a crash: the events after the last save are dropped (the next attempt
+            // runs that step again, and tells of it again), and the run is claimable at once.
+            tracing::warn!(reason = %why, "the run's Python worker was lost");
+            self.release(run.run_id).await;
+            return Ok(None);
+        }
         if let Some(body) = error {
             tail.seq += 1;
             let event = logged(run, tail.seq, "error".into(), body);
@@ -378,11 +395,11 @@ impl RunWorkers {
             tail.events.push(event);
         }
 
-        let (columns, checkpoint) = match (&prepared, &outcome) {
-            (_, Ok(done)) if done.next.is_empty() && done.interrupts.is_empty() => {
-                finished_state(done)
-            }
-            (Ok((_, graph)), _) => {
+        let (columns, checkpoint) = match &ran {
+            Ran::Engine {
+                outcome: Ok(done), ..
+            } if done.next.is_empty() && done.interrupts.is_empty() => finished_state(done),
+            Ran::Engine { graph, .. } => {
                 let snapshot = latest_state(graph, checkpointer.as_ref(), run).await;
                 let checkpoint = snapshot
                     .as_ref()
@@ -392,9 +409,11 @@ impl RunWorkers {
                     checkpoint,
                 )
             }
-            (Err(_), _) => (None, None),
+            Ran::Python { columns, .. } => (columns.clone(), None),
+            Ran::NotStarted(_) | Ran::HandedBack(_) => (None, None),
         };
-        let mut end = run_end(&outcome, timed_out, columns);
+        let mut end = run_end(ran.failure(), timed_out, columns);
+        let saves = ran.take_saves();
         if let Some(graph) = &graph_name {
             // The run's lifecycle end, committed with the run's end.
             let (name, data) = normalize::terminal(
@@ -449,7 +468,7 @@ impl RunWorkers {
                 tracing::warn!(error = %err, "cannot delete the stateless run's thread");
             }
         }
-        Ok((status, announced))
+        Ok(Some((status, announced)))
     }
 
     /// Sends the run's end to its webhook in the background, once the end is committed: a
@@ -471,7 +490,7 @@ impl RunWorkers {
         run: &Run,
         scope: &Scope,
         known: Option<Assistant>,
-    ) -> Result<(Assistant, Arc<Graph>), String> {
+    ) -> Result<(Assistant, Executable), String> {
         let assistant = match known {
             Some(assistant) => assistant,
             None => self
@@ -480,17 +499,187 @@ impl RunWorkers {
                 .await
                 .map_err(|e| format!("assistant {}: {e}", run.assistant_id))?,
         };
-        let graph = self
-            .graphs
-            .get(&assistant.fields.graph_id)
-            .cloned()
-            .ok_or_else(|| {
-                format!(
-                    "graph '{}' is not loaded in this server",
-                    assistant.fields.graph_id
-                )
-            })?;
-        Ok((assistant, graph))
+        let graph_id = &assistant.fields.graph_id;
+        let executable = match self.graphs.loaded(graph_id) {
+            Some(LoadedGraph::Engine(graph)) => Executable::Engine(graph.clone()),
+            Some(LoadedGraph::Python(_)) => Executable::Python,
+            None => return Err(format!("graph '{graph_id}' is not loaded in this server")),
+        };
+        Ok((assistant, executable))
+    }
+
+    /// Runs a graph file's graph on Spindle's engine.
+    async fn run_engine(
+        &self,
+        claimed: &ClaimedRun,
+        assistant: &Assistant,
+        graph: &Arc<Graph>,
+        env: RunEnv,
+    ) -> Ran {
+        let run = &claimed.run;
+        let checkpointer = env.checkpointer.clone();
+        let resumed = match &checkpointer {
+            Some(checkpointer) => resumed_from(checkpointer.as_ref(), run).await,
+            None => Resumed::No,
+        };
+        let input = run_input(&run.kwargs, resumed);
+        let mut config = run_config(run, assistant);
+        config.new_thread = claimed.thread_is_new;
+        if resumed == Resumed::FromItsCheckpoint {
+            // A fork was made by the first attempt; go on from where it got to.
+            config.checkpoint_id = None;
+        }
+        let future = pregel::run_leaving_saves(graph, input, config, env);
+        let result = match self.config.run_timeout {
+            Some(limit) => tokio::time::timeout(limit, future)
+                .await
+                .unwrap_or(Err(RunError::Cancelled)),
+            None => future.await,
+        };
+        let (outcome, saves) = match result {
+            Ok((done, saves)) => (Ok(done), saves),
+            Err(e) => (Err(Failure::from(e)), None),
+        };
+        Ran::Engine {
+            graph: graph.clone(),
+            outcome,
+            saves,
+        }
+    }
+
+    /// Runs a Python graph on a worker of the pool.
+    async fn run_python(
+        &self,
+        claimed: &ClaimedRun,
+        assistant: &Assistant,
+        route: crate::python::executor::RunRoute,
+        cancel: &CancellationToken,
+    ) -> Ran {
+        use crate::python::executor::{self, PythonEnd};
+        let Some(pool) = self.python.get() else {
+            return Ran::NotStarted(Failure::Setup(
+                "this server has no Python workers to run a Python graph".into(),
+            ));
+        };
+        let run = &claimed.run;
+        let resumed = resumed_from(route.saves.as_ref(), run).await;
+        let start = crate::python::start::start_run(run, assistant, resumed);
+        // A time limit stops the run as a cancel does; `cancel` itself stays unset, which is
+        // how the end tells a timeout from a cancel request.
+        let stop = cancel.child_token();
+        let _timer = self.config.run_timeout.map(|limit| {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(limit).await;
+                stop.cancel();
+            })
+            .abort_handle()
+        });
+        let key = (run.run_id, run.attempt);
+        let end = executor::execute(pool, key, start, route, &stop).await;
+        if let Some(timer) = _timer {
+            timer.abort();
+        }
+        match end {
+            PythonEnd::Done(done) => python_ran(done),
+            PythonEnd::CancelUnconfirmed => Ran::Python {
+                outcome: Err(Failure::Run(RunError::Cancelled)),
+                columns: None,
+            },
+            PythonEnd::WorkerLost(why) => Ran::HandedBack(why),
+            PythonEnd::Refused(body) => Ran::NotStarted(Failure::Worker(body)),
+        }
+    }
+
+    /// Gives up this process's claim on a run so that a claim loop takes it at once, as
+    /// its next attempt (a lease that ends now is one any worker may take over).
+    async fn release(&self, run_id: Uuid) {
+        if let Err(err) = self
+            .storage
+            .renew_lease(run_id, &self.worker_id, Duration::ZERO)
+            .await
+        {
+            tracing::warn!(error = %err, "cannot hand the run back; it is resumed once its lease expires");
+        }
+    }
+}
+
+/// What a run executes.
+enum Executable {
+    /// A graph file's graph, on Spindle's engine.
+    Engine(Arc<Graph>),
+    /// A Python graph, on a worker of the pool.
+    Python,
+}
+
+/// How a run's execution went, whichever executor ran it.
+enum Ran {
+    Engine {
+        graph: Arc<Graph>,
+        outcome: Result<RunOutcome, Failure>,
+        /// Saves the engine left queued when the run went to its end.
+        saves: Option<WriteReceipt>,
+    },
+    Python {
+        outcome: Result<(), Failure>,
+        /// The thread's state after the run, as the worker read it.
+        columns: Option<ThreadStateColumns>,
+    },
+    /// The run could not start (its assistant or graph is gone).
+    NotStarted(Failure),
+    /// Its worker died with it: back to the queue, to resume from its last checkpoint.
+    HandedBack(String),
+}
+
+impl Ran {
+    fn failure(&self) -> Option<&Failure> {
+        match self {
+            Ran::Engine { outcome, .. } => outcome.as_ref().err(),
+            Ran::Python { outcome, .. } => outcome.as_ref().err(),
+            Ran::NotStarted(failure) => Some(failure),
+            Ran::HandedBack(_) => None,
+        }
+    }
+
+    fn take_saves(&mut self) -> Option<WriteReceipt> {
+        match self {
+            Ran::Engine { saves, .. } => saves.take(),
+            _ => None,
+        }
+    }
+}
+
+/// A Python run's end as the worker reported it.
+fn python_ran(done: crate::python::calls::RunDone) -> Ran {
+    let columns = done
+        .final_state
+        .as_ref()
+        .and_then(|bytes| serde_json::from_slice::<Value>(bytes).ok())
+        .map(final_columns);
+    let outcome = match done.status.as_str() {
+        "success" | "interrupted" => Ok(()),
+        "cancelled" => Err(Failure::Run(RunError::Cancelled)),
+        _ => Err(Failure::Worker(done.error.unwrap_or_else(|| {
+            json!({"error": "WorkerError", "message": format!("the run ended {}", done.status)})
+        }))),
+    };
+    if let (Err(Failure::Worker(body)), Some(traceback)) = (&outcome, &done.traceback) {
+        tracing::warn!(error = %body, %traceback, "the run's graph raised");
+    }
+    Ran::Python { outcome, columns }
+}
+
+/// The thread's columns from a worker's `final`: `{values, next, interrupts}`.
+fn final_columns(state: Value) -> ThreadStateColumns {
+    let next = state["next"].as_array().is_some_and(|n| !n.is_empty());
+    ThreadStateColumns {
+        status: if next {
+            ThreadStatus::Interrupted
+        } else {
+            ThreadStatus::Idle
+        },
+        values: Some(state["values"].clone()),
+        interrupts: state["interrupts"].as_object().cloned().unwrap_or_default(),
     }
 }
 
@@ -507,6 +696,9 @@ enum Failure {
     Run(RunError),
     /// The run could not start (its assistant or graph is gone).
     Setup(String),
+    /// A Python worker's `{error, message}`: the exception the graph raised, or why the
+    /// worker could not run it.
+    Worker(Value),
 }
 
 impl From<RunError> for Failure {
@@ -520,6 +712,7 @@ impl Failure {
         match self {
             Failure::Run(e) => json!({"error": e.class(), "message": e.message()}),
             Failure::Setup(msg) => json!({"error": "RunSetupError", "message": msg}),
+            Failure::Worker(body) => body.clone(),
         }
     }
 }
@@ -527,7 +720,7 @@ impl Failure {
 /// The run's status and its thread's new state, as api-facts describes: the thread is `error`
 /// if the run raised, else `interrupted` when the checkpoint has next nodes, else `idle`.
 fn run_end(
-    outcome: &Result<RunOutcome, Failure>,
+    failure: Option<&Failure>,
     timed_out: bool,
     columns: Option<ThreadStateColumns>,
 ) -> RunEnd {
@@ -535,17 +728,17 @@ fn run_end(
     let (thread_values, thread_interrupts) = columns
         .map(|c| (c.values, c.interrupts))
         .unwrap_or_default();
-    let (status, error, thread_status) = match outcome {
-        Ok(_) => (RunStatus::Success, None, idle_or_interrupted),
-        Err(Failure::Run(RunError::Cancelled)) if timed_out => (
+    let (status, error, thread_status) = match failure {
+        None => (RunStatus::Success, None, idle_or_interrupted),
+        Some(Failure::Run(RunError::Cancelled)) if timed_out => (
             RunStatus::Timeout,
             Some(json!({"error": "TimeoutError", "message": "the run exceeded its time limit"})),
             ThreadStatus::Error,
         ),
-        Err(Failure::Run(RunError::Cancelled)) => {
+        Some(Failure::Run(RunError::Cancelled)) => {
             (RunStatus::Interrupted, None, idle_or_interrupted)
         }
-        Err(failure) => (RunStatus::Error, Some(failure.body()), ThreadStatus::Error),
+        Some(failure) => (RunStatus::Error, Some(failure.body()), ThreadStatus::Error),
     };
     RunEnd {
         status,

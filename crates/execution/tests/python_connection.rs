@@ -5,6 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use futures::{SinkExt, StreamExt};
 use rmpv::Value;
 use spindle_execution::python::{
@@ -43,8 +44,9 @@ impl WorkerCalls for Recorder {
         })
     }
 
-    fn event(&self, op: &str, _body: Value) {
+    fn event(&self, op: &str, _body: Value) -> Option<BoxFuture<'static, ()>> {
         self.seen.lock().unwrap().push(format!("ev {op}"));
+        None
     }
 }
 

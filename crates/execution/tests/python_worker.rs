@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use rmpv::Value;
 use spindle_execution::python::interpreter::{
     check_interpreter, Interpreter, InterpreterError, Source,
@@ -502,7 +503,7 @@ impl WorkerCalls for TestSpindle {
         Box::pin(async move { answer })
     }
 
-    fn event(&self, op: &str, body: Value) {
+    fn event(&self, op: &str, body: Value) -> Option<BoxFuture<'static, ()>> {
         let mut memory = self.memory.lock().unwrap();
         match op {
             "run.events" => {
@@ -528,6 +529,7 @@ impl WorkerCalls for TestSpindle {
             }
             other => memory.violations.push(format!("unknown event {other}")),
         }
+        None
     }
 }
 

@@ -97,6 +97,36 @@ pub struct StreamEvent {
 }
 
 impl StreamEvent {
+    /// The event an SSE name stands for (`mode[/part]` then `|ns1|ns2`, as
+    /// [`StreamEvent::event_name`] writes it), with its payload; `None` for a name no mode
+    /// makes. A Python worker names its events so; `messages` alone is the tuple form.
+    pub fn from_name(name: &str, data: Value) -> Option<StreamEvent> {
+        let mut parts = name.split('|');
+        let head = parts.next()?;
+        let namespace = parts.map(str::to_owned).collect();
+        let (base, part) = match head.split_once('/') {
+            Some((base, part)) => (base, Some(part)),
+            None => (head, None),
+        };
+        let (mode, part) = match (base, part) {
+            ("messages", None) => (StreamMode::Messages, None),
+            ("messages", Some(part)) => {
+                let part = ["metadata", "partial", "complete"]
+                    .into_iter()
+                    .find(|known| *known == part)?;
+                (StreamMode::AccumulatedMessages, Some(part))
+            }
+            (base, None) => (StreamMode::parse(base)?, None),
+            _ => return None,
+        };
+        Some(StreamEvent {
+            namespace,
+            mode,
+            part,
+            data,
+        })
+    }
+
     /// The SSE event name LangGraph uses: `mode[/part]` then `|ns1|ns2`.
     pub fn event_name(&self) -> String {
         let mut name = self.mode.event_base().to_string();
@@ -132,7 +162,18 @@ impl EventSink {
         self.count(sent)
     }
 
-    /// The same, from a thread outside the runtime (scripts run on blocking threads).
+    /// Sends an event if there is room now. `Err` gives it back when the channel is full;
+    /// when nobody receives any more it is dropped (`Ok(false)`).
+    pub fn try_send(&self, event: StreamEvent) -> Result<bool, StreamEvent> {
+        match self.channel.try_send(event) {
+            Ok(()) => Ok(self.count(true)),
+            Err(mpsc::error::TrySendError::Full(event)) => Err(event),
+            Err(mpsc::error::TrySendError::Closed(_)) => Ok(false),
+        }
+    }
+
+    /// The same as [`EventSink::send`], from a thread outside the runtime (scripts run on
+    /// blocking threads).
     pub fn blocking_send(&self, event: StreamEvent) -> bool {
         let sent = self.channel.blocking_send(event).is_ok();
         self.count(sent)
@@ -248,6 +289,32 @@ mod tests {
         assert!(!sink.send(event(3)).await);
         drop(sink);
         assert_eq!(sent.get(), 2);
+    }
+
+    /// A worker's event names read back as the events the engine would have named so.
+    #[test]
+    fn event_names_read_back() {
+        for name in [
+            "values",
+            "updates|child:1",
+            "messages",
+            "messages/partial",
+            "messages/metadata|a:1|b:2",
+            "custom",
+            "debug|sub:x",
+            "events",
+            "tasks",
+            "checkpoints",
+        ] {
+            let event = StreamEvent::from_name(name, Value::Null).unwrap();
+            assert_eq!(event.event_name(), name);
+        }
+        assert_eq!(
+            StreamEvent::from_name("messages", Value::Null).unwrap().mode,
+            StreamMode::Messages
+        );
+        assert!(StreamEvent::from_name("messages/bogus", Value::Null).is_none());
+        assert!(StreamEvent::from_name("nonsense", Value::Null).is_none());
     }
 
     #[test]

@@ -90,6 +90,19 @@ pub struct ServerArgs {
           default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
     pub webhook_allow_private: Option<bool>,
 
+    /// Python interpreter of the workers that run LangGraph Python graphs [default: the
+    /// active virtualenv's, else ./.venv/bin/python, else python3]
+    #[arg(long, env = "SPINDLE_PYTHON")]
+    pub python: Option<PathBuf>,
+
+    /// Python worker processes [default: 1 in dev; in serve, one per CPU up to 4]
+    #[arg(long, env = "SPINDLE_PYTHON_WORKERS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub python_workers: Option<u64>,
+
+    /// Runs each Python worker executes at once [default: 10]
+    #[arg(long, env = "SPINDLE_PYTHON_RUNS_PER_WORKER", value_parser = clap::value_parser!(u32).range(1..))]
+    pub python_runs_per_worker: Option<u32>,
+
     #[command(flatten)]
     pub database: DatabaseArgs,
 }

@@ -7,8 +7,12 @@
 //!   "store": {}, "auth": {}, "http": {}
 //! }
 //! ```
-//! Graph paths are relative to the config file's folder. Keys that LangGraph's format has
-//! and Spindle does not use (`dependencies`, `python_version`, `env`, ...) are ignored.
+//! Graph paths are relative to the config file's folder. A graph is a graph file
+//! (`./graphs/echo.yaml`) or a LangGraph Python graph (`./src/agent/graph.py:graph`,
+//! `package.module:graph`), run by Python workers. `env` (a dotenv file, or a map) is loaded
+//! into the workers' environment. Keys that LangGraph's format has and Spindle does not use
+//! (`dependencies`, `python_version`, `dockerfile_lines`, ...) are ignored: the user installs
+//! the graphs' dependencies, as with `langgraph dev`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -36,6 +40,17 @@ pub struct ConfigFile {
     /// HTTP settings (CORS, limits).
     #[serde(default)]
     pub http: Option<Value>,
+    /// Environment of the Python workers: a dotenv file (relative to the config file) or a map.
+    #[serde(default)]
+    pub env: Option<EnvSection>,
+}
+
+/// `env`, as LangGraph's `langgraph.json` spells it.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum EnvSection {
+    File(String),
+    Map(BTreeMap<String, String>),
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -55,6 +70,10 @@ pub struct ServerSection {
     pub thread_ttl_strategy: Option<String>,
     pub thread_sweep_interval_secs: Option<u64>,
     pub webhook_allow_private: Option<bool>,
+    /// The interpreter of the Python workers.
+    pub python: Option<PathBuf>,
+    pub python_workers: Option<usize>,
+    pub python_runs_per_worker: Option<u32>,
 }
 
 /// `store`, as LangGraph's `langgraph.json` spells it.
@@ -150,6 +169,38 @@ impl LoadedConfig {
         })
     }
 
+    /// The folder the file's relative paths start from: a Python project's directory.
+    pub fn base_dir(&self) -> PathBuf {
+        let base = self
+            .path
+            .as_deref()
+            .and_then(Path::parent)
+            .unwrap_or_else(|| Path::new("."));
+        if base.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            base.to_path_buf()
+        }
+    }
+
+    /// The Python workers' environment from `env`: the file's variables, or the map.
+    pub fn worker_env(&self) -> Result<BTreeMap<String, String>> {
+        match &self.file.env {
+            None => Ok(BTreeMap::new()),
+            Some(EnvSection::Map(map)) => Ok(map.clone()),
+            Some(EnvSection::File(file)) => {
+                let path = self.resolve(file);
+                let entries = dotenvy::from_path_iter(&path)
+                    .with_context(|| format!("cannot read the env file {}", path.display()))?;
+                entries
+                    .map(|entry| {
+                        entry.with_context(|| format!("env file {} is not valid", path.display()))
+                    })
+                    .collect()
+            }
+        }
+    }
+
     /// A graph path from the file, resolved against the file's folder.
     pub fn resolve(&self, relative: &str) -> PathBuf {
         let base = self
@@ -180,6 +231,25 @@ mod tests {
             config.resolve("./graphs/echo.yaml"),
             dir.path().join("./graphs/echo.yaml")
         );
+    }
+
+    #[test]
+    fn env_is_a_dotenv_file_or_a_map() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(".env"), "A=1\n# comment\nB=\"two words\"\n").unwrap();
+        let path = dir.path().join("langgraph.json");
+        std::fs::write(&path, r#"{"graphs": {}, "env": ".env"}"#).unwrap();
+        let env = LoadedConfig::discover(Some(&path)).unwrap().worker_env().unwrap();
+        assert_eq!(env["A"], "1");
+        assert_eq!(env["B"], "two words");
+
+        std::fs::write(&path, r#"{"graphs": {}, "env": {"C": "3"}}"#).unwrap();
+        let env = LoadedConfig::discover(Some(&path)).unwrap().worker_env().unwrap();
+        assert_eq!(env["C"], "3");
+
+        std::fs::write(&path, r#"{"graphs": {}, "env": "missing.env"}"#).unwrap();
+        let err = LoadedConfig::discover(Some(&path)).unwrap().worker_env().unwrap_err();
+        assert!(format!("{err:#}").contains("missing.env"), "{err:#}");
     }
 
     #[test]

@@ -1,26 +1,29 @@
 //! Loads the graphs a server offers: the config file's, or the built-in examples.
 
+use std::collections::BTreeMap;
+
 use anyhow::{Context, Result};
 use serde_json::Value;
+use spindle_execution::graphs::LoadedGraph;
 use spindle_execution::{default_assistant_id, GraphRegistry};
 use spindle_storage::{AssistantFields, IfExists, JsonObject, NewAssistant, Owner, Storage};
 
 use crate::config::LoadedConfig;
 
-/// The graphs of the config file; the example graphs when the file names none.
-pub fn load(config: &LoadedConfig) -> Result<GraphRegistry> {
+/// The graph files of the config file (the example graphs when the file names no graph), and
+/// its Python graphs (graph id -> spec), which the Python workers load.
+pub fn load(config: &LoadedConfig) -> Result<(GraphRegistry, BTreeMap<String, String>)> {
     let mut registry = GraphRegistry::new();
+    let mut python = BTreeMap::new();
     if config.file.graphs.is_empty() {
         for (id, graph) in spindle_graph::examples::all() {
             registry.insert(id, graph);
         }
-        return Ok(registry);
+        return Ok((registry, python));
     }
     for (id, source) in &config.file.graphs {
-        // LangGraph's format points at Python code (`./graphs/agent.py:graph`); those graphs
-        // need a Python worker, which Spindle does not have yet.
         if is_python_graph(source) {
-            tracing::warn!(graph_id = %id, source = %source, "skipping a Python graph: Spindle runs YAML and JSON graph files");
+            python.insert(id.clone(), source.clone());
             continue;
         }
         let path = config.resolve(source);
@@ -28,12 +31,23 @@ pub fn load(config: &LoadedConfig) -> Result<GraphRegistry> {
             .with_context(|| format!("cannot load graph '{id}'"))?;
         registry.insert(id.clone(), graph);
     }
-    Ok(registry)
+    Ok((registry, python))
 }
 
+/// Whether a `graphs` entry names Python: `./path/file.py:name`, or `package.module:name`
+/// (LangGraph's two forms), rather than a graph file.
 fn is_python_graph(source: &str) -> bool {
-    let file = source.rsplit_once(':').map_or(source, |(file, _)| file);
-    file.ends_with(".py") || file.ends_with(".ipynb")
+    let Some((target, name)) = source.rsplit_once(':') else {
+        return false;
+    };
+    let module_path = |t: &str| {
+        !t.is_empty()
+            && t.split('.').all(|part| {
+                !part.is_empty() && part.chars().all(|c| c.is_alphanumeric() || c == '_')
+            })
+    };
+    let identifier = !name.is_empty() && name.chars().all(|c| c.is_alphanumeric() || c == '_');
+    identifier && (target.ends_with(".py") || module_path(target))
 }
 
 /// Creates each graph's default assistant unless it exists (ids as LangGraph Platform derives
@@ -43,7 +57,15 @@ pub async fn ensure_default_assistants(
     registry: &GraphRegistry,
 ) -> Result<()> {
     for graph_id in registry.ids() {
-        let graph = registry.get(graph_id).expect("id listed by the registry");
+        // A Python graph's defaults are its own business: the worker applies them per run.
+        let (description, config, context) = match registry.get(graph_id) {
+            Some(graph) => (
+                graph.description().map(str::to_owned),
+                as_object(graph.default_config()),
+                as_object(graph.default_context()),
+            ),
+            None => (None, JsonObject::new(), JsonObject::new()),
+        };
         let mut metadata = JsonObject::new();
         metadata.insert("created_by".into(), Value::from("system"));
         let new = NewAssistant {
@@ -51,9 +73,9 @@ pub async fn ensure_default_assistants(
             fields: AssistantFields {
                 graph_id: graph_id.to_owned(),
                 name: graph_id.to_owned(),
-                description: graph.description().map(str::to_owned),
-                config: as_object(graph.default_config()),
-                context: as_object(graph.default_context()),
+                description,
+                config,
+                context,
                 metadata,
             },
             if_exists: IfExists::DoNothing,
@@ -68,6 +90,21 @@ pub async fn ensure_default_assistants(
     Ok(())
 }
 
+/// Each graph with its kind, for the banner.
+pub fn described(registry: &GraphRegistry) -> Vec<String> {
+    registry
+        .ids()
+        .map(|id| match registry.loaded(id) {
+            Some(LoadedGraph::Python(graph)) => match (&graph.kind, &graph.error) {
+                (_, Some(error)) => format!("{id} (Python, failed to import: {error})"),
+                (Some(kind), None) => format!("{id} (Python {kind}, {})", graph.spec),
+                (None, None) => format!("{id} (Python, {})", graph.spec),
+            },
+            _ => format!("{id} (graph file)"),
+        })
+        .collect()
+}
+
 fn as_object(value: Value) -> JsonObject {
     match value {
         Value::Object(map) => map,
@@ -77,13 +114,49 @@ fn as_object(value: Value) -> JsonObject {
 
 #[cfg(test)]
 mod tests {
+    use spindle_execution::graphs::PythonGraph;
+
     use super::*;
 
     #[test]
     fn recognises_python_graph_references() {
         assert!(is_python_graph("./graphs/ref_graphs.py:echo"));
-        assert!(is_python_graph("./agent.py"));
+        assert!(is_python_graph("src/agent/graph.py:graph"));
+        assert!(is_python_graph("agent.graph:make_graph"));
+        assert!(is_python_graph("agent:graph"));
         assert!(!is_python_graph("./graphs/echo.yaml"));
         assert!(!is_python_graph("C:/graphs/echo.json"));
+        assert!(!is_python_graph("./agent.py"));
+    }
+
+    /// The banner says what each graph is.
+    #[test]
+    fn graph_kinds_name_graph_files_and_python() {
+        let mut registry = GraphRegistry::new();
+        registry.insert("echo", spindle_graph::examples::get("echo").unwrap().unwrap());
+        registry.insert_python(
+            "agent",
+            PythonGraph {
+                spec: "./src/agent/graph.py:graph".into(),
+                kind: Some("compiled graph".into()),
+                error: None,
+            },
+        );
+        registry.insert_python(
+            "broken",
+            PythonGraph {
+                spec: "./broken.py:graph".into(),
+                kind: None,
+                error: Some("ImportError: no module named x".into()),
+            },
+        );
+        assert_eq!(
+            described(&registry),
+            vec![
+                "agent (Python compiled graph, ./src/agent/graph.py:graph)".to_owned(),
+                "broken (Python, failed to import: ImportError: no module named x)".to_owned(),
+                "echo (graph file)".to_owned(),
+            ]
+        );
     }
 }

@@ -3,6 +3,7 @@
 mod cli;
 mod config;
 mod graphs;
+mod python;
 mod store;
 mod telemetry;
 
@@ -16,6 +17,7 @@ use spindle_execution::{WebhookConfig, WorkerConfig};
 use spindle_server::{AppState, ThreadTtlConfig};
 use spindle_storage::{ThreadTtl, TtlStrategy};
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
 use cli::{Cli, Command, DatabaseArgs, ServerArgs};
 use config::LoadedConfig;
@@ -113,10 +115,26 @@ async fn serve(args: ServerArgs, mode: Mode) -> Result<()> {
     }
     warn_unused_sections(&config);
     let url = database_url(&args.database, &config)?;
-    let registry = graphs::load(&config)?;
+    let (mut registry, python_graphs) = graphs::load(&config)?;
     let storage = spindle_storage::connect(&url)
         .await
         .with_context(|| format!("cannot open the database {}", redact(&url)))?;
+    let store = store::store_config(&config)?;
+    let python = match python_graphs.is_empty() {
+        true => None,
+        false => Some(
+            python::start(
+                &args,
+                &config,
+                mode,
+                python_graphs,
+                storage.clone(),
+                store.clone(),
+                &mut registry,
+            )
+            .await?,
+        ),
+    };
     graphs::ensure_default_assistants(storage.as_ref(), &registry).await?;
 
     let host = args
@@ -134,6 +152,7 @@ async fn serve(args: ServerArgs, mode: Mode) -> Result<()> {
     let addr = listener.local_addr()?;
 
     let graph_ids: Vec<&str> = registry.ids().collect();
+    let described = graphs::described(&registry);
     println!(
         "Spindle {} ready in {} ms",
         env!("CARGO_PKG_VERSION"),
@@ -150,17 +169,17 @@ async fn serve(args: ServerArgs, mode: Mode) -> Result<()> {
         Some(path) => println!("  Config:   {}", path.display()),
         None => println!("  Config:   none found; serving the example graphs"),
     }
-    println!(
-        "  Graphs:   {}",
-        if graph_ids.is_empty() {
-            "none".to_owned()
-        } else {
-            graph_ids.join(", ")
+    match described.as_slice() {
+        [] => println!("  Graphs:   none"),
+        [first, rest @ ..] => {
+            println!("  Graphs:   {first}");
+            for graph in rest {
+                println!("            {graph}");
+            }
         }
-    );
+    }
     tracing::info!(%addr, backend = storage.backend().as_str(), graphs = graph_ids.len(), "listening");
 
-    let store = store::store_config(&config)?;
     let workers = WorkerConfig {
         store: store.clone(),
         ..worker_config(&args, &config)
@@ -179,7 +198,15 @@ async fn serve(args: ServerArgs, mode: Mode) -> Result<()> {
     {
         state.keepalive = Duration::from_secs(secs);
     }
-    spindle_server::serve(listener, state, shutdown_signal()).await?;
+    let stopping = CancellationToken::new();
+    if let Some(pool) = python {
+        state.workers.set_python(pool.clone());
+        pool.supervise(stopping.clone());
+    }
+    let served = spindle_server::serve(listener, state, shutdown_signal()).await;
+    // The Python workers close after the server: runs still draining may need them.
+    stopping.cancel();
+    served?;
     tracing::info!("stopped");
     Ok(())
 }

@@ -42,8 +42,10 @@ pub type Reply = BoxFuture<'static, Result<Value, RemoteError>>;
 pub trait WorkerCalls: Send + Sync + 'static {
     /// A `req` from the worker; the future's result is sent back as `ok` or `err`.
     fn request(&self, op: &str, body: Value) -> Reply;
-    /// An `ev` from the worker (`run.events`, `run.done`).
-    fn event(&self, op: &str, body: Value);
+    /// An `ev` from the worker (`run.events`, `run.done`). A future returned is awaited before
+    /// the next frame is read: backpressure, when the run the events are for cannot take them
+    /// yet (its stream is full), that keeps them in order with what follows.
+    fn event(&self, op: &str, body: Value) -> Option<BoxFuture<'static, ()>>;
 }
 
 /// The `code` of an `err` body.
@@ -404,7 +406,11 @@ async fn read_frames<R: AsyncRead>(
             next = frames.next() => next,
         };
         match next {
-            Some(Ok(frame)) => dispatch(&shared, &calls, frame),
+            Some(Ok(frame)) => {
+                if let Some(wait) = dispatch(&shared, &calls, frame) {
+                    wait.await;
+                }
+            }
             Some(Err(e)) => {
                 tracing::warn!(worker = %shared.name, error = %e, "closing the worker connection after a bad frame");
                 break format!("the worker sent a bad frame ({e})");
@@ -415,14 +421,22 @@ async fn read_frames<R: AsyncRead>(
     shared.close(reason);
 }
 
-fn dispatch(shared: &Arc<Shared>, calls: &Arc<dyn WorkerCalls>, frame: Frame) {
+/// Handles one frame; what it returns must be awaited before the next frame is handled.
+fn dispatch(
+    shared: &Arc<Shared>,
+    calls: &Arc<dyn WorkerCalls>,
+    frame: Frame,
+) -> Option<BoxFuture<'static, ()>> {
     match frame {
         Frame::Ok { re, body } => shared.resolve(re, Ok(body)),
         Frame::Err { re, body } => shared.resolve(re, Err(RemoteError::from_body(&body).into())),
         Frame::Event { op, body } => {
             let handled = std::panic::catch_unwind(AssertUnwindSafe(|| calls.event(&op, body)));
-            if handled.is_err() {
-                tracing::error!(worker = %shared.name, %op, "the handler of a worker event panicked");
+            match handled {
+                Ok(wait) => return wait,
+                Err(_) => {
+                    tracing::error!(worker = %shared.name, %op, "the handler of a worker event panicked")
+                }
             }
         }
         Frame::Request { id, op, body } => {
@@ -434,6 +448,7 @@ fn dispatch(shared: &Arc<Shared>, calls: &Arc<dyn WorkerCalls>, frame: Frame) {
             tokio::spawn(answer(shared.clone(), id, op, reply));
         }
     }
+    None
 }
 
 /// Awaits one request's handler and queues its `ok` / `err`.

@@ -28,7 +28,9 @@ use crate::extract::{ApiJson, ApiQuery, Validate, Violations};
 use crate::runs::stream::STATE_UPDATE_EVENT;
 use crate::state::{AppState, Caller};
 use crate::wire::{page, path_thread_id};
+use spindle_execution::graphs::LoadedGraph;
 use spindle_execution::hub::HubMessage;
+use spindle_execution::python::reads as python_reads;
 use spindle_execution::threads::state_columns;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -271,12 +273,19 @@ pub struct StateUpdateResponse {
     checkpoint_id: String,
 }
 
+/// The graph whose state a thread holds: a graph file's, read by the engine here, or a
+/// Python graph's, read by a worker.
+pub(crate) enum ThreadGraph {
+    Engine(Arc<Graph>),
+    Python(String),
+}
+
 /// The graph whose state the thread holds, if it has one.
-pub(crate) async fn thread_graph(
+pub(crate) async fn thread_graph_of(
     state: &AppState,
     scope: &Scope,
     thread: &Thread,
-) -> ApiResult<Option<Arc<Graph>>> {
+) -> ApiResult<Option<ThreadGraph>> {
     let graph_id = match thread.metadata.get("graph_id").and_then(Value::as_str) {
         Some(id) => Some(id.to_owned()),
         None => latest_run_graph(state, scope, thread.thread_id).await?,
@@ -284,12 +293,29 @@ pub(crate) async fn thread_graph(
     let Some(graph_id) = graph_id else {
         return Ok(None);
     };
-    match state.graphs.get(&graph_id) {
-        Some(graph) => Ok(Some(graph.clone())),
+    match state.graphs.loaded(&graph_id) {
+        Some(LoadedGraph::Engine(graph)) => Ok(Some(ThreadGraph::Engine(graph.clone()))),
+        Some(LoadedGraph::Python(_)) => Ok(Some(ThreadGraph::Python(graph_id))),
         // The thread's state, not the request, is at fault: a conflict (409), as for a busy
         // thread.
         None => Err(ApiError::conflict(format!(
             "the thread's graph '{graph_id}' is not loaded in this server"
+        ))),
+    }
+}
+
+/// The graph file's graph whose state the thread holds, if it has one; a Python graph's
+/// thread is refused where only graph files are supported yet.
+pub(crate) async fn thread_graph(
+    state: &AppState,
+    scope: &Scope,
+    thread: &Thread,
+) -> ApiResult<Option<Arc<Graph>>> {
+    match thread_graph_of(state, scope, thread).await? {
+        None => Ok(None),
+        Some(ThreadGraph::Engine(graph)) => Ok(Some(graph)),
+        Some(ThreadGraph::Python(graph_id)) => Err(ApiError::conflict(format!(
+            "the thread's graph '{graph_id}' is a Python graph, which this operation does not support yet"
         ))),
     }
 }
@@ -332,10 +358,20 @@ async fn read_state(
     thread_id: ResourceId,
     at: StateAt<'_>,
 ) -> ApiResult<Value> {
+    let at_subgraphs = at.subgraphs;
     let thread = state.storage.get_thread(scope, thread_id).await?;
     let tid = thread_id.to_string();
-    let Some(graph) = thread_graph(state, scope, &thread).await? else {
-        return Ok(empty_state(&tid, at.checkpoint_id));
+    let graph = match thread_graph_of(state, scope, &thread).await? {
+        None => return Ok(empty_state(&tid, at.checkpoint_id)),
+        Some(ThreadGraph::Engine(graph)) => graph,
+        Some(ThreadGraph::Python(graph_id)) => {
+            let at = python_reads::At {
+                thread_id: tid,
+                checkpoint_ns: at.checkpoint_ns.to_owned(),
+                checkpoint_id: at.checkpoint_id.map(str::to_owned),
+            };
+            return python_state(state, &graph_id, &at, at_subgraphs).await;
+        }
     };
     let saver = state.storage.checkpointer();
     let (ns, id) = (at.checkpoint_ns, at.checkpoint_id);
@@ -435,10 +471,14 @@ async fn read_history(
     ask: HistoryAsk,
 ) -> ApiResult<Vec<Value>> {
     let thread = state.storage.get_thread(scope, thread_id).await?;
-    let Some(graph) = thread_graph(state, scope, &thread).await? else {
-        return Ok(Vec::new());
-    };
     let tid = thread_id.to_string();
+    let graph = match thread_graph_of(state, scope, &thread).await? {
+        None => return Ok(Vec::new()),
+        Some(ThreadGraph::Engine(graph)) => graph,
+        Some(ThreadGraph::Python(graph_id)) => {
+            return python_history(state, &graph_id, tid, ask).await;
+        }
+    };
     let saver = state.storage.checkpointer();
     let ns = ask.checkpoint_ns.as_str();
     let mut states = match &ask.only {
@@ -463,6 +503,60 @@ async fn read_history(
         }
     }
     Ok(states.iter().map(StateSnapshot::to_json).collect())
+}
+
+/// A Python graph's thread state, as its worker reads it.
+async fn python_state(
+    state: &AppState,
+    graph_id: &str,
+    at: &python_reads::At,
+    subgraphs: bool,
+) -> ApiResult<Value> {
+    let pool = python_pool(state)?;
+    python_reads::state(pool, graph_id, at, subgraphs)
+        .await
+        .map_err(python_read_failed)
+}
+
+/// A page of a Python graph's thread history, as its worker reads it.
+async fn python_history(
+    state: &AppState,
+    graph_id: &str,
+    thread_id: String,
+    ask: HistoryAsk,
+) -> ApiResult<Vec<Value>> {
+    let pool = python_pool(state)?;
+    let at = python_reads::At {
+        thread_id,
+        checkpoint_ns: ask.checkpoint_ns,
+        checkpoint_id: ask.only,
+    };
+    let limit = ask.filter.limit.unwrap_or(HISTORY_DEFAULT_LIMIT as usize);
+    let before = ask.filter.before.as_deref();
+    let filter = ask.filter.metadata.as_ref();
+    python_reads::history(pool, graph_id, &at, limit, before, filter)
+        .await
+        .map_err(python_read_failed)
+}
+
+fn python_pool(state: &AppState) -> ApiResult<&Arc<spindle_execution::python::pool::PythonPool>> {
+    state
+        .workers
+        .python()
+        .ok_or_else(|| ApiError::conflict("this server has no Python workers"))
+}
+
+/// A worker's refusal as the API's error: the request's fault (422), the graph's (409), or
+/// no worker to answer (503).
+pub(crate) fn python_read_failed(err: python_reads::ReadError) -> ApiError {
+    use python_reads::ReadError;
+    match err {
+        ReadError::Invalid(msg) => ApiError::new(crate::error::ErrorCode::InvalidRequest, msg),
+        ReadError::NotLoaded(msg) => ApiError::conflict(msg),
+        ReadError::Unavailable(msg) => {
+            ApiError::new(crate::error::ErrorCode::Unavailable, msg)
+        }
+    }
 }
 
 fn history_limit(limit: Option<i64>) -> usize {

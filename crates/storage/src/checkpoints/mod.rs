@@ -248,18 +248,17 @@ fn encode_write(w: &PendingWrite) -> Result<Vec<u8>, CheckpointError> {
 }
 
 /// The `(namespace, channel, version)` blobs the rows' channels start from. Trigger channels
-/// have versions but no blobs.
+/// are looked for too: Spindle's engine stores none for them, but LangGraph's Python engine
+/// (a Python worker's saves) does, and needs them back to know which nodes are triggered.
 fn wanted_blobs(rows: &[CheckpointRow]) -> Result<BTreeSet<(&str, &str, i64)>, CheckpointError> {
     let mut wanted = BTreeSet::new();
     for row in rows {
         for (channel, version) in &row.checkpoint.0.channel_versions {
-            if !is_trigger_channel(channel) {
-                wanted.insert((
-                    row.checkpoint_ns.as_str(),
-                    channel.as_str(),
-                    version_to_db(*version)?,
-                ));
-            }
+            wanted.insert((
+                row.checkpoint_ns.as_str(),
+                channel.as_str(),
+                version_to_db(*version)?,
+            ));
         }
     }
     Ok(wanted)
@@ -319,10 +318,11 @@ fn assemble(
         checkpoint.channel_values.clear();
         let mut ns_blobs = blobs.0.get_mut(&row.checkpoint_ns);
         for (channel, &version) in &checkpoint.channel_versions {
-            if is_trigger_channel(channel) {
+            let mut chain = ns_blobs.as_mut().and_then(|ns| ns.get_mut(channel));
+            // A trigger channel has a value only when a Python worker stored one.
+            if is_trigger_channel(channel) && !chain.as_ref().is_some_and(|c| c.contains_key(&version)) {
                 continue;
             }
-            let mut chain = ns_blobs.as_mut().and_then(|ns| ns.get_mut(channel));
             let value = materialize(channel, version, |v| {
                 let chain = chain.as_mut()?;
                 if shared_blobs {

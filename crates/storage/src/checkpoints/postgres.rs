@@ -304,7 +304,9 @@ pub(crate) async fn delete_unreached_blobs(
 }
 
 /// Saves pending writes of a checkpoint, numbered after its last ones, inside the caller's
-/// transaction; `Missing` when the checkpoint does not exist.
+/// transaction. The checkpoint need not be stored yet: as with LangGraph's own savers, a
+/// Python graph's loop saves a step's writes while the checkpoint they were made on is still
+/// being saved.
 async fn insert_writes(
     conn: &mut PgConnection,
     thread_id: &str,
@@ -320,8 +322,10 @@ async fn insert_writes(
         .collect::<Result<Vec<_>, _>>()?;
     // Tasks of one step finish concurrently and save against the same checkpoint: locking
     // its row serialises them, so each sees the others' last index. (The next statement
-    // takes a new snapshot, after the lock was granted.)
-    let exists: Option<i32> = sqlx::query_scalar(
+    // takes a new snapshot, after the lock was granted.) A run's saves reach the database one
+    // at a time anyway (its event pump orders them), so writes that come before their
+    // checkpoint need no lock.
+    sqlx::query(
         "SELECT 1 FROM checkpoints \
              WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3 FOR UPDATE",
     )
@@ -331,11 +335,6 @@ async fn insert_writes(
     .fetch_optional(&mut *conn)
     .await
     .map_err(backend)?;
-    if exists.is_none() {
-        return Err(CheckpointError::Missing(format!(
-            "checkpoint {checkpoint_id} of {thread_id}"
-        )));
-    }
     let replace_tasks: Vec<&str> = plan.replace.iter().map(|(t, _)| *t).collect();
     let replace_channels: Vec<&str> = plan.replace.iter().map(|(_, c)| *c).collect();
     let tasks: Vec<&str> = plan.insert.iter().map(|w| w.task_id.as_str()).collect();

@@ -390,8 +390,9 @@ impl EncodedWrites {
     }
 }
 
-/// Saves pending writes of a checkpoint, numbered after its last one; none when the
-/// checkpoint does not exist.
+/// Saves pending writes of a checkpoint, numbered after its last one. The checkpoint need
+/// not be stored yet: as with LangGraph's own savers, a Python graph's loop saves a step's
+/// writes while the checkpoint they were made on is still being saved.
 fn insert_writes(conn: &Connection, writes: &EncodedWrites) -> Result<(), CheckpointError> {
     let (thread_id, checkpoint_id) = (&writes.thread_id, &writes.checkpoint_id);
     let key = (thread_id, &writes.checkpoint_ns, checkpoint_id);
@@ -410,23 +411,14 @@ fn insert_writes(conn: &Connection, writes: &EncodedWrites) -> Result<(), Checkp
         return Ok(());
     }
     // The writer thread runs one write at a time, so the numbering cannot race.
-    let next: Option<i64> = conn
+    let next: i64 = conn
         .prepare_cached(
-            "SELECT (SELECT COALESCE(MAX(w.idx), -1) + 1 FROM checkpoint_writes w \
-              WHERE w.thread_id = c.thread_id AND w.checkpoint_ns = c.checkpoint_ns \
-              AND w.checkpoint_id = c.checkpoint_id) \
-             FROM checkpoints c WHERE c.thread_id = ?1 AND c.checkpoint_ns = ?2 \
-             AND c.checkpoint_id = ?3",
+            "SELECT COALESCE(MAX(idx), -1) + 1 FROM checkpoint_writes \
+             WHERE thread_id = ?1 AND checkpoint_ns = ?2 AND checkpoint_id = ?3",
         )
         .map_err(backend)?
         .query_row(key, |r| r.get(0))
-        .optional()
         .map_err(backend)?;
-    let Some(next) = next else {
-        return Err(CheckpointError::Missing(format!(
-            "checkpoint {checkpoint_id} of {thread_id}"
-        )));
-    };
     let mut insert = conn
         .prepare_cached(
             "INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, idx, \

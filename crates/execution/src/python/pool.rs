@@ -1,0 +1,271 @@
+//! The pool of Python workers a server runs its Python graphs on, and their supervision.
+//!
+//! Each worker executes up to `runs_per_worker` runs at once; a run goes to the worker with
+//! the fewest. The supervisor pings every worker every [`PING_EVERY`]; one that misses
+//! [`MISSED_PINGS`] in a row (its event loop is blocked) gets no new runs until it answers
+//! again. A worker that exits is replaced at once (with a growing pause when replacements keep
+//! dying at start); the runs it had are handed back by their executors (see `executor`).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::calls::SpindleCalls;
+use super::process::{InitReport, SpawnError, WorkerError, WorkerExit, WorkerProcess, WorkerSpec};
+
+/// How often each worker is pinged.
+pub const PING_EVERY: Duration = Duration::from_secs(10);
+/// Pings missed in a row before a worker gets no new runs.
+pub const MISSED_PINGS: u32 = 3;
+/// The longest pause between attempts to replace a worker that keeps dying at start.
+const MAX_RESTART_PAUSE: Duration = Duration::from_secs(30);
+/// How long a worker may take to close when the server stops.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// How the pool starts its workers.
+#[derive(Debug, Clone)]
+pub struct PoolSettings {
+    pub python: PathBuf,
+    pub project_dir: PathBuf,
+    /// The config's `env`, for the workers' environment.
+    pub env: BTreeMap<String, String>,
+    /// Graph id -> `./path/file.py:name` or `package.module:name`.
+    pub graphs: BTreeMap<String, String>,
+    pub workers: usize,
+    pub runs_per_worker: u32,
+}
+
+/// Why the pool could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    #[error(transparent)]
+    Spawn(#[from] SpawnError),
+    #[error("the Python worker did not load the graphs: {0}")]
+    Init(#[from] WorkerError),
+}
+
+/// One worker of the pool.
+pub struct PoolWorker {
+    process: WorkerProcess,
+    /// Runs it executes now.
+    active: AtomicU32,
+    /// Answers its pings (a blocked event loop does not).
+    healthy: AtomicBool,
+}
+
+impl PoolWorker {
+    pub fn process(&self) -> &WorkerProcess {
+        &self.process
+    }
+}
+
+/// A run's place on a worker; given back when dropped.
+pub struct RunSlot {
+    pub worker: Arc<PoolWorker>,
+    pool: Arc<PythonPool>,
+}
+
+impl Drop for RunSlot {
+    fn drop(&mut self) {
+        self.worker.active.fetch_sub(1, Ordering::AcqRel);
+        self.pool.changed.notify_waiters();
+    }
+}
+
+pub struct PythonPool {
+    settings: PoolSettings,
+    calls: Arc<SpindleCalls>,
+    workers: Mutex<Vec<Arc<PoolWorker>>>,
+    /// A slot was freed or a worker came (back).
+    changed: Notify,
+    started: AtomicUsize,
+}
+
+impl PythonPool {
+    /// Starts the workers and loads the graphs in each; the first worker's report says how
+    /// each graph loaded (every worker loads the same files).
+    pub async fn start(
+        settings: PoolSettings,
+        calls: Arc<SpindleCalls>,
+    ) -> Result<(Arc<PythonPool>, InitReport), PoolError> {
+        let pool = Arc::new(PythonPool {
+            settings,
+            calls,
+            workers: Mutex::new(Vec::new()),
+            changed: Notify::new(),
+            started: AtomicUsize::new(0),
+        });
+        let mut report = None;
+        for _ in 0..pool.settings.workers.max(1) {
+            let (worker, init) = pool.spawn_worker().await?;
+            report.get_or_insert(init);
+            pool.lock().push(worker);
+        }
+        let report = report.expect("at least one worker");
+        Ok((pool, report))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Arc<PoolWorker>>> {
+        self.workers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    async fn spawn_worker(&self) -> Result<(Arc<PoolWorker>, InitReport), PoolError> {
+        let n = self.started.fetch_add(1, Ordering::Relaxed) + 1;
+        let spec = WorkerSpec {
+            name: format!("python-{n}"),
+            python: self.settings.python.clone(),
+            project_dir: self.settings.project_dir.clone(),
+            env: self.settings.env.clone(),
+            max_runs: self.settings.runs_per_worker,
+        };
+        let process = WorkerProcess::spawn(spec, self.calls.clone())?;
+        let report = process.init(&self.settings.graphs).await?;
+        let worker = Arc::new(PoolWorker {
+            process,
+            active: AtomicU32::new(0),
+            healthy: AtomicBool::new(true),
+        });
+        Ok((worker, report))
+    }
+
+    /// Supervises the workers until `shutdown`: pings them, replaces those that exit, and
+    /// closes them all at the end.
+    pub fn supervise(self: &Arc<Self>, shutdown: CancellationToken) {
+        let workers: Vec<Arc<PoolWorker>> = self.lock().clone();
+        for worker in workers {
+            self.watch(worker, shutdown.clone());
+        }
+        let pool = self.clone();
+        tokio::spawn(async move {
+            shutdown.cancelled().await;
+            let workers: Vec<Arc<PoolWorker>> = std::mem::take(&mut *pool.lock());
+            for worker in workers {
+                worker.process.connection().close();
+                let _ = tokio::time::timeout(SHUTDOWN_GRACE, worker.process.exited()).await;
+            }
+        });
+    }
+
+    /// Pings `worker` while it lives; replaces it once it exits.
+    fn watch(self: &Arc<Self>, worker: Arc<PoolWorker>, shutdown: CancellationToken) {
+        let pool = self.clone();
+        tokio::spawn(async move {
+            let exit = tokio::select! {
+                exit = worker.process.exited() => exit,
+                () = ping_until_exit(&worker) => return,
+                () = shutdown.cancelled() => return,
+            };
+            pool.lock().retain(|w| !Arc::ptr_eq(w, &worker));
+            tracing::error!(worker = %worker.process.name(), %exit, "Python worker died; its runs are handed back and a new worker starts");
+            pool.changed.notify_waiters();
+            pool.replace(shutdown, exit).await;
+        });
+    }
+
+    async fn replace(self: &Arc<Self>, shutdown: CancellationToken, _exit: WorkerExit) {
+        let mut pause = Duration::from_millis(100);
+        while !shutdown.is_cancelled() {
+            match self.spawn_worker().await {
+                Ok((worker, _)) => {
+                    tracing::info!(worker = %worker.process.name(), "replacement Python worker ready");
+                    self.lock().push(worker.clone());
+                    self.changed.notify_waiters();
+                    self.watch(worker, shutdown);
+                    return;
+                }
+                Err(error) => {
+                    tracing::error!(%error, ?pause, "cannot start a replacement Python worker; retrying");
+                    tokio::select! {
+                        () = tokio::time::sleep(pause) => {}
+                        () = shutdown.cancelled() => return,
+                    }
+                    pause = (pause * 2).min(MAX_RESTART_PAUSE);
+                }
+            }
+        }
+    }
+
+    /// A place for a run on the healthy worker with the fewest runs, waiting while every
+    /// worker is full (or being replaced).
+    pub async fn acquire(self: &Arc<Self>) -> RunSlot {
+        loop {
+            let changed = self.changed.notified();
+            if let Some(worker) = self.least_loaded(true) {
+                return RunSlot {
+                    worker,
+                    pool: self.clone(),
+                };
+            }
+            // Bounded: a worker's health comes back without a notification.
+            let _ = tokio::time::timeout(Duration::from_secs(1), changed).await;
+        }
+    }
+
+    /// A worker for a read (state, schemas): the healthy one with the fewest runs, full or
+    /// not (reads are short and run beside runs); `None` while there is none.
+    pub fn reader(&self) -> Option<Arc<PoolWorker>> {
+        self.least_loaded(false)
+    }
+
+    /// Waits up to `wait` for a worker to read with (one may be being replaced).
+    pub async fn reader_within(&self, wait: Duration) -> Option<Arc<PoolWorker>> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let changed = self.changed.notified();
+            if let Some(worker) = self.reader() {
+                return Some(worker);
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return None;
+            }
+        }
+    }
+
+    fn least_loaded(&self, take_slot: bool) -> Option<Arc<PoolWorker>> {
+        let workers = self.lock();
+        let limit = self.settings.runs_per_worker.max(1);
+        let worker = workers
+            .iter()
+            .filter(|w| w.healthy.load(Ordering::Acquire))
+            .filter(|w| !take_slot || w.active.load(Ordering::Acquire) < limit)
+            .min_by_key(|w| w.active.load(Ordering::Acquire))?
+            .clone();
+        if take_slot {
+            worker.active.fetch_add(1, Ordering::AcqRel);
+        }
+        Some(worker)
+    }
+
+    pub fn calls(&self) -> &Arc<SpindleCalls> {
+        &self.calls
+    }
+}
+
+/// Pings the worker every [`PING_EVERY`] (never returns while it lives); marks it unhealthy
+/// after [`MISSED_PINGS`] missed in a row and healthy again once it answers.
+async fn ping_until_exit(worker: &PoolWorker) {
+    let mut missed = 0;
+    loop {
+        tokio::time::sleep(PING_EVERY).await;
+        match tokio::time::timeout(PING_EVERY, worker.process.ping()).await {
+            Ok(Ok(health)) => {
+                missed = 0;
+                if !worker.healthy.swap(true, Ordering::AcqRel) {
+                    tracing::info!(worker = %worker.process.name(), ?health, "Python worker answers again; it gets runs again");
+                }
+            }
+            Ok(Err(WorkerError::Exited { .. })) => std::future::pending::<()>().await,
+            _ => {
+                missed += 1;
+                if missed >= MISSED_PINGS && worker.healthy.swap(false, Ordering::AcqRel) {
+                    tracing::warn!(worker = %worker.process.name(), missed, "Python worker does not answer its pings (is its event loop blocked?); it gets no new runs");
+                }
+            }
+        }
+    }
+}

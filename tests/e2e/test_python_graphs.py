@@ -1,0 +1,177 @@
+"""LangGraph Python graphs served unchanged: the reference server's own project
+(``../shared/ref/langgraph.json``) run by Spindle's Python workers, driven by the official client,
+on both backends. What a client relies on: runs wait and stream as on LangGraph Platform, state
+and history read back with LangGraph's own types as JSON, interrupts resume, errors name the
+exception.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+async def _thread(client) -> str:
+    return (await client.threads.create())["thread_id"]
+
+
+async def test_a_python_graph_runs_and_its_thread_keeps_the_state(python_client):
+    thread = await _thread(python_client)
+    out = await python_client.runs.wait(thread, "chain", input={"n": 1})
+    assert out == {"n": 4}
+    # The next run starts from the thread's state, as LangGraph's checkpointer gives it back.
+    out = await python_client.runs.wait(thread, "chain", input={"n": 10})
+    assert out == {"n": 13}
+    state = await python_client.threads.get_state(thread)
+    assert state["values"] == {"n": 13}
+    assert state["next"] == []
+    got = await python_client.threads.get(thread)
+    assert got["status"] == "idle"
+    assert got["values"] == {"n": 13}
+
+
+async def test_messages_come_back_as_langchain_messages_in_json(python_client):
+    thread = await _thread(python_client)
+    out = await python_client.runs.wait(
+        thread, "echo", input={"messages": [{"type": "human", "content": "hi"}]}
+    )
+    messages = out["messages"]
+    assert [m["type"] for m in messages] == ["human", "ai"]
+    assert messages[1]["content"] == "echo: hi"
+    # A second turn adds to the history the checkpoint kept (add_messages on real messages).
+    out = await python_client.runs.wait(
+        thread, "echo", input={"messages": [{"type": "human", "content": "again"}]}
+    )
+    assert [m["content"] for m in out["messages"]] == ["hi", "echo: hi", "again", "echo: again"]
+    assert all(m["id"] for m in out["messages"])
+
+
+async def test_stream_modes_values_and_updates(python_client):
+    thread = await _thread(python_client)
+    chunks = [
+        c
+        async for c in python_client.runs.stream(
+            thread, "chain", input={"n": 0}, stream_mode=["values", "updates"]
+        )
+    ]
+    events = [c.event for c in chunks]
+    assert events[0] == "metadata"
+    values = [c.data for c in chunks if c.event == "values"]
+    updates = [c.data for c in chunks if c.event == "updates"]
+    assert values == [{"n": 0}, {"n": 1}, {"n": 2}, {"n": 3}]
+    assert updates == [{"a": {"n": 1}}, {"b": {"n": 2}}, {"c": {"n": 3}}]
+
+
+async def test_an_interrupt_waits_and_a_resume_finishes_it(python_client):
+    thread = await _thread(python_client)
+    out = await python_client.runs.wait(
+        thread, "approval", input={"messages": [{"type": "human", "content": "deploy"}]}
+    )
+    assert out["__interrupt__"][0]["value"] == {"question": "approve?"}
+    state = await python_client.threads.get_state(thread)
+    assert state["next"] == ["ask"]
+    assert state["tasks"][0]["interrupts"][0]["value"] == {"question": "approve?"}
+    got = await python_client.threads.get(thread)
+    assert got["status"] == "interrupted"
+    assert list(got["interrupts"].values())[0][0]["value"] == {"question": "approve?"}
+
+    out = await python_client.runs.wait(thread, "approval", command={"resume": "yes"})
+    assert out["messages"][-1]["content"] == "decision: yes"
+    assert (await python_client.threads.get(thread))["status"] == "idle"
+
+
+async def test_history_lists_every_step_newest_first(python_client):
+    thread = await _thread(python_client)
+    await python_client.runs.wait(thread, "chain", input={"n": 0})
+    history = await python_client.threads.get_history(thread, limit=10)
+    assert [h["values"].get("n") for h in history] == [3, 2, 1, 0, None]
+    assert [h["metadata"]["step"] for h in history] == [3, 2, 1, 0, -1]
+    assert history[0]["next"] == [] and history[1]["next"] == ["c"]
+    # A past checkpoint reads back alone.
+    past = history[2]["checkpoint"]
+    state = await python_client.threads.get_state(thread, checkpoint=past)
+    assert state["values"] == {"n": 1}
+
+
+async def test_a_tool_calling_agent_runs_to_its_answer(python_client):
+    thread = await _thread(python_client)
+    out = await python_client.runs.wait(
+        thread, "agent", input={"messages": [{"type": "human", "content": "what is 2+3?"}]}
+    )
+    kinds = [m["type"] for m in out["messages"]]
+    assert kinds == ["human", "ai", "tool", "ai"]
+    assert out["messages"][1]["tool_calls"][0]["name"] == "add"
+    assert out["messages"][-1]["content"] == "The sum is 5."
+
+
+async def test_a_graph_that_raises_ends_the_run_with_its_exception(python_client):
+    thread = await _thread(python_client)
+    chunks = [c async for c in python_client.runs.stream(thread, "fail", input={})]
+    errors = [c.data for c in chunks if c.event == "error"]
+    assert errors and errors[0]["error"] == "ValueError"
+    assert "boom" in errors[0]["message"]
+    runs = await python_client.runs.list(thread)
+    assert runs[0]["status"] == "error"
+    assert (await python_client.threads.get(thread))["status"] == "error"
+
+
+async def test_fan_out_with_send_keeps_the_items_order(python_client):
+    thread = await _thread(python_client)
+    out = await python_client.runs.wait(thread, "fanout", input={"items": ["a", "b", "c"]})
+    assert out["results"] == ["A", "B", "C"]
+
+
+async def test_subgraph_events_stream_with_their_namespace(python_client):
+    thread = await _thread(python_client)
+    chunks = [
+        c
+        async for c in python_client.runs.stream(
+            thread,
+            "nested",
+            input={"messages": [{"type": "human", "content": "go"}]},
+            stream_mode="updates",
+            stream_subgraphs=True,
+        )
+    ]
+    names = [c.event for c in chunks if c.event.startswith("updates")]
+    assert "updates" in names
+    assert any(n.startswith("updates|child:") for n in names), names
+    final = await python_client.threads.get_state(thread)
+    assert [m["content"] for m in final["values"]["messages"]] == ["go", "prep", "c1", "c2"]
+
+
+async def test_custom_events_stream_as_the_graph_writes_them(python_client):
+    thread = await _thread(python_client)
+    chunks = [
+        c
+        async for c in python_client.runs.stream(
+            thread, "slow", input={"delay_ms": 1, "ticks": 0}, stream_mode="custom"
+        )
+    ]
+    assert [c.data for c in chunks if c.event == "custom"] == [{"tick": "a"}, {"tick": "b"}]
+
+
+async def test_a_background_run_is_joined_with_its_final_values(python_client):
+    thread = await _thread(python_client)
+    run = await python_client.runs.create(thread, "chain", input={"n": 5})
+    assert await python_client.runs.join(thread, run["run_id"]) == {"n": 8}
+    assert (await python_client.runs.get(thread, run["run_id"]))["status"] == "success"
+
+
+async def test_a_cancelled_python_run_stops(python_client):
+    thread = await _thread(python_client)
+    run = await python_client.runs.create(thread, "slow", input={"delay_ms": 3000, "ticks": 0})
+    await python_client.runs.cancel(thread, run["run_id"], wait=True)
+    got = await python_client.runs.get(thread, run["run_id"])
+    assert got["status"] == "interrupted"
+
+
+async def test_the_default_assistants_are_the_python_graphs(python_client):
+    found = await python_client.assistants.search(limit=100)
+    graphs = {a["graph_id"] for a in found}
+    assert {"echo", "chain", "approval", "agent", "fanout", "nested", "slow", "fail"} <= graphs
+
+
+@pytest.mark.parametrize("graph", ["chain"])
+async def test_a_stateless_run_answers_without_a_thread(python_client, graph):
+    out = await python_client.runs.wait(None, graph, input={"n": 1})
+    assert out == {"n": 4}
