@@ -172,7 +172,9 @@ pub(crate) async fn insert_checkpoint(
     let bases: Vec<Option<i64>> = blobs.iter().map(|b| b.base).collect();
     let values: Vec<&[u8]> = blobs.iter().map(|b| b.value.as_slice()).collect();
     // Saved again under the same id, a checkpoint replaces the earlier one, writes
-    // included; for a new id the `DELETE` finds nothing.
+    // included. A first save keeps the writes already there: a Python graph's loop may save
+    // a step's writes before the checkpoint they were made on (the `EXISTS` reads the table
+    // as it was before this statement).
     let saved = sqlx::query(
         "WITH live AS ( \
              SELECT $11::uuid IS NULL OR EXISTS ( \
@@ -187,6 +189,8 @@ pub(crate) async fn insert_checkpoint(
              DELETE FROM checkpoint_writes \
              WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3 \
                AND (SELECT ok FROM live) \
+               AND EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = $1 \
+                           AND checkpoint_ns = $2 AND checkpoint_id = $3) \
          ) \
          INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, \
                                   checkpoint, metadata) \
