@@ -175,3 +175,54 @@ async def test_the_default_assistants_are_the_python_graphs(python_client):
 async def test_a_stateless_run_answers_without_a_thread(python_client, graph):
     out = await python_client.runs.wait(None, graph, input={"n": 1})
     assert out == {"n": 4}
+
+
+async def test_update_state_writes_as_a_node_and_a_run_goes_on_from_it(python_client):
+    """`update_state` runs the graph's own reducers as `as_node` wrote the values; the next
+    run with no input continues from the edit (LangGraph's time travel)."""
+    thread = await _thread(python_client)
+    await python_client.runs.wait(thread, "chain", input={"n": 1})
+    written = await python_client.threads.update_state(thread, {"n": 100}, as_node="b")
+    assert written["checkpoint"]["checkpoint_id"]
+    state = await python_client.threads.get_state(thread)
+    assert state["values"] == {"n": 100}
+    assert state["next"] == ["c"]
+    assert state["metadata"]["source"] == "update"
+    assert (await python_client.threads.get(thread))["values"] == {"n": 100}
+    out = await python_client.runs.wait(thread, "chain", input=None)
+    assert out == {"n": 101}
+
+
+async def test_update_state_as_an_unknown_node_is_refused_and_changes_nothing(python_client):
+    thread = await _thread(python_client)
+    await python_client.runs.wait(thread, "chain", input={"n": 1})
+    before = await python_client.threads.get_history(thread, limit=20)
+    with pytest.raises(Exception) as refused:
+        await python_client.threads.update_state(thread, {"n": 5}, as_node="nowhere")
+    assert getattr(refused.value, "response").status_code == 422
+    assert "nowhere" in refused.value.response.text
+    assert await python_client.threads.get_history(thread, limit=20) == before
+
+
+async def test_a_fork_from_a_past_checkpoint_runs_from_there(python_client):
+    """Time travel: a run given a past checkpoint continues from that state."""
+    thread = await _thread(python_client)
+    await python_client.runs.wait(thread, "chain", input={"n": 0})
+    history = await python_client.threads.get_history(thread, limit=10)
+    after_a = next(h for h in history if h["values"].get("n") == 1)
+    out = await python_client.runs.wait(
+        thread, "chain", input=None, checkpoint_id=after_a["checkpoint"]["checkpoint_id"]
+    )
+    assert out == {"n": 3}
+
+
+async def test_schemas_and_drawing_come_from_the_python_graph(python_client):
+    schemas = await python_client.assistants.get_schemas("chain")
+    assert schemas["graph_id"] == "chain"
+    assert schemas["state_schema"]["properties"]["n"]["type"] == "integer"
+    drawn = await python_client.assistants.get_graph("chain")
+    assert {n["id"] for n in drawn["nodes"]} >= {"__start__", "a", "b", "c", "__end__"}
+    nested = await python_client.assistants.get_graph("nested", xray=True)
+    assert {"child:c1", "child:c2"} <= {n["id"] for n in nested["nodes"]}
+    subgraphs = await python_client.assistants.get_subgraphs("nested")
+    assert list(subgraphs) == ["child"]

@@ -156,3 +156,43 @@ pub async fn subgraphs(
     }
     json_of(&call(pool, "graph.subgraphs", &body).await?)
 }
+
+/// Edits a Python graph's thread state as if nodes had written `supersteps` (each a list of
+/// `{values, as_node}`), from the checkpoint `at` points to; answers where the new checkpoint
+/// is (`{thread_id, checkpoint_ns, checkpoint_id}`). LangGraph's reducers run in the worker.
+pub async fn update(
+    pool: &Arc<PythonPool>,
+    graph_id: &str,
+    at: &At,
+    supersteps: Value,
+) -> Result<Value, ReadError> {
+    let body = json!({"graph_id": graph_id, "config": at.config(), "updates": supersteps});
+    let answer = call(pool, "state.update", &body).await?;
+    rmpv::ext::from_value(answer["config"].clone()).map_err(|e| {
+        ReadError::Unavailable(format!("the worker's state.update answer is not understood: {e}"))
+    })
+}
+
+/// A thread's columns (`GET /threads/{id}`) from its state as the API shows it: `interrupted`
+/// when nodes are next, the values, and the interrupts of its tasks by task id.
+pub fn columns_of(state: &Value) -> spindle_storage::ThreadStateColumns {
+    let next = state["next"].as_array().is_some_and(|n| !n.is_empty());
+    let mut interrupts = serde_json::Map::new();
+    for task in state["tasks"].as_array().into_iter().flatten() {
+        let (Some(id), Some(found)) = (task["id"].as_str(), task["interrupts"].as_array()) else {
+            continue;
+        };
+        if !found.is_empty() {
+            interrupts.insert(id.to_owned(), Value::Array(found.clone()));
+        }
+    }
+    spindle_storage::ThreadStateColumns {
+        status: if next {
+            spindle_storage::ThreadStatus::Interrupted
+        } else {
+            spindle_storage::ThreadStatus::Idle
+        },
+        values: Some(state["values"].clone()),
+        interrupts,
+    }
+}

@@ -20,7 +20,10 @@ use utoipa_axum::routes;
 
 use crate::error::{ApiError, ApiResult, ErrorBody, ValidationErrorBody};
 use crate::extract::{ApiJson, ApiQuery, Patch, Validate, Violations};
+use crate::routes::state::python_read_failed;
 use crate::state::{AppState, Caller};
+use spindle_execution::graphs::LoadedGraph;
+use spindle_execution::python::reads as python_reads;
 use crate::wire::{
     page, pagination_headers, select_fields, validate_page, IfExistsWire, JsonObject, SortOrderWire,
 };
@@ -375,12 +378,23 @@ fn unknown_graph(state: &AppState, graph_id: &str) -> ApiError {
     .with_detail("graph_id", json!(graph_id))
 }
 
-fn graph_of(state: &AppState, graph_id: &str) -> ApiResult<Arc<Graph>> {
-    state
-        .graphs
-        .get(graph_id)
-        .cloned()
-        .ok_or_else(|| unknown_graph(state, graph_id))
+/// A graph this server runs, or the 404 naming the ones it does.
+fn require_graph(state: &AppState, graph_id: &str) -> ApiResult<()> {
+    match state.graphs.contains(graph_id) {
+        true => Ok(()),
+        false => Err(unknown_graph(state, graph_id)),
+    }
+}
+
+/// The graph an assistant runs, for its drawing and schemas: a graph file's, which Spindle
+/// reads itself, or a Python graph, which a worker reads (given the assistant's config, for
+/// a graph made by a factory).
+enum AssistantGraph {
+    Engine(Arc<Graph>),
+    Python {
+        pool: Arc<spindle_execution::python::pool::PythonPool>,
+        config: Value,
+    },
 }
 
 /// Keeps `config.configurable` and `context` in step, as LangGraph does: context is the
@@ -424,7 +438,7 @@ async fn create_assistant(
     Caller(scope): Caller,
     ApiJson(body): ApiJson<AssistantCreate>,
 ) -> ApiResult<Json<AssistantOut>> {
-    graph_of(&state, &body.graph_id)?;
+    require_graph(&state, &body.graph_id)?;
     refuse_graph_id(&state, body.assistant_id)?;
     let mut config = body.config.unwrap_or_default();
     let context_given = body.context.is_some();
@@ -516,7 +530,7 @@ async fn patch_assistant(
 ) -> ApiResult<Json<AssistantOut>> {
     let id = resolve_assistant_id(&state, &assistant_id)?;
     if let Some(graph_id) = body.graph_id.as_value() {
-        graph_of(&state, graph_id)?;
+        require_graph(&state, graph_id)?;
     }
     let patch = assistant_patch(body)?;
     Ok(Json(
@@ -588,11 +602,38 @@ async fn assistant_graph(
     state: &AppState,
     scope: &Scope,
     raw_id: &str,
-) -> ApiResult<(String, Arc<Graph>)> {
+) -> ApiResult<(String, AssistantGraph)> {
     let id = resolve_assistant_id(state, raw_id)?;
     let assistant = state.storage.get_assistant(scope, id).await?;
-    let graph = graph_of(state, &assistant.fields.graph_id)?;
-    Ok((assistant.fields.graph_id, graph))
+    let graph_id = assistant.fields.graph_id.clone();
+    let graph = match state.graphs.loaded(&graph_id) {
+        Some(LoadedGraph::Engine(graph)) => AssistantGraph::Engine(graph.clone()),
+        Some(LoadedGraph::Python(_)) => AssistantGraph::Python {
+            pool: state
+                .workers
+                .python()
+                .cloned()
+                .ok_or_else(|| ApiError::conflict("this server has no Python workers"))?,
+            config: python_read_config(&assistant),
+        },
+        None => return Err(unknown_graph(state, &graph_id)),
+    };
+    Ok((graph_id, graph))
+}
+
+/// The assistant's config as a Python graph's factory gets it: its context in
+/// `configurable`, as LangGraph Platform passes it.
+fn python_read_config(assistant: &Assistant) -> Value {
+    let mut config = assistant.fields.config.clone();
+    let configurable = config
+        .entry("configurable")
+        .or_insert_with(|| json!({}));
+    if let Value::Object(configurable) = configurable {
+        for (key, value) in &assistant.fields.context {
+            configurable.entry(key.clone()).or_insert(value.clone());
+        }
+    }
+    Value::Object(config)
 }
 
 /// `?xray=`: `true`/`false`, or a depth greater than 0.
@@ -627,8 +668,21 @@ async fn get_assistant_graph(
     ApiQuery(query): ApiQuery<GraphQuery>,
 ) -> ApiResult<Json<Value>> {
     let xray = parse_xray(query.xray.as_deref())?;
-    let (_, graph) = assistant_graph(&state, &scope, &assistant_id).await?;
-    Ok(Json(graph.drawable(xray)))
+    let (graph_id, graph) = assistant_graph(&state, &scope, &assistant_id).await?;
+    match graph {
+        AssistantGraph::Engine(graph) => Ok(Json(graph.drawable(xray))),
+        AssistantGraph::Python { pool, config } => {
+            let xray = match xray {
+                spindle_graph::XRay::Off => json!(false),
+                spindle_graph::XRay::All => json!(true),
+                spindle_graph::XRay::Depth(depth) => json!(depth),
+            };
+            let drawn = python_reads::draw(&pool, &graph_id, &config, xray)
+                .await
+                .map_err(python_read_failed)?;
+            Ok(Json(drawn))
+        }
+    }
 }
 
 fn schemas_json(graph: &Graph) -> serde_json::Map<String, Value> {
@@ -651,9 +705,17 @@ async fn get_assistant_schemas(
     Path(assistant_id): Path<String>,
 ) -> ApiResult<Json<Value>> {
     let (graph_id, graph) = assistant_graph(&state, &scope, &assistant_id).await?;
+    let schemas = match graph {
+        AssistantGraph::Engine(graph) => schemas_json(&graph),
+        AssistantGraph::Python { pool, config } => {
+            python_reads::schemas(&pool, &graph_id, &config)
+                .await
+                .map_err(python_read_failed)?
+        }
+    };
     let mut body = serde_json::Map::new();
     body.insert("graph_id".into(), json!(graph_id));
-    body.extend(schemas_json(&graph));
+    body.extend(schemas);
     Ok(Json(Value::Object(body)))
 }
 
@@ -678,9 +740,9 @@ async fn get_assistant_subgraphs(
     Path(assistant_id): Path<String>,
     ApiQuery(query): ApiQuery<SubgraphsQuery>,
 ) -> ApiResult<Json<Value>> {
-    let (_, graph) = assistant_graph(&state, &scope, &assistant_id).await?;
+    let (graph_id, graph) = assistant_graph(&state, &scope, &assistant_id).await?;
     let recurse = query.recurse.unwrap_or(false);
-    Ok(Json(subgraph_schemas(&graph, None, recurse)))
+    subgraphs_of(&graph_id, graph, None, recurse).await
 }
 
 #[utoipa::path(get, path = "/assistants/{assistant_id}/subgraphs/{namespace}", tag = "assistants",
@@ -694,11 +756,28 @@ async fn get_assistant_subgraphs_of(
     Path((assistant_id, namespace)): Path<(String, String)>,
     ApiQuery(query): ApiQuery<SubgraphsQuery>,
 ) -> ApiResult<Json<Value>> {
-    let (_, graph) = assistant_graph(&state, &scope, &assistant_id).await?;
+    let (graph_id, graph) = assistant_graph(&state, &scope, &assistant_id).await?;
     // Only the subgraph at exactly that namespace (a nested one needs `recurse`), as the
     // reference answers: `{}` when there is none.
     let recurse = query.recurse.unwrap_or(false);
-    Ok(Json(subgraph_schemas(&graph, Some(&namespace), recurse)))
+    subgraphs_of(&graph_id, graph, Some(&namespace), recurse).await
+}
+
+async fn subgraphs_of(
+    graph_id: &str,
+    graph: AssistantGraph,
+    namespace: Option<&str>,
+    recurse: bool,
+) -> ApiResult<Json<Value>> {
+    match graph {
+        AssistantGraph::Engine(graph) => Ok(Json(subgraph_schemas(&graph, namespace, recurse))),
+        AssistantGraph::Python { pool, config } => {
+            let found = python_reads::subgraphs(&pool, graph_id, &config, namespace, recurse)
+                .await
+                .map_err(python_read_failed)?;
+            Ok(Json(found))
+        }
+    }
 }
 
 #[utoipa::path(post, path = "/assistants/{assistant_id}/versions", tag = "assistants", request_body = Option<AssistantVersionsRequest>,

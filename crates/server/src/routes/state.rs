@@ -505,6 +505,86 @@ async fn read_history(
     Ok(states.iter().map(StateSnapshot::to_json).collect())
 }
 
+/// `POST /threads/{id}/state` on a Python graph's thread: the worker runs LangGraph's
+/// `update_state` (the graph's reducers, `as_node`), then the thread's columns follow the new
+/// state, with the state-update event, as for a graph file's thread.
+///
+/// The busy check comes first: the worker stores the new checkpoint itself, so a thread
+/// with a run pending or running is refused before anything is written. (A run created in
+/// the instant between the check and the write is then refused its columns; the checkpoint
+/// stays, as the latest the run starts from.)
+async fn python_update_state(
+    state: &AppState,
+    scope: &Scope,
+    thread: &Thread,
+    graph_id: &str,
+    body: StateUpdateRequest,
+) -> ApiResult<Json<Value>> {
+    if thread.status == spindle_storage::ThreadStatus::Busy {
+        return Err(ApiError::conflict(format!(
+            "thread {} has a run pending or running; edit its state once it is done",
+            thread.thread_id
+        )));
+    }
+    let pool = python_pool(state)?;
+    let tid = thread.thread_id.to_string();
+    let at = python_reads::At {
+        thread_id: tid.clone(),
+        checkpoint_ns: body
+            .checkpoint
+            .as_ref()
+            .and_then(|c| c.checkpoint_ns.clone())
+            .unwrap_or_default(),
+        checkpoint_id: body
+            .checkpoint
+            .as_ref()
+            .and_then(|c| c.checkpoint_id.clone())
+            .or(body.checkpoint_id),
+    };
+    let mut update = json!({"values": body.values});
+    if let Some(node) = body.as_node {
+        update["as_node"] = json!(node);
+    }
+    let written = python_reads::update(pool, graph_id, &at, json!([[update]]))
+        .await
+        .map_err(|e| match e {
+            python_reads::ReadError::Invalid(msg) => {
+                ApiError::field(vec![json!("body"), json!("values")], "invalid_update", msg)
+            }
+            other => python_read_failed(other),
+        })?;
+    let latest = python_reads::At {
+        thread_id: tid.clone(),
+        ..Default::default()
+    };
+    let snapshot = python_reads::state(pool, graph_id, &latest, false)
+        .await
+        .map_err(python_read_failed)?;
+    let event = ThreadEvent {
+        event: STATE_UPDATE_EVENT.into(),
+        data: json!({"state": snapshot, "thread_id": tid}),
+    };
+    let write = StateWrite {
+        checkpoints: Vec::new(),
+        columns: python_reads::columns_of(&snapshot),
+        expect_latest: None,
+    };
+    let stored = state
+        .storage
+        .write_thread_state(scope, thread.thread_id, write, Some(event))
+        .await?;
+    if let Some(event) = stored.event {
+        state
+            .hub
+            .publish(thread.thread_id, HubMessage::Event(Arc::new(event)));
+    }
+    Ok(Json(json!({
+        "checkpoint": written,
+        "configurable": written,
+        "checkpoint_id": written["checkpoint_id"],
+    })))
+}
+
 /// A Python graph's thread state, as its worker reads it.
 async fn python_state(
     state: &AppState,
@@ -694,10 +774,16 @@ async fn update_state(
 ) -> ApiResult<Json<Value>> {
     let id = path_thread_id(&thread_id)?;
     let thread = state.storage.get_thread(&scope, id).await?;
-    let Some(graph) = thread_graph(&state, &scope, &thread).await? else {
-        return Err(ApiError::conflict(format!(
-            "thread {id} has no graph: make a run on it, or set `graph_id` in its metadata"
-        )));
+    let graph = match thread_graph_of(&state, &scope, &thread).await? {
+        Some(ThreadGraph::Engine(graph)) => graph,
+        Some(ThreadGraph::Python(graph_id)) => {
+            return python_update_state(&state, &scope, &thread, &graph_id, body).await;
+        }
+        None => {
+            return Err(ApiError::conflict(format!(
+                "thread {id} has no graph: make a run on it, or set `graph_id` in its metadata"
+            )))
+        }
     };
     let ns = body
         .checkpoint

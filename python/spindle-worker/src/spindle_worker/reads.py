@@ -11,6 +11,7 @@ from typing import Any
 
 from langchain_core.runnables.utils import create_model  # knows `__root__` models, as the reference uses
 from langgraph.checkpoint.serde.jsonplus import _msgpack_ext_hook_to_json
+from langgraph.errors import InvalidUpdateError
 from langgraph.pregel import Pregel
 from langgraph.types import StateSnapshot, StateUpdate
 from pydantic import TypeAdapter
@@ -178,7 +179,12 @@ class Reads:
         config["configurable"].setdefault("checkpoint_ns", "")
         steps = [[_state_update(u) for u in step] for step in supersteps]
         async with opener as graph:
-            next_config = await graph.abulk_update_state(config, steps)
+            try:
+                next_config = await graph.abulk_update_state(config, steps)
+            except InvalidUpdateError as e:
+                # The request's fault (an unknown `as_node`, an ambiguous update): Spindle
+                # answers it as a 422, as for a graph file's thread.
+                raise RequestError("bad_request", f"InvalidUpdateError: {e}") from None
         return {"config": dict(next_config["configurable"])}
 
     async def graph_schemas(self, body: Any) -> dict[str, Any]:
