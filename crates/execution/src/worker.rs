@@ -29,9 +29,9 @@ use uuid::Uuid;
 use crate::event_pump::{logged, pump_events, ProtocolLog};
 use crate::execute::{keys, resumed, run_config, run_input, Resumed};
 use crate::graphs::{GraphRegistry, LoadedGraph};
-use crate::python::pool::PythonPool;
 use crate::hub::{EndedRun, EventHub, HubMessage};
 use crate::logged_saves::LoggedSaves;
+use crate::python::pool::PythonPool;
 use crate::store::{GraphStore, StoreConfig};
 use crate::v2_events::{self, normalize, normalize::Normalizer};
 use crate::webhook::{self, Webhooks};
@@ -659,9 +659,9 @@ fn python_ran(done: crate::python::calls::RunDone) -> Ran {
     let outcome = match done.status.as_str() {
         "success" | "interrupted" => Ok(()),
         "cancelled" => Err(Failure::Run(RunError::Cancelled)),
-        _ => Err(Failure::Worker(done.error.unwrap_or_else(|| {
-            json!({"error": "WorkerError", "message": format!("the run ended {}", done.status)})
-        }))),
+        _ => Err(Failure::Worker(done.error.unwrap_or_else(
+            || json!({"error": "WorkerError", "message": format!("the run ended {}", done.status)}),
+        ))),
     };
     if let (Err(Failure::Worker(body)), Some(traceback)) = (&outcome, &done.traceback) {
         tracing::warn!(error = %body, %traceback, "the run's graph raised");

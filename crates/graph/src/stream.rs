@@ -310,7 +310,9 @@ mod tests {
             assert_eq!(event.event_name(), name);
         }
         assert_eq!(
-            StreamEvent::from_name("messages", Value::Null).unwrap().mode,
+            StreamEvent::from_name("messages", Value::Null)
+                .unwrap()
+                .mode,
             StreamMode::Messages
         );
         assert!(StreamEvent::from_name("messages/bogus", Value::Null).is_none());

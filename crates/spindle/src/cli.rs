@@ -103,6 +103,16 @@ pub struct ServerArgs {
     #[arg(long, env = "SPINDLE_PYTHON_RUNS_PER_WORKER", value_parser = clap::value_parser!(u32).range(1..))]
     pub python_runs_per_worker: Option<u32>,
 
+    /// Replace a Python worker after it has started this many runs (its memory starts over)
+    /// [default: never]
+    #[arg(long, env = "SPINDLE_PYTHON_RECYCLE_AFTER_RUNS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub python_recycle_after_runs: Option<u64>,
+
+    /// Replace a Python worker once its memory passes this many MiB (it finishes its runs
+    /// first) [default: no limit]
+    #[arg(long, env = "SPINDLE_PYTHON_MAX_MEMORY_MB", value_parser = clap::value_parser!(u64).range(1..))]
+    pub python_max_memory_mb: Option<u64>,
+
     #[command(flatten)]
     pub database: DatabaseArgs,
 }

@@ -74,6 +74,8 @@ pub struct ServerSection {
     pub python: Option<PathBuf>,
     pub python_workers: Option<usize>,
     pub python_runs_per_worker: Option<u32>,
+    pub python_recycle_after_runs: Option<u64>,
+    pub python_max_memory_mb: Option<u64>,
 }
 
 /// `store`, as LangGraph's `langgraph.json` spells it.
@@ -239,16 +241,25 @@ mod tests {
         std::fs::write(dir.path().join(".env"), "A=1\n# comment\nB=\"two words\"\n").unwrap();
         let path = dir.path().join("langgraph.json");
         std::fs::write(&path, r#"{"graphs": {}, "env": ".env"}"#).unwrap();
-        let env = LoadedConfig::discover(Some(&path)).unwrap().worker_env().unwrap();
+        let env = LoadedConfig::discover(Some(&path))
+            .unwrap()
+            .worker_env()
+            .unwrap();
         assert_eq!(env["A"], "1");
         assert_eq!(env["B"], "two words");
 
         std::fs::write(&path, r#"{"graphs": {}, "env": {"C": "3"}}"#).unwrap();
-        let env = LoadedConfig::discover(Some(&path)).unwrap().worker_env().unwrap();
+        let env = LoadedConfig::discover(Some(&path))
+            .unwrap()
+            .worker_env()
+            .unwrap();
         assert_eq!(env["C"], "3");
 
         std::fs::write(&path, r#"{"graphs": {}, "env": "missing.env"}"#).unwrap();
-        let err = LoadedConfig::discover(Some(&path)).unwrap().worker_env().unwrap_err();
+        let err = LoadedConfig::discover(Some(&path))
+            .unwrap()
+            .worker_env()
+            .unwrap_err();
         assert!(format!("{err:#}").contains("missing.env"), "{err:#}");
     }
 

@@ -133,7 +133,10 @@ mod tests {
     #[test]
     fn graph_kinds_name_graph_files_and_python() {
         let mut registry = GraphRegistry::new();
-        registry.insert("echo", spindle_graph::examples::get("echo").unwrap().unwrap());
+        registry.insert(
+            "echo",
+            spindle_graph::examples::get("echo").unwrap().unwrap(),
+        );
         registry.insert_python(
             "agent",
             PythonGraph {

@@ -50,6 +50,15 @@ pub async fn start(
             .or(config.file.server.python_runs_per_worker)
             .unwrap_or(DEFAULT_RUNS_PER_WORKER)
             .max(1),
+        recycle_after_runs: args
+            .python_recycle_after_runs
+            .or(config.file.server.python_recycle_after_runs),
+        max_rss_bytes: args
+            .python_max_memory_mb
+            .or(config.file.server.python_max_memory_mb)
+            .map(|mb| mb.saturating_mul(1024 * 1024)),
+        ping_every: PoolSettings::PING_EVERY,
+        missed_pings: PoolSettings::MISSED_PINGS,
     };
     let workers = settings.workers;
     let calls = Arc::new(SpindleCalls::new(storage, store));
@@ -61,11 +70,17 @@ pub async fn start(
         let load = report.graphs.get(&graph_id);
         let error = match load {
             Some(load) if load.ok => None,
-            Some(load) => Some(load.error.clone().unwrap_or_else(|| "it failed to load".into())),
+            Some(load) => Some(
+                load.error
+                    .clone()
+                    .unwrap_or_else(|| "it failed to load".into()),
+            ),
             None => Some("the worker did not report it".into()),
         };
         if let Some(error) = &error {
-            let traceback = load.and_then(|l| l.traceback.as_deref()).unwrap_or_default();
+            let traceback = load
+                .and_then(|l| l.traceback.as_deref())
+                .unwrap_or_default();
             if mode == Mode::Serve {
                 bail!("graph '{graph_id}' ({spec}) failed to import: {error}\n{traceback}");
             }

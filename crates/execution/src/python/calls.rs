@@ -56,6 +56,12 @@ pub struct ActiveRun {
     pub done: oneshot::Sender<RunDone>,
 }
 
+/// What a call made for a run uses: the run's checkpointer and its user.
+struct CallingRun {
+    saves: Arc<dyn Checkpointer>,
+    scope: Scope,
+}
+
 /// The worker calls of every worker of a pool.
 pub struct SpindleCalls {
     storage: Arc<dyn Storage>,
@@ -89,12 +95,15 @@ impl SpindleCalls {
     }
 
     /// The run attempt a call names, if any: `Err(fenced)` when it is not executing here.
-    fn run_of(&self, body: &Msg) -> Result<Option<(RunKey, Arc<dyn Checkpointer>, Scope)>, RemoteError> {
+    fn run_of(&self, body: &Msg) -> Result<Option<CallingRun>, RemoteError> {
         let Some(key) = run_key(body)? else {
             return Ok(None);
         };
         match self.lock().get(&key) {
-            Some(run) => Ok(Some((key, run.saves.clone(), run.scope.clone()))),
+            Some(run) => Ok(Some(CallingRun {
+                saves: run.saves.clone(),
+                scope: run.scope.clone(),
+            })),
             None => Err(RemoteError::fenced(format!(
                 "run {} attempt {} is no longer executing here",
                 key.0, key.1
@@ -104,7 +113,7 @@ impl SpindleCalls {
 
     fn save(&self, op: &str, body: Msg) -> Reply {
         let parsed = match op {
-            "cp.put" => checkpoints::put_write(body.clone()).map(|(w, reply)| (w, reply)),
+            "cp.put" => checkpoints::put_write(body.clone()),
             _ => checkpoints::writes_write(body.clone()).map(|w| (w, Msg::Nil)),
         };
         let run = self.run_of(&body);
@@ -114,9 +123,10 @@ impl SpindleCalls {
         };
         let receipt = match run {
             // Queued now, on the reader task: behind the events that arrived before it.
-            Some((_, saves, _)) => saves
+            Some(run) => run
+                .saves
                 .queue(write)
-                .unwrap_or_else(|write| apply_later(saves.clone(), *write)),
+                .unwrap_or_else(|write| apply_later(run.saves.clone(), *write)),
             // A state update outside any run.
             None => apply_later(self.reads.clone(), write),
         };
@@ -171,7 +181,7 @@ impl SpindleCalls {
             Err(e) => return ready(Err(e)),
         };
         // Outside a run (a state read), the store is the local user's.
-        let scope = run.map_or_else(|| Scope::new(Scope::LOCAL_USER), |(_, _, scope)| scope);
+        let scope = run.map_or_else(|| Scope::new(Scope::LOCAL_USER), |run| run.scope);
         let storage = self.storage.clone();
         let config = self.store.clone();
         Box::pin(async move {
@@ -269,9 +279,9 @@ fn apply_later(
     let saved = tokio::spawn(async move { write.apply(saver.as_ref()).await });
     Box::pin(async move {
         saved.await.unwrap_or_else(|e| {
-            Err(spindle_graph::checkpoint::CheckpointError::Backend(format!(
-                "the save's task failed: {e}"
-            )))
+            Err(spindle_graph::checkpoint::CheckpointError::Backend(
+                format!("the save's task failed: {e}"),
+            ))
         })
     })
 }
@@ -309,7 +319,10 @@ fn decode_events(body: &Msg) -> Vec<StreamEvent> {
     for pair in pairs {
         let name = pair[0].as_str().unwrap_or_default();
         let Msg::Binary(bytes) = &pair[1] else {
-            tracing::warn!(event = name, "a worker's event has no JSON payload; left out");
+            tracing::warn!(
+                event = name,
+                "a worker's event has no JSON payload; left out"
+            );
             continue;
         };
         let data: Value = match serde_json::from_slice(bytes) {
@@ -321,14 +334,18 @@ fn decode_events(body: &Msg) -> Vec<StreamEvent> {
         };
         match StreamEvent::from_name(name, data) {
             Some(event) => events.push(event),
-            None => tracing::warn!(event = name, "a worker's event names no stream mode; left out"),
+            None => tracing::warn!(
+                event = name,
+                "a worker's event names no stream mode; left out"
+            ),
         }
     }
     events
 }
 
 async fn list_tuples(reads: &dyn Checkpointer, list: ListBody) -> Result<Msg, RemoteError> {
-    let internal = |e: spindle_graph::checkpoint::CheckpointError| RemoteError::internal(e.to_string());
+    let internal =
+        |e: spindle_graph::checkpoint::CheckpointError| RemoteError::internal(e.to_string());
     let Some(config) = &list.config else {
         return Err(RemoteError::bad_request(
             "cp.list needs config.thread_id: Spindle lists one thread's checkpoints",

@@ -166,7 +166,9 @@ pub fn put_write(body: Msg) -> Result<(QueuedWrite, Msg), RemoteError> {
         let value = if type_name == EMPTY {
             BlobValue::Empty
         } else {
-            let bytes = bytes.map(serde_bytes::ByteBuf::into_vec).unwrap_or_default();
+            let bytes = bytes
+                .map(serde_bytes::ByteBuf::into_vec)
+                .unwrap_or_default();
             BlobValue::Full {
                 value: PyValue { type_name, bytes }.to_json(),
             }
@@ -317,7 +319,12 @@ mod tests {
                 "msgpack".into(),
                 Msg::Binary(vec![0x93, 1, 2, 0xff]),
             ]),
-            Msg::Array(vec!["branch:to:n".into(), 1.into(), "null".into(), Msg::Binary(vec![])]),
+            Msg::Array(vec![
+                "branch:to:n".into(),
+                1.into(),
+                "null".into(),
+                Msg::Binary(vec![]),
+            ]),
             Msg::Array(vec!["gone".into(), 3.into(), "empty".into(), Msg::Nil]),
         ]);
         for (key, value) in entries.iter_mut() {
@@ -343,7 +350,9 @@ mod tests {
         let mut loaded = (*checkpoint).clone();
         for blob in &blobs {
             if let BlobValue::Full { value } = &blob.value {
-                loaded.channel_values.insert(blob.channel.clone(), value.clone());
+                loaded
+                    .channel_values
+                    .insert(blob.channel.clone(), value.clone());
             }
         }
         let tuple = CheckpointTuple {

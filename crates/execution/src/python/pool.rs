@@ -1,14 +1,16 @@
 //! The pool of Python workers a server runs its Python graphs on, and their supervision.
 //!
 //! Each worker executes up to `runs_per_worker` runs at once; a run goes to the worker with
-//! the fewest. The supervisor pings every worker every [`PING_EVERY`]; one that misses
-//! [`MISSED_PINGS`] in a row (its event loop is blocked) gets no new runs until it answers
-//! again. A worker that exits is replaced at once (with a growing pause when replacements keep
-//! dying at start); the runs it had are handed back by their executors (see `executor`).
+//! the fewest. The supervisor pings every worker (every 10 s by default); one that misses 3 in
+//! a row (its event loop is blocked) gets no new runs until it answers again. A worker that
+//! exits is replaced at once (with a growing pause when replacements keep dying at start); the
+//! runs it had are handed back by their executors (see `executor`). A worker that has started
+//! `recycle_after_runs` runs, or whose memory passed `max_rss_bytes`, is recycled: it takes no
+//! new runs, a replacement starts, and it is closed once its last run ends.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,12 +18,8 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::calls::SpindleCalls;
-use super::process::{InitReport, SpawnError, WorkerError, WorkerExit, WorkerProcess, WorkerSpec};
+use super::process::{InitReport, SpawnError, WorkerError, WorkerProcess, WorkerSpec};
 
-/// How often each worker is pinged.
-pub const PING_EVERY: Duration = Duration::from_secs(10);
-/// Pings missed in a row before a worker gets no new runs.
-pub const MISSED_PINGS: u32 = 3;
 /// The longest pause between attempts to replace a worker that keeps dying at start.
 const MAX_RESTART_PAUSE: Duration = Duration::from_secs(30);
 /// How long a worker may take to close when the server stops.
@@ -38,6 +36,21 @@ pub struct PoolSettings {
     pub graphs: BTreeMap<String, String>,
     pub workers: usize,
     pub runs_per_worker: u32,
+    /// A worker is replaced after starting this many runs (`None`: never).
+    pub recycle_after_runs: Option<u64>,
+    /// A worker is replaced once its memory (as its pings report it) passes this.
+    pub max_rss_bytes: Option<u64>,
+    /// How often each worker is pinged, and how many missed pings in a row mean its event
+    /// loop is blocked.
+    pub ping_every: Duration,
+    pub missed_pings: u32,
+}
+
+impl PoolSettings {
+    /// How often workers are pinged unless set.
+    pub const PING_EVERY: Duration = Duration::from_secs(10);
+    /// Missed pings in a row before a worker gets no new runs, unless set.
+    pub const MISSED_PINGS: u32 = 3;
 }
 
 /// Why the pool could not start.
@@ -54,14 +67,31 @@ pub struct PoolWorker {
     process: WorkerProcess,
     /// Runs it executes now.
     active: AtomicU32,
+    /// Runs it was given since it started.
+    started_runs: AtomicU64,
     /// Answers its pings (a blocked event loop does not).
     healthy: AtomicBool,
+    /// Being recycled: no new runs; closed once its last run ends.
+    retiring: AtomicBool,
 }
 
 impl PoolWorker {
     pub fn process(&self) -> &WorkerProcess {
         &self.process
     }
+
+    fn takes_runs(&self) -> bool {
+        self.healthy.load(Ordering::Acquire) && !self.retiring.load(Ordering::Acquire)
+    }
+}
+
+/// A worker of the pool at a moment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerState {
+    pub pid: Option<u32>,
+    pub active_runs: u32,
+    /// Healthy and not being recycled.
+    pub takes_runs: bool,
 }
 
 /// A run's place on a worker; given back when dropped.
@@ -72,7 +102,10 @@ pub struct RunSlot {
 
 impl Drop for RunSlot {
     fn drop(&mut self) {
-        self.worker.active.fetch_sub(1, Ordering::AcqRel);
+        let left = self.worker.active.fetch_sub(1, Ordering::AcqRel) - 1;
+        if left == 0 && self.worker.retiring.load(Ordering::Acquire) {
+            self.worker.process.connection().close();
+        }
         self.pool.changed.notify_waiters();
     }
 }
@@ -84,6 +117,8 @@ pub struct PythonPool {
     /// A slot was freed or a worker came (back).
     changed: Notify,
     started: AtomicUsize,
+    /// Set by `supervise`: replacements are watched until it is cancelled.
+    shutdown: std::sync::OnceLock<CancellationToken>,
 }
 
 impl PythonPool {
@@ -99,6 +134,7 @@ impl PythonPool {
             workers: Mutex::new(Vec::new()),
             changed: Notify::new(),
             started: AtomicUsize::new(0),
+            shutdown: std::sync::OnceLock::new(),
         });
         let mut report = None;
         for _ in 0..pool.settings.workers.max(1) {
@@ -128,7 +164,9 @@ impl PythonPool {
         let worker = Arc::new(PoolWorker {
             process,
             active: AtomicU32::new(0),
+            started_runs: AtomicU64::new(0),
             healthy: AtomicBool::new(true),
+            retiring: AtomicBool::new(false),
         });
         Ok((worker, report))
     }
@@ -136,6 +174,7 @@ impl PythonPool {
     /// Supervises the workers until `shutdown`: pings them, replaces those that exit, and
     /// closes them all at the end.
     pub fn supervise(self: &Arc<Self>, shutdown: CancellationToken) {
+        let _ = self.shutdown.set(shutdown.clone());
         let workers: Vec<Arc<PoolWorker>> = self.lock().clone();
         for worker in workers {
             self.watch(worker, shutdown.clone());
@@ -157,17 +196,50 @@ impl PythonPool {
         tokio::spawn(async move {
             let exit = tokio::select! {
                 exit = worker.process.exited() => exit,
-                () = ping_until_exit(&worker) => return,
+                () = pool.ping_until_exit(&worker) => return,
                 () = shutdown.cancelled() => return,
             };
-            pool.lock().retain(|w| !Arc::ptr_eq(w, &worker));
+            let was_listed = pool.forget(&worker);
+            if worker.retiring.load(Ordering::Acquire) {
+                tracing::info!(worker = %worker.process.name(), %exit, "recycled Python worker closed");
+                return;
+            }
             tracing::error!(worker = %worker.process.name(), %exit, "Python worker died; its runs are handed back and a new worker starts");
-            pool.changed.notify_waiters();
-            pool.replace(shutdown, exit).await;
+            if was_listed {
+                pool.replace(shutdown).await;
+            }
         });
     }
 
-    async fn replace(self: &Arc<Self>, shutdown: CancellationToken, _exit: WorkerExit) {
+    /// Takes the worker out of the pool; false when it was not in it any more.
+    fn forget(&self, worker: &Arc<PoolWorker>) -> bool {
+        let mut workers = self.lock();
+        let before = workers.len();
+        workers.retain(|w| !Arc::ptr_eq(w, worker));
+        let removed = workers.len() < before;
+        drop(workers);
+        self.changed.notify_waiters();
+        removed
+    }
+
+    /// Recycles a worker: no new runs, a replacement starts now, and it is closed once its
+    /// last run ends (at once when it has none).
+    fn retire(self: &Arc<Self>, worker: &Arc<PoolWorker>, why: &str) {
+        if worker.retiring.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        tracing::info!(worker = %worker.process.name(), reason = why, "recycling Python worker");
+        self.forget(worker);
+        if worker.active.load(Ordering::Acquire) == 0 {
+            worker.process.connection().close();
+        }
+        if let Some(shutdown) = self.shutdown.get().cloned() {
+            let pool = self.clone();
+            tokio::spawn(async move { pool.replace(shutdown).await });
+        }
+    }
+
+    async fn replace(self: &Arc<Self>, shutdown: CancellationToken) {
         let mut pause = Duration::from_millis(100);
         while !shutdown.is_cancelled() {
             match self.spawn_worker().await {
@@ -208,12 +280,12 @@ impl PythonPool {
 
     /// A worker for a read (state, schemas): the healthy one with the fewest runs, full or
     /// not (reads are short and run beside runs); `None` while there is none.
-    pub fn reader(&self) -> Option<Arc<PoolWorker>> {
+    pub fn reader(self: &Arc<Self>) -> Option<Arc<PoolWorker>> {
         self.least_loaded(false)
     }
 
     /// Waits up to `wait` for a worker to read with (one may be being replaced).
-    pub async fn reader_within(&self, wait: Duration) -> Option<Arc<PoolWorker>> {
+    pub async fn reader_within(self: &Arc<Self>, wait: Duration) -> Option<Arc<PoolWorker>> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let changed = self.changed.notified();
@@ -226,17 +298,26 @@ impl PythonPool {
         }
     }
 
-    fn least_loaded(&self, take_slot: bool) -> Option<Arc<PoolWorker>> {
+    fn least_loaded(self: &Arc<Self>, take_slot: bool) -> Option<Arc<PoolWorker>> {
         let workers = self.lock();
         let limit = self.settings.runs_per_worker.max(1);
         let worker = workers
             .iter()
-            .filter(|w| w.healthy.load(Ordering::Acquire))
+            .filter(|w| w.takes_runs())
             .filter(|w| !take_slot || w.active.load(Ordering::Acquire) < limit)
             .min_by_key(|w| w.active.load(Ordering::Acquire))?
             .clone();
+        drop(workers);
         if take_slot {
             worker.active.fetch_add(1, Ordering::AcqRel);
+            let started = worker.started_runs.fetch_add(1, Ordering::AcqRel) + 1;
+            if self
+                .settings
+                .recycle_after_runs
+                .is_some_and(|limit| started >= limit)
+            {
+                self.retire(&worker, "it has run as many runs as it may");
+            }
         }
         Some(worker)
     }
@@ -244,26 +325,50 @@ impl PythonPool {
     pub fn calls(&self) -> &Arc<SpindleCalls> {
         &self.calls
     }
-}
 
-/// Pings the worker every [`PING_EVERY`] (never returns while it lives); marks it unhealthy
-/// after [`MISSED_PINGS`] missed in a row and healthy again once it answers.
-async fn ping_until_exit(worker: &PoolWorker) {
-    let mut missed = 0;
-    loop {
-        tokio::time::sleep(PING_EVERY).await;
-        match tokio::time::timeout(PING_EVERY, worker.process.ping()).await {
-            Ok(Ok(health)) => {
-                missed = 0;
-                if !worker.healthy.swap(true, Ordering::AcqRel) {
-                    tracing::info!(worker = %worker.process.name(), ?health, "Python worker answers again; it gets runs again");
+    /// Each worker in the pool, as an operator (or a test) sees it.
+    pub fn workers(&self) -> Vec<WorkerState> {
+        self.lock()
+            .iter()
+            .map(|w| WorkerState {
+                pid: w.process.pid(),
+                active_runs: w.active.load(Ordering::Acquire),
+                takes_runs: w.takes_runs(),
+            })
+            .collect()
+    }
+
+    /// Pings the worker (never returns while it lives); marks it unhealthy after
+    /// `missed_pings` missed in a row and healthy again once it answers; recycles it when its
+    /// memory passed the limit.
+    async fn ping_until_exit(self: &Arc<Self>, worker: &Arc<PoolWorker>) {
+        let every = self.settings.ping_every;
+        let mut missed = 0;
+        loop {
+            tokio::time::sleep(every).await;
+            match tokio::time::timeout(every, worker.process.ping()).await {
+                Ok(Ok(health)) => {
+                    missed = 0;
+                    if !worker.healthy.swap(true, Ordering::AcqRel) {
+                        tracing::info!(worker = %worker.process.name(), ?health, "Python worker answers again; it gets runs again");
+                        self.changed.notify_waiters();
+                    }
+                    if self
+                        .settings
+                        .max_rss_bytes
+                        .is_some_and(|limit| health.rss_bytes > limit)
+                    {
+                        self.retire(worker, "its memory passed the limit");
+                    }
                 }
-            }
-            Ok(Err(WorkerError::Exited { .. })) => std::future::pending::<()>().await,
-            _ => {
-                missed += 1;
-                if missed >= MISSED_PINGS && worker.healthy.swap(false, Ordering::AcqRel) {
-                    tracing::warn!(worker = %worker.process.name(), missed, "Python worker does not answer its pings (is its event loop blocked?); it gets no new runs");
+                Ok(Err(WorkerError::Exited { .. })) => std::future::pending::<()>().await,
+                _ => {
+                    missed += 1;
+                    if missed >= self.settings.missed_pings
+                        && worker.healthy.swap(false, Ordering::AcqRel)
+                    {
+                        tracing::warn!(worker = %worker.process.name(), missed, "Python worker does not answer its pings (is its event loop blocked?); it gets no new runs");
+                    }
                 }
             }
         }

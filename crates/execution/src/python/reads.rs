@@ -169,7 +169,9 @@ pub async fn update(
     let body = json!({"graph_id": graph_id, "config": at.config(), "updates": supersteps});
     let answer = call(pool, "state.update", &body).await?;
     rmpv::ext::from_value(answer["config"].clone()).map_err(|e| {
-        ReadError::Unavailable(format!("the worker's state.update answer is not understood: {e}"))
+        ReadError::Unavailable(format!(
+            "the worker's state.update answer is not understood: {e}"
+        ))
     })
 }
 

@@ -22,11 +22,11 @@ use crate::error::{ApiError, ApiResult, ErrorBody, ValidationErrorBody};
 use crate::extract::{ApiJson, ApiQuery, Patch, Validate, Violations};
 use crate::routes::state::python_read_failed;
 use crate::state::{AppState, Caller};
-use spindle_execution::graphs::LoadedGraph;
-use spindle_execution::python::reads as python_reads;
 use crate::wire::{
     page, pagination_headers, select_fields, validate_page, IfExistsWire, JsonObject, SortOrderWire,
 };
+use spindle_execution::graphs::LoadedGraph;
+use spindle_execution::python::reads as python_reads;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -625,9 +625,7 @@ async fn assistant_graph(
 /// `configurable`, as LangGraph Platform passes it.
 fn python_read_config(assistant: &Assistant) -> Value {
     let mut config = assistant.fields.config.clone();
-    let configurable = config
-        .entry("configurable")
-        .or_insert_with(|| json!({}));
+    let configurable = config.entry("configurable").or_insert_with(|| json!({}));
     if let Value::Object(configurable) = configurable {
         for (key, value) in &assistant.fields.context {
             configurable.entry(key.clone()).or_insert(value.clone());
@@ -707,11 +705,9 @@ async fn get_assistant_schemas(
     let (graph_id, graph) = assistant_graph(&state, &scope, &assistant_id).await?;
     let schemas = match graph {
         AssistantGraph::Engine(graph) => schemas_json(&graph),
-        AssistantGraph::Python { pool, config } => {
-            python_reads::schemas(&pool, &graph_id, &config)
-                .await
-                .map_err(python_read_failed)?
-        }
+        AssistantGraph::Python { pool, config } => python_reads::schemas(&pool, &graph_id, &config)
+            .await
+            .map_err(python_read_failed)?,
     };
     let mut body = serde_json::Map::new();
     body.insert("graph_id".into(), json!(graph_id));

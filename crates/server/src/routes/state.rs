@@ -633,9 +633,7 @@ pub(crate) fn python_read_failed(err: python_reads::ReadError) -> ApiError {
     match err {
         ReadError::Invalid(msg) => ApiError::new(crate::error::ErrorCode::InvalidRequest, msg),
         ReadError::NotLoaded(msg) => ApiError::conflict(msg),
-        ReadError::Unavailable(msg) => {
-            ApiError::new(crate::error::ErrorCode::Unavailable, msg)
-        }
+        ReadError::Unavailable(msg) => ApiError::new(crate::error::ErrorCode::Unavailable, msg),
     }
 }
 

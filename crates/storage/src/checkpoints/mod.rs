@@ -320,7 +320,9 @@ fn assemble(
         for (channel, &version) in &checkpoint.channel_versions {
             let mut chain = ns_blobs.as_mut().and_then(|ns| ns.get_mut(channel));
             // A trigger channel has a value only when a Python worker stored one.
-            if is_trigger_channel(channel) && !chain.as_ref().is_some_and(|c| c.contains_key(&version)) {
+            if is_trigger_channel(channel)
+                && !chain.as_ref().is_some_and(|c| c.contains_key(&version))
+            {
                 continue;
             }
             let value = materialize(channel, version, |v| {

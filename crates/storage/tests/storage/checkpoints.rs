@@ -566,7 +566,10 @@ async fn a_trigger_channel_with_a_blob_loads_its_value() {
             .await
             .unwrap();
         let got = saver.get_tuple(&t, "", None).await.unwrap().unwrap();
-        assert_eq!(got.checkpoint.channel_values.get("branch:to:a"), Some(&json!(null)));
+        assert_eq!(
+            got.checkpoint.channel_values.get("branch:to:a"),
+            Some(&json!(null))
+        );
         assert!(!got.checkpoint.channel_values.contains_key("branch:to:b"));
         assert_eq!(got.checkpoint.channel_values["n"], json!(1));
     })
