@@ -289,3 +289,71 @@ def webhook_http(webhook_server: harness.Server):
 def tag() -> str:
     """A unique marker for metadata, so searches only see this test's records."""
     return "e2e-" + secrets.token_hex(6)
+
+
+# --------------------------------------------------------------------------------------------
+# LangGraph projects as users write them (tests/e2e/projects), served by Spindle unchanged
+# --------------------------------------------------------------------------------------------
+
+# `template`: LangGraph's new-langgraph-project template; `react`: the react-agent template with
+# a scripted fake chat model and long-term memory. Both declare a graph "agent", so each gets its
+# own server; one backend parameter drives both, so a test may use the two servers together.
+PROJECTS = Path(__file__).resolve().parent / "projects"
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def project_backend(request: pytest.FixtureRequest) -> str:
+    """The backend the project servers run on (one parameter for both of them)."""
+    return request.param
+
+
+def _project_server(backend: str, project: str, env: dict[str, str] | None = None):
+    """Spindle serving ``projects/<project>/langgraph.json`` with the worker interpreter.
+
+    With ``SPINDLE_E2E_URL`` (an already-running server), the project's own server is named by
+    ``SPINDLE_E2E_<PROJECT>_URL`` instead (e.g. ``langgraph dev`` run in the project folder)."""
+    if backend == "external":
+        url = os.environ.get(f"SPINDLE_E2E_{project.upper()}_URL", "").strip().rstrip("/")
+        if not url:
+            pytest.skip(f"SPINDLE_E2E_{project.upper()}_URL (a server for projects/{project}) is not set")
+        yield harness.Server(backend="external", base_url=url)
+        return
+    if not WORKER_PYTHON:
+        if os.environ.get("SPINDLE_TEST_REQUIRE_PYTHON") == "1":
+            pytest.fail("SPINDLE_TEST_REQUIRE_PYTHON=1 but SPINDLE_TEST_PYTHON is not set")
+        pytest.skip("SPINDLE_TEST_PYTHON (a Python with spindle_worker installed) is not set")
+    args = ["--config", str(PROJECTS / project / "langgraph.json"), "--python", WORKER_PYTHON]
+    yield from _session_server(backend, extra_args=args, env=env)
+
+
+@pytest.fixture(scope="session")
+def template_server(project_backend: str):
+    """Spindle serving the new-langgraph-project template (``projects/template``)."""
+    yield from _project_server(project_backend, "template")
+
+
+@pytest.fixture(scope="session")
+def react_server(project_backend: str):
+    """Spindle serving the react-agent project (``projects/react``). Its graph imports its own
+    package (``from react_agent.context import Context``), as the react-agent template does, so
+    the project is installed for the workers the way `pip install -e .` would: its ``src`` on
+    the workers' PYTHONPATH (Spindle's environment reaches its workers)."""
+    src = str(PROJECTS / "react" / "src")
+    pythonpath = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
+    yield from _project_server(project_backend, "react", env={"PYTHONPATH": pythonpath})
+
+
+@pytest.fixture
+def template_client(template_server: harness.Server):
+    """The official async client, on ``template_server``."""
+    c = get_client(url=template_server.base_url, api_key=None, timeout=30)
+    yield c
+    _loop().run_until_complete(c.aclose())
+
+
+@pytest.fixture
+def react_client(react_server: harness.Server):
+    """The official async client, on ``react_server``."""
+    c = get_client(url=react_server.base_url, api_key=None, timeout=30)
+    yield c
+    _loop().run_until_complete(c.aclose())

@@ -116,10 +116,18 @@ fn object(value: Option<&Value>) -> Map<String, Value> {
 /// and the run's identity in `configurable`, as LangGraph nodes expect to find it.
 pub fn run_config(run: &Run, assistant: &Assistant) -> RunConfig {
     let kwargs = &run.kwargs;
+    let run_config = object(kwargs.get(keys::CONFIG));
     let mut config = assistant.fields.config.clone();
-    merge(&mut config, &object(kwargs.get(keys::CONFIG)));
+    merge(&mut config, &run_config);
     let mut context = assistant.fields.context.clone();
-    merge(&mut context, &object(kwargs.get(keys::CONTEXT)));
+    match object(kwargs.get(keys::CONTEXT)) {
+        // As LangGraph Platform does: a run that gives no context has its `configurable` as
+        // context (clients written before context existed set only `configurable`).
+        run_context if run_context.is_empty() => {
+            merge(&mut context, &object(run_config.get("configurable")))
+        }
+        run_context => merge(&mut context, &run_context),
+    }
 
     let user_id = run.user_id.clone().unwrap_or_default();
     let identity = json!({
@@ -268,6 +276,55 @@ mod tests {
         );
         assert_eq!(resumed(2, run_id, None), Resumed::BeforeItsCheckpoint);
         assert_eq!(resumed(1, run_id, Some(&metadata)), Resumed::No);
+    }
+
+    /// A run without `context` gets its `configurable` as context; one with `context` keeps
+    /// it; the assistant's context is beneath both.
+    #[test]
+    fn a_runs_configurable_is_its_context_when_it_gives_none() {
+        let now = chrono::Utc::now();
+        let assistant = Assistant {
+            assistant_id: Uuid::now_v7().into(),
+            user_id: None,
+            version: 1,
+            fields: spindle_storage::AssistantFields {
+                graph_id: "g".into(),
+                name: "g".into(),
+                description: None,
+                config: Map::new(),
+                context: json!({"base": 1}).as_object().cloned().unwrap(),
+                metadata: Map::new(),
+            },
+            created_at: now,
+            updated_at: now,
+        };
+        let mut run = Run {
+            run_id: Uuid::now_v7(),
+            thread_id: Uuid::now_v7().into(),
+            assistant_id: assistant.assistant_id,
+            user_id: None,
+            status: spindle_storage::RunStatus::Running,
+            kwargs: Map::new(),
+            metadata: Map::new(),
+            multitask_strategy: Default::default(),
+            attempt: 1,
+            run_after: now,
+            cancel: None,
+            error: None,
+            output: None,
+            created_at: now,
+            updated_at: now,
+            started_at: None,
+            ended_at: None,
+        };
+        run.kwargs
+            .insert("config".into(), json!({"configurable": {"model": "x"}}));
+        let settings = run_config(&run, &assistant);
+        assert_eq!(settings.context, json!({"base": 1, "model": "x"}));
+
+        run.kwargs.insert("context".into(), json!({"model": "y"}));
+        let settings = run_config(&run, &assistant);
+        assert_eq!(settings.context, json!({"base": 1, "model": "y"}));
     }
 
     #[test]

@@ -34,6 +34,8 @@ pub struct PythonGraph {
     pub kind: Option<String>,
     /// Why it failed to load (`ExceptionClass: message`): its runs fail with this.
     pub error: Option<String>,
+    /// The compiled graph's own name, which names its default assistant.
+    pub name: Option<String>,
 }
 
 #[derive(Default)]

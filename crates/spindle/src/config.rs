@@ -43,6 +43,10 @@ pub struct ConfigFile {
     /// Environment of the Python workers: a dotenv file (relative to the config file) or a map.
     #[serde(default)]
     pub env: Option<EnvSection>,
+    /// LangGraph's `dependencies`: local folders among them (`"."`, `"./src"`) are put on the
+    /// Python workers' path, as `langgraph dev` does; packages are the user's to install.
+    #[serde(default)]
+    pub dependencies: Vec<Value>,
 }
 
 /// `env`, as LangGraph's `langgraph.json` spells it.
@@ -203,6 +207,29 @@ impl LoadedConfig {
         }
     }
 
+    /// The `PYTHONPATH` of the Python workers: the local folders of `dependencies` (those
+    /// that exist), before any `PYTHONPATH` already set (in `env`, else Spindle's own).
+    pub fn worker_python_path(&self, env: &BTreeMap<String, String>) -> Option<String> {
+        let mut parts: Vec<String> = self
+            .file
+            .dependencies
+            .iter()
+            .filter_map(Value::as_str)
+            .map(|dep| self.resolve(dep))
+            .filter(|path| path.is_dir())
+            .map(|path| path.display().to_string())
+            .collect();
+        if parts.is_empty() {
+            return None;
+        }
+        let existing = env
+            .get("PYTHONPATH")
+            .cloned()
+            .or_else(|| std::env::var("PYTHONPATH").ok());
+        parts.extend(existing.filter(|p| !p.is_empty()));
+        Some(parts.join(":"))
+    }
+
     /// A graph path from the file, resolved against the file's folder.
     pub fn resolve(&self, relative: &str) -> PathBuf {
         let base = self
@@ -261,6 +288,25 @@ mod tests {
             .worker_env()
             .unwrap_err();
         assert!(format!("{err:#}").contains("missing.env"), "{err:#}");
+    }
+
+    #[test]
+    fn local_dependencies_go_on_the_workers_path() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("src")).unwrap();
+        let path = dir.path().join("langgraph.json");
+        std::fs::write(
+            &path,
+            r#"{"dependencies": [".", "./src", "langchain-openai", "./missing"], "graphs": {}}"#,
+        )
+        .unwrap();
+        let config = LoadedConfig::discover(Some(&path)).unwrap();
+        let env = BTreeMap::from([("PYTHONPATH".to_owned(), "/opt/lib".to_owned())]);
+        let joined = config.worker_python_path(&env).unwrap();
+        let parts: Vec<&str> = joined.split(':').collect();
+        assert_eq!(parts.len(), 3, "{joined}");
+        assert!(parts[1].ends_with("src"), "{joined}");
+        assert_eq!(parts[2], "/opt/lib");
     }
 
     #[test]

@@ -57,14 +57,22 @@ pub async fn ensure_default_assistants(
     registry: &GraphRegistry,
 ) -> Result<()> {
     for graph_id in registry.ids() {
-        // A Python graph's defaults are its own business: the worker applies them per run.
-        let (description, config, context) = match registry.get(graph_id) {
-            Some(graph) => (
+        // A Python graph's defaults are its own business (the worker applies them per run);
+        // its compiled name, when it has one, names the assistant, as on LangGraph Platform.
+        let (name, description, config, context) = match registry.loaded(graph_id) {
+            Some(LoadedGraph::Engine(graph)) => (
+                graph_id.to_owned(),
                 graph.description().map(str::to_owned),
                 as_object(graph.default_config()),
                 as_object(graph.default_context()),
             ),
-            None => (None, JsonObject::new(), JsonObject::new()),
+            Some(LoadedGraph::Python(graph)) => (
+                graph.name.clone().unwrap_or_else(|| graph_id.to_owned()),
+                None,
+                JsonObject::new(),
+                JsonObject::new(),
+            ),
+            None => continue,
         };
         let mut metadata = JsonObject::new();
         metadata.insert("created_by".into(), Value::from("system"));
@@ -72,7 +80,7 @@ pub async fn ensure_default_assistants(
             assistant_id: default_assistant_id(graph_id),
             fields: AssistantFields {
                 graph_id: graph_id.to_owned(),
-                name: graph_id.to_owned(),
+                name,
                 description,
                 config,
                 context,
@@ -143,6 +151,7 @@ mod tests {
                 spec: "./src/agent/graph.py:graph".into(),
                 kind: Some("compiled graph".into()),
                 error: None,
+                name: Some("Agent".into()),
             },
         );
         registry.insert_python(
@@ -151,6 +160,7 @@ mod tests {
                 spec: "./broken.py:graph".into(),
                 kind: None,
                 error: Some("ImportError: no module named x".into()),
+                name: None,
             },
         );
         assert_eq!(

@@ -33,7 +33,10 @@ pub async fn start(
     registry: &mut GraphRegistry,
 ) -> Result<Arc<PythonPool>> {
     let project_dir = config.base_dir();
-    let env = config.worker_env()?;
+    let mut env = config.worker_env()?;
+    if let Some(path) = config.worker_python_path(&env) {
+        env.insert("PYTHONPATH".into(), path);
+    }
     let setting = args.python.clone().or(config.file.server.python.clone());
     let interpreter = choose_interpreter(setting.as_deref(), &project_dir);
     let info = check_interpreter(&interpreter, &project_dir, &env)
@@ -87,7 +90,14 @@ pub async fn start(
             tracing::error!(graph_id = %graph_id, spec = %spec, %error, "graph failed to import; its runs will fail until it is fixed\n{traceback}");
         }
         let kind = load.and_then(|l| l.kind).map(kind_name);
-        registry.insert_python(graph_id, PythonGraph { spec, kind, error });
+        let name = load.and_then(|l| l.name.clone());
+        let graph = PythonGraph {
+            spec,
+            kind,
+            error,
+            name,
+        };
+        registry.insert_python(graph_id, graph);
     }
     Ok(pool)
 }

@@ -29,6 +29,11 @@ async def test_init_loads_each_kind_and_reports_failures_per_graph() -> None:
         "by_module": "compiled",
         "schema_graph": "compiled",
     }
+    # A compiled graph's own name is reported (it names the default assistant); LangGraph's
+    # default name is not.
+    names = {g: r.get("name") for g, r in graphs.items() if r["ok"]}
+    assert names["by_module"] == "Doubler", names
+    assert names["schema_graph"] is None and names["from_config"] is None, names
     broken = graphs["broken"]
     assert not broken["ok"] and "ModuleNotFoundError" in broken["error"]
     assert "not_a_real_package_for_spindle" in broken["traceback"]

@@ -76,6 +76,10 @@ pub struct GraphLoad {
     pub error: Option<String>,
     #[serde(default)]
     pub traceback: Option<String>,
+    /// The compiled graph's own name, when it has one (not LangGraph's default): it names
+    /// the graph's default assistant.
+    #[serde(default)]
+    pub name: Option<String>,
 }
 
 /// What a graph spec named: the worker compiles a `StateGraph` and calls a factory per run.

@@ -136,6 +136,11 @@ def load_all(specs: dict[str, str], project_dir: Path) -> tuple[Registry, dict[s
             continue
         registry.graphs[graph_id] = loaded
         report[graph_id] = {"ok": True, "kind": loaded.kind}
+        # The compiled graph's own name names its default assistant, as on LangGraph
+        # Platform (a factory's graph is only made per run).
+        name = getattr(loaded.value, "name", None) if loaded.kind != "factory" else None
+        if isinstance(name, str) and name and name != "LangGraph":
+            report[graph_id]["name"] = name
     return registry, report
 
 

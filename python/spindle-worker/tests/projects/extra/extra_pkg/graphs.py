@@ -9,7 +9,13 @@ class S(TypedDict):
     n: int
 
 
-graph = StateGraph(S).add_node("double", lambda s: {"n": s["n"] * 2}).add_edge(START, "double").add_edge("double", END).compile()
+graph = (
+    StateGraph(S)
+    .add_node("double", lambda s: {"n": s["n"] * 2})
+    .add_edge(START, "double")
+    .add_edge("double", END)
+    .compile(name="Doubler")
+)
 not_a_graph = 42
 
 
