@@ -51,6 +51,11 @@ def parse_args(argv):
     p.add_argument("--no-build", action="store_true", help="use the binaries already in target/release")
     p.add_argument("--spindle-bin", type=Path, help="the spindle binary [target/release/spindle]")
     p.add_argument("--loadgen-bin", type=Path, help="the load generator [target/release/spindle-loadgen]")
+    p.add_argument("--graphs", choices=["files", "python"], default="files",
+                   help="what Spindle runs: its graph files (Rust engine), or the reference's Python "
+                        "twins through its Python workers [files]")
+    p.add_argument("--python-workers", type=int,
+                   help="Spindle's Python workers with --graphs python [Spindle's default]")
     p.add_argument("--input", default='{"n": 1}', help="input of each `chain` run, as JSON")
     p.add_argument("--expect", default='{"n": 4}', help="what a waited-on run must answer, as JSON")
     p.add_argument("--output", type=Path, default=BENCH / "RESULTS.md", help="[bench/RESULTS.md]")
@@ -192,6 +197,9 @@ def machine_facts(args) -> dict:
                    f"Linux {platform.release()}",
         "Spindle": f"commit {run('git', 'rev-parse', '--short', 'HEAD')}{dirty}, binary {args.spindle_bin}",
         "Backend": "SQLite (`spindle dev`)" if args.backend == "sqlite" else "PostgreSQL (`spindle serve`)",
+        "Graphs": ("Spindle runs its graph files (`chain`) on its Rust engine" if args.graphs == "files" else
+                   "Spindle runs the reference's own Python `chain` (bench/reference) through its Python "
+                   f"workers ({args.python_workers or 'default number of'} worker(s)), in bench/.venv"),
         "Reference": ("skipped" if args.skip_reference else
                       f"`langgraph dev` (langgraph-api {_version('langgraph-api')}, "
                       f"langgraph-runtime-inmem {_version('langgraph-runtime-inmem')}, in-memory, "
@@ -207,6 +215,16 @@ def _version(dist: str) -> str:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return "?"
+
+
+def graph_baseline() -> dict:
+    """The graph's own cost per run, measured alone in this venv (see graph_baseline.py)."""
+    log("==> the graph's own cost (bench/graph_baseline.py)")
+    done = subprocess.run([sys.executable, str(BENCH / "graph_baseline.py")],
+                          capture_output=True, text=True, check=True, timeout=600)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    log(f"    {result['cpu_ms_per_run']:.2f} ms of CPU, {result['wall_ms_per_run']:.2f} ms per run")
+    return result
 
 
 def notes(args, raw: list, memory: dict) -> list:
@@ -245,10 +263,13 @@ def make_server(args, kind: str, workdir: Path, rep: int) -> servers.Server:
     cwd = workdir / f"{kind}-{rep + 1}"
     if kind == "reference":
         return servers.reference_server(BENCH / ".venv", BENCH / "reference", cwd)
+    python = None
+    if args.graphs == "python":
+        python = (BENCH / "reference", BENCH / ".venv" / "bin" / "python", args.python_workers)
     if args.backend == "sqlite":
-        return servers.spindle_server(args.spindle_bin, cwd, None)
+        return servers.spindle_server(args.spindle_bin, cwd, None, python)
     database = servers.PostgresDatabase(args.postgres_url, suffix=str(rep + 1))
-    server = servers.spindle_server(args.spindle_bin, cwd, database.create())
+    server = servers.spindle_server(args.spindle_bin, cwd, database.create(), python)
     server.after_stop.append(database.drop)
     return server
 
@@ -304,7 +325,8 @@ def main(argv) -> int:
     shutil.rmtree(workdir, ignore_errors=True)
     agg = report.aggregate(raw)
     all_cells = cells(args, sorted(set(args.clients) | set(args.ref_clients)))
-    text = report.markdown(command, facts, agg, all_cells, notes(args, raw, memory))
+    baseline = graph_baseline() if args.graphs == "python" else None
+    text = report.markdown(command, facts, agg, all_cells, notes(args, raw, memory), baseline)
     print(text)
     args.output.write_text(text)
     args.output.with_suffix(".json").write_text(json.dumps({"command": command, "facts": facts,

@@ -119,6 +119,36 @@ def goals(agg: dict) -> list:
     return rows
 
 
+# The goals of issue 27, item 9, for Python graphs (`--graphs python`): the reference's own
+# Python `chain` run by Spindle's workers, on the same machine.
+GOAL_PYTHON_RATIO = 3
+GOAL_PYTHON_OVERHEAD_MS = 2
+
+
+def python_goals(agg: dict, baseline: dict | None) -> list:
+    """(goal, measured, verdict) rows for Python graphs: the ratio to the reference at 16
+    clients, and Spindle's overhead per run: its CPU per run (server and workers) at 16 clients
+    minus the graph's own (`graph_baseline.py`: LangGraph alone, in-memory checkpointer)."""
+    wait = agg.get(("spindle", "wait", GOAL_CELL["client"], GOAL_CELL["clients"]))
+    ref = agg.get(("reference", "wait", GOAL_CELL["client"], GOAL_CELL["clients"]))
+    rows = []
+    ratio = wait and ref and ref["runs_per_s"] and wait["runs_per_s"] / ref["runs_per_s"]
+    rows.append((f"create + wait, 16 clients: ≥ {GOAL_PYTHON_RATIO}× the reference's runs/s",
+                 f"{ratio:,.1f}×" if ratio else "not measured",
+                 "–" if not ratio else ("met" if ratio >= GOAL_PYTHON_RATIO else "NOT met")))
+    overhead = None
+    if wait and wait["runs_per_s"] and baseline:
+        cpu_per_run = wait["cpu_pct"] * 10 / wait["runs_per_s"]  # % of a core -> ms per run
+        overhead = cpu_per_run - baseline["cpu_ms_per_run"]
+        shown = (f"{overhead:.2f} ms ({cpu_per_run:.2f} ms of CPU per run, "
+                 f"{baseline['cpu_ms_per_run']:.2f} ms of it the graph's own)")
+    rows.append((f"server overhead per run (CPU beyond the graph's own), 16 clients: "
+                 f"< {GOAL_PYTHON_OVERHEAD_MS} ms",
+                 shown if overhead is not None else "not measured",
+                 "–" if overhead is None else ("met" if overhead < GOAL_PYTHON_OVERHEAD_MS else "NOT met")))
+    return rows
+
+
 def goals_table(rows: list) -> str:
     lines = ["| goal | measured | verdict |", "|---|---|---|"]
     lines += [f"| {g} | {m} | {v} |" for g, m, v in rows]
@@ -133,8 +163,11 @@ def errors_section(agg: dict) -> str:
     return "\n".join(lines) if lines else "None."
 
 
-def markdown(command: str, facts: dict, agg: dict, cells: list, notes: list) -> str:
-    """The whole of RESULTS.md."""
+def markdown(command: str, facts: dict, agg: dict, cells: list, notes: list,
+             baseline: dict | None = None) -> str:
+    """The whole of RESULTS.md (`baseline` given: Spindle ran the Python graphs)."""
+    goal_rows = python_goals(agg, baseline) if baseline else goals(agg)
+    graphs = "Python graphs through Spindle's workers" if baseline else "graph files"
     facts_md = "\n".join(f"- {k}: {v}" for k, v in facts.items())
     notes_md = "\n".join(f"- {n}" for n in notes)
     return f"""# Benchmark results
@@ -159,9 +192,9 @@ and clients.
 
 {table(agg, cells)}
 
-## Goals (native load generator, 16 clients, {facts.get('Backend', '?')})
+## Goals (native load generator, 16 clients, {facts.get('Backend', '?')}, {graphs})
 
-{goals_table(goals(agg))}
+{goals_table(goal_rows)}
 
 ## Errors
 

@@ -71,16 +71,25 @@ class Server:
             return "(no log)"
 
     def pids(self) -> list:
-        """Every live process of the server's group (the group id is the leader's pid)."""
+        """Every live process of the server: its group (the group id is the leader's pid) and
+        their descendants in groups of their own (Spindle's Python workers)."""
         if self.proc is None or self.proc.poll() is not None:
             return []
-        pids = []
+        parents = {}
+        ours = set()
         for entry in os.listdir("/proc"):
             if entry.isdigit():
                 stat = _read_stat(entry)
-                if stat and int(stat[2]) == self.proc.pid:  # field 5: pgrp
-                    pids.append(int(entry))
-        return pids
+                if stat:
+                    parents[int(entry)] = int(stat[1])  # field 4: ppid
+                    if int(stat[2]) == self.proc.pid:  # field 5: pgrp
+                        ours.add(int(entry))
+        grown = True
+        while grown:
+            children = {pid for pid, ppid in parents.items() if ppid in ours} - ours
+            ours |= children
+            grown = bool(children)
+        return sorted(ours)
 
     def memory_mb(self) -> dict:
         """Resident memory now (VmRSS) and at its peak (VmHWM), summed over the group, in MB."""
@@ -160,14 +169,25 @@ def _read_status(pid: int) -> dict:
     return out
 
 
-def spindle_server(binary: Path, cwd: Path, database_url: str | None) -> Server:
+def spindle_server(binary: Path, cwd: Path, database_url: str | None,
+                   python_project: tuple | None = None) -> Server:
     """`spindle dev` on a fresh data dir (SQLite), or `spindle serve` on the given database.
 
-    It runs in an empty folder so that it finds no config file and serves its example graphs.
+    It runs in an empty folder so that it finds no config file and serves its example graphs;
+    with `python_project` (the reference's project folder, the Python interpreter of the workers
+    and their number) it serves that project's Python graphs through its workers instead, from
+    a copy of the folder.
     """
     port = free_port()
     cwd.mkdir()
     common = ["--host", "127.0.0.1", "--port", str(port)]
+    if python_project:
+        project, python, workers = python_project
+        copy = cwd / "project"
+        shutil.copytree(project, copy, ignore=shutil.ignore_patterns(".langgraph_api", "__pycache__"))
+        common += ["--config", str(copy / "langgraph.json"), "--python", str(python)]
+        if workers:
+            common += ["--python-workers", str(workers)]
     if database_url:
         argv = [str(binary), "serve", *common, "--database-url", database_url]
     else:

@@ -257,3 +257,43 @@ def test_dev_starts_and_a_broken_graphs_runs_say_why(tmp_path):
         out = srv.output()
     assert "broken (Python, failed to import" in out, out
     assert "a_module_that_does_not_exist" in out, out
+
+
+def test_dev_reloads_changed_graphs_and_runs_in_flight_resume(tmp_path):
+    """`spindle dev` watches the project: a changed graph file reloads the workers (new runs
+    get the new code), and a run in flight on the old worker resumes on a new one from its
+    last checkpoint, as a run whose worker died does."""
+    project = tmp_path / "project"
+    shutil.copytree(REF_PROJECT, project, ignore=shutil.ignore_patterns("__pycache__", ".langgraph_api"))
+    storage = Storage("sqlite", tmp_path)
+
+    def dev(port: int) -> list[str]:
+        return ["dev", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(tmp_path / "d"),
+                "--config", str(project / "langgraph.json"), "--python", WORKER_PYTHON]
+
+    with running(storage, dev) as srv:
+        with get_sync_client(url=srv.base_url, api_key=None, timeout=60) as c:
+            assert c.runs.wait(None, "chain", input={"n": 1}) == {"n": 4}
+            tid = c.threads.create()["thread_id"]
+            run = c.runs.create(tid, "slow", input={"delay_ms": 4000, "ticks": 0},
+                                stream_mode=["values", "custom"])
+            url = f"{srv.base_url}/threads/{tid}/runs/{run['run_id']}/stream"
+            with httpx.stream("GET", url, timeout=30) as r:
+                for line in r.iter_lines():
+                    if '"tick":"a"' in line.replace(" ", ""):
+                        break
+            graphs = project / "graphs" / "ref_graphs.py"
+            source = graphs.read_text()
+            changed = source.replace('return {"n": state.get("n", 0) + 1}',
+                                     'return {"n": state.get("n", 0) + 10}')
+            assert changed != source
+            graphs.write_text(changed)
+            assert c.runs.join(tid, run["run_id"]) == {"delay_ms": 4000, "ticks": 2}
+            assert c.runs.get(tid, run["run_id"])["status"] == "success"
+            parts = list(c.runs.join_stream(tid, run["run_id"], last_event_id="-1"))
+            attempts = [p.data["attempt"] for p in parts if p.event == "metadata"]
+            assert attempts == [1, 2], parts
+            wait_until(lambda: c.runs.wait(None, "chain", input={"n": 1}) == {"n": 31},
+                       what="the changed graph to answer", timeout=30)
+        out = srv.output()
+    assert "reloading the Python graphs" in out, out

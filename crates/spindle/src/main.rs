@@ -4,6 +4,7 @@ mod cli;
 mod config;
 mod graphs;
 mod python;
+mod reload;
 mod store;
 mod telemetry;
 
@@ -202,6 +203,9 @@ async fn serve(args: ServerArgs, mode: Mode) -> Result<()> {
     if let Some(pool) = python {
         state.workers.set_python(pool.clone());
         pool.supervise(stopping.clone());
+        if mode == Mode::Dev && !args.no_reload {
+            reload::watch_python(config.base_dir(), pool, stopping.clone())?;
+        }
     }
     let served = spindle_server::serve(listener, state, shutdown_signal()).await;
     // The Python workers close after the server: runs still draining may need them.

@@ -262,6 +262,32 @@ impl PythonPool {
         }
     }
 
+    /// Replaces every worker with a new one that loads the graphs again (`spindle dev`, when
+    /// the project's files changed). The new workers start first; then the old ones are
+    /// closed, and the runs they had are handed back by their executors, to resume from their
+    /// last checkpoint on the new workers, with the new code. Answers the new workers' report.
+    pub async fn reload(self: &Arc<Self>) -> Result<InitReport, PoolError> {
+        let mut fresh = Vec::with_capacity(self.settings.workers.max(1));
+        let mut report = None;
+        for _ in 0..self.settings.workers.max(1) {
+            let (worker, init) = self.spawn_worker().await?;
+            report.get_or_insert(init);
+            fresh.push(worker);
+        }
+        let old = std::mem::replace(&mut *self.lock(), fresh.clone());
+        if let Some(shutdown) = self.shutdown.get() {
+            for worker in fresh {
+                self.watch(worker, shutdown.clone());
+            }
+        }
+        for worker in old {
+            worker.retiring.store(true, Ordering::Release);
+            worker.process.connection().close();
+        }
+        self.changed.notify_waiters();
+        Ok(report.expect("at least one worker"))
+    }
+
     /// A place for a run on the healthy worker with the fewest runs, waiting while every
     /// worker is full (or being replaced).
     pub async fn acquire(self: &Arc<Self>) -> RunSlot {
