@@ -9,7 +9,6 @@
 
 use serde_json::{json, Map, Value};
 use spindle_graph::checkpoint::ListFilter;
-use spindle_graph::pregel;
 use spindle_storage::ResourceId;
 use spindle_storage::{Scope, StorageError, ThreadStatus};
 use uuid::Uuid;
@@ -18,7 +17,7 @@ use super::{split_name, V2_CONFIG_KEY, V2_STREAM_MODES};
 use crate::error::{ApiError, ErrorCode};
 use crate::extract::{Validate, Violations};
 use crate::routes::runs::{start_run, RunCreate};
-use crate::routes::state::thread_graph;
+use crate::routes::state::{read_history, read_state, HistoryAsk, StateAt};
 use crate::state::AppState;
 use crate::wire::whole_number;
 use spindle_execution::Stateless;
@@ -536,16 +535,6 @@ fn root_namespace(params: &Map<String, Value>) -> Result<(), Failure> {
     }
 }
 
-/// The thread's graph, or `no_such_run` when nothing has run on it.
-async fn graph_of(
-    state: &AppState,
-    scope: &Scope,
-    thread_id: ResourceId,
-) -> Result<Option<std::sync::Arc<spindle_graph::Graph>>, Failure> {
-    let thread = state.storage.get_thread(scope, thread_id).await?;
-    Ok(thread_graph(state, scope, &thread).await?)
-}
-
 async fn state_get(
     state: &AppState,
     scope: &Scope,
@@ -553,17 +542,16 @@ async fn state_get(
     params: &Map<String, Value>,
 ) -> Result<Value, Failure> {
     root_namespace(params)?;
-    let Some(graph) = graph_of(state, scope, thread_id).await? else {
-        return Ok(json!({"values": {}}));
+    let at = StateAt {
+        checkpoint_ns: "",
+        checkpoint_id: None,
+        subgraphs: false,
     };
-    let saver = state.storage.checkpointer();
-    let snapshot = pregel::get_state(&graph, saver.as_ref(), thread_id.as_str(), "", None)
-        .await
-        .map_err(|e| fail("unknown_error", e.to_string()))?;
-    let Some(snapshot) = snapshot else {
+    let json = read_state(state, scope, thread_id, at).await?;
+    if json["checkpoint"].is_null() {
         return Ok(json!({"values": {}}));
-    };
-    let mut values = snapshot.values.clone();
+    }
+    let mut values = json["values"].clone();
     if let (Some(Value::Array(keys)), Some(all)) = (params.get("keys"), values.as_object()) {
         let picked: Map<String, Value> = all
             .iter()
@@ -572,7 +560,6 @@ async fn state_get(
             .collect();
         values = Value::Object(picked);
     }
-    let json = snapshot.to_json();
     Ok(json!({"values": values, "checkpoint": checkpoint_ref(&json["checkpoint"])}))
 }
 
@@ -606,23 +593,20 @@ async fn list_checkpoints(
         Some(Value::String(id)) => Some(id.clone()),
         Some(_) => return Err(fail("invalid_argument", "before must be a checkpoint id")),
     };
-    let Some(graph) = graph_of(state, scope, thread_id).await? else {
-        return Ok(json!({"checkpoints": []}));
+    let ask = HistoryAsk {
+        checkpoint_ns: String::new(),
+        only: None,
+        filter: ListFilter {
+            before,
+            limit: Some(limit),
+            metadata: None,
+        },
+        subgraphs: false,
     };
-    let filter = ListFilter {
-        before,
-        limit: Some(limit),
-        metadata: None,
-    };
-    let saver = state.storage.checkpointer();
-    let history =
-        pregel::get_state_history(&graph, saver.as_ref(), thread_id.as_str(), "", &filter)
-            .await
-            .map_err(|e| fail("unknown_error", e.to_string()))?;
+    let history = read_history(state, scope, thread_id, ask).await?;
     let checkpoints: Vec<Value> = history
         .iter()
-        .map(|s| {
-            let json = s.to_json();
+        .map(|json| {
             let mut out = json!({
                 "id": json["checkpoint"]["checkpoint_id"],
                 "timestamp": json["created_at"],
@@ -652,24 +636,15 @@ async fn state_fork(
         .and_then(Value::as_str)
         .ok_or_else(|| fail("invalid_argument", "state.fork requires a checkpoint_id."))?;
     let thread = state.storage.get_thread(scope, thread_id).await?;
-    let graph = thread_graph(state, scope, &thread).await?;
-    let found = match &graph {
-        Some(graph) => {
-            let saver = state.storage.checkpointer();
-            pregel::get_state(
-                graph,
-                saver.as_ref(),
-                thread_id.as_str(),
-                "",
-                Some(checkpoint_id),
-            )
-            .await
-            .ok()
-            .flatten()
-            .is_some()
-        }
-        None => false,
+    let at = StateAt {
+        checkpoint_ns: "",
+        checkpoint_id: Some(checkpoint_id),
+        subgraphs: false,
     };
+    // A checkpoint the thread does not have reads as an empty state, with no time.
+    let found = read_state(state, scope, thread_id, at)
+        .await
+        .is_ok_and(|json| !json["created_at"].is_null());
     if !found || Uuid::parse_str(checkpoint_id).is_err() {
         return Err(fail(
             "no_such_checkpoint",

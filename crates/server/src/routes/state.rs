@@ -304,22 +304,6 @@ pub(crate) async fn thread_graph_of(
     }
 }
 
-/// The graph file's graph whose state the thread holds, if it has one; a Python graph's
-/// thread is refused where only graph files are supported yet.
-pub(crate) async fn thread_graph(
-    state: &AppState,
-    scope: &Scope,
-    thread: &Thread,
-) -> ApiResult<Option<Arc<Graph>>> {
-    match thread_graph_of(state, scope, thread).await? {
-        None => Ok(None),
-        Some(ThreadGraph::Engine(graph)) => Ok(Some(graph)),
-        Some(ThreadGraph::Python(graph_id)) => Err(ApiError::conflict(format!(
-            "the thread's graph '{graph_id}' is a Python graph, which this operation does not support yet"
-        ))),
-    }
-}
-
 /// The graph of the assistant of the thread's latest run.
 async fn latest_run_graph(
     state: &AppState,
@@ -345,14 +329,15 @@ fn checkpoint_failed(err: CheckpointError) -> ApiError {
 }
 
 /// Where a state read points.
-struct StateAt<'a> {
-    checkpoint_ns: &'a str,
-    checkpoint_id: Option<&'a str>,
-    subgraphs: bool,
+pub(crate) struct StateAt<'a> {
+    pub checkpoint_ns: &'a str,
+    pub checkpoint_id: Option<&'a str>,
+    pub subgraphs: bool,
 }
 
-/// The state of a thread at a checkpoint (the latest by default), as JSON.
-async fn read_state(
+/// The state of a thread at a checkpoint (the latest by default), as JSON, whichever engine
+/// runs its graph.
+pub(crate) async fn read_state(
     state: &AppState,
     scope: &Scope,
     thread_id: ResourceId,
@@ -456,15 +441,16 @@ async fn post_state_at(
 }
 
 /// What a history page asks for.
-struct HistoryAsk {
-    checkpoint_ns: String,
+pub(crate) struct HistoryAsk {
+    pub checkpoint_ns: String,
     /// Only this checkpoint (a `checkpoint.checkpoint_id`), as LangGraph's list does.
-    only: Option<String>,
-    filter: ListFilter,
-    subgraphs: bool,
+    pub only: Option<String>,
+    pub filter: ListFilter,
+    pub subgraphs: bool,
 }
 
-async fn read_history(
+/// A page of the thread's history as JSON, newest first, whichever engine runs its graph.
+pub(crate) async fn read_history(
     state: &AppState,
     scope: &Scope,
     thread_id: ResourceId,
