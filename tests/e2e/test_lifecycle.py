@@ -240,6 +240,25 @@ def test_idle_streams_get_keepalive_comments(tmp_path):
     assert ": heartbeat\r\n\r\n" in r.text, r.text
 
 
+def test_a_run_past_its_time_limit_ends_timeout(tmp_path):
+    """`--run-timeout-secs`: a run still going past it is stopped and ends `timeout`, and its
+    stream's `error` event says `TimeoutError`, as its record does."""
+    storage = Storage("sqlite", tmp_path)
+
+    def dev(port):
+        return ["dev", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(tmp_path / "d"),
+                "--run-timeout-secs", "1"]
+
+    with running(storage, dev) as srv:
+        with get_sync_client(url=srv.base_url, api_key=None, timeout=30) as c:
+            tid = c.threads.create()["thread_id"]
+            parts = list(c.runs.stream(tid, "slow", input={"delay_ms": 3000, "ticks": 0}))
+            errors = [p.data for p in parts if p.event == "error"]
+            assert errors and errors[0]["error"] == "TimeoutError", parts
+            run = c.runs.list(tid)[0]
+            assert run["status"] == "timeout"
+
+
 def kill(srv: harness.Server) -> None:
     import signal
 

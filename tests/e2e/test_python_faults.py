@@ -297,3 +297,24 @@ def test_dev_reloads_changed_graphs_and_runs_in_flight_resume(tmp_path):
                        what="the changed graph to answer", timeout=30)
         out = srv.output()
     assert "reloading the Python graphs" in out, out
+
+
+def test_a_python_run_past_its_time_limit_ends_timeout(tmp_path):
+    """`--run-timeout-secs`: a Python run still going past it is stopped on its worker and
+    ends `timeout` with a `TimeoutError`; the worker takes the next run as usual."""
+    storage = Storage("sqlite", tmp_path)
+
+    def dev(port: int) -> list[str]:
+        return ["dev", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(tmp_path / "d"),
+                "--config", str(REF_PROJECT / "langgraph.json"), "--python", WORKER_PYTHON,
+                "--run-timeout-secs", "1"]
+
+    with running(storage, dev) as srv:
+        with get_sync_client(url=srv.base_url, api_key=None, timeout=60) as c:
+            tid = c.threads.create()["thread_id"]
+            parts = list(c.runs.stream(tid, "slow", input={"delay_ms": 3000, "ticks": 0}))
+            errors = [p.data for p in parts if p.event == "error"]
+            assert errors and errors[0]["error"] == "TimeoutError", parts
+            run_id = c.runs.list(tid)[0]["run_id"]
+            assert c.runs.get(tid, run_id)["status"] == "timeout"
+            assert c.runs.wait(None, "chain", input={"n": 1}) == {"n": 4}

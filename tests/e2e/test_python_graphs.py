@@ -7,6 +7,8 @@ exception.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 
@@ -226,3 +228,48 @@ async def test_schemas_and_drawing_come_from_the_python_graph(python_client):
     assert {"child:c1", "child:c2"} <= {n["id"] for n in nested["nodes"]}
     subgraphs = await python_client.assistants.get_subgraphs("nested")
     assert list(subgraphs) == ["child"]
+
+
+async def test_a_cancel_with_rollback_takes_the_runs_checkpoints(python_client):
+    """Cancel with `action="rollback"`: the run is deleted with everything it saved, and the
+    thread's state is what it was before the run."""
+    thread = await _thread(python_client)
+    await python_client.runs.wait(thread, "slow", input={"delay_ms": 1, "ticks": 0})
+    before = await python_client.threads.get_history(thread, limit=50)
+    run = await python_client.runs.create(
+        thread, "slow", input={"delay_ms": 1500, "ticks": 0}, durability="sync"
+    )
+    # Wait until node `a`'s step is saved, so there is something to take back.
+    for _ in range(200):
+        history = await python_client.threads.get_history(thread, limit=50)
+        if len(history) > len(before) + 1:
+            break
+        await asyncio.sleep(0.02)
+    await python_client.runs.cancel(thread, run["run_id"], wait=True, action="rollback")
+    runs = [r["run_id"] for r in await python_client.runs.list(thread)]
+    assert run["run_id"] not in runs
+    after = await python_client.threads.get_history(thread, limit=50)
+    assert [h["checkpoint"]["checkpoint_id"] for h in after] == [
+        h["checkpoint"]["checkpoint_id"] for h in before
+    ]
+
+
+async def test_the_recursion_limit_of_a_run_reaches_the_graph(python_client):
+    thread = await _thread(python_client)
+    chunks = [
+        c
+        async for c in python_client.runs.stream(
+            thread, "chain", input={"n": 0}, config={"recursion_limit": 2}
+        )
+    ]
+    errors = [c.data for c in chunks if c.event == "error"]
+    assert errors and errors[0]["error"] == "GraphRecursionError", chunks
+
+
+async def test_durability_exit_saves_only_the_end(python_client):
+    thread = await _thread(python_client)
+    out = await python_client.runs.wait(thread, "chain", input={"n": 0}, durability="exit")
+    assert out == {"n": 3}
+    history = await python_client.threads.get_history(thread, limit=10)
+    assert history[0]["values"] == {"n": 3}
+    assert len(history) < 5  # not one checkpoint per step

@@ -368,9 +368,11 @@ impl RunWorkers {
         let failure = ran.failure();
         let timed_out =
             matches!(failure, Some(Failure::Run(RunError::Cancelled))) && !cancel.is_cancelled();
-        // The run's `error` event; a cancel the caller asked for is not one.
+        // The run's `error` event (the error its end records); a cancel the caller asked for
+        // is not one.
         let error = match failure {
-            Some(Failure::Run(RunError::Cancelled)) if !timed_out => None,
+            Some(Failure::Run(RunError::Cancelled)) if timed_out => Some(timeout_error()),
+            Some(Failure::Run(RunError::Cancelled)) => None,
             Some(failure) => Some(failure.body()),
             None => None,
         };
@@ -730,11 +732,9 @@ fn run_end(
         .unwrap_or_default();
     let (status, error, thread_status) = match failure {
         None => (RunStatus::Success, None, idle_or_interrupted),
-        Some(Failure::Run(RunError::Cancelled)) if timed_out => (
-            RunStatus::Timeout,
-            Some(json!({"error": "TimeoutError", "message": "the run exceeded its time limit"})),
-            ThreadStatus::Error,
-        ),
+        Some(Failure::Run(RunError::Cancelled)) if timed_out => {
+            (RunStatus::Timeout, Some(timeout_error()), ThreadStatus::Error)
+        }
         Some(Failure::Run(RunError::Cancelled)) => {
             (RunStatus::Interrupted, None, idle_or_interrupted)
         }
@@ -749,6 +749,11 @@ fn run_end(
         events: Vec::new(),
         after_checkpoint: None,
     }
+}
+
+/// What a run stopped at its time limit ends with, in its `error` event and its record.
+fn timeout_error() -> Value {
+    json!({"error": "TimeoutError", "message": "the run exceeded its time limit"})
 }
 
 /// The outcome of a run's end written behind the saves the engine left queued (by then they
