@@ -150,7 +150,8 @@ pub fn run_config(run: &Run, assistant: &Assistant) -> RunConfig {
         // the caller's identity is `langgraph_auth_user_id`, which a client cannot set.
         c.entry("user_id").or_insert(json!(user_id));
     }
-    let mut metadata = object(config.get("metadata"));
+    let mut metadata = object(kwargs.get(spindle_storage::INHERITED_METADATA));
+    metadata.extend(object(config.get("metadata")));
     metadata.extend(run.metadata.clone());
     metadata.insert("run_id".into(), json!(run.run_id.to_string()));
     metadata.insert("assistant_id".into(), json!(run.assistant_id.to_string()));

@@ -5,10 +5,10 @@
 use std::sync::Arc;
 
 use chrono::Utc;
-use serde_json::{json, Map};
+use serde_json::{json, Map, Value};
 use spindle_storage::{
     Assistant, ClaimedRun, FiringId, IfThreadMissing, JsonObject, LoggedEvent, MultitaskStrategy,
-    NewRun, ResourceId, Run, Scope, StorageResult,
+    NewRun, ResourceId, Run, Scope, StorageResult, INHERITED_METADATA,
 };
 use tracing::Instrument;
 use uuid::Uuid;
@@ -111,6 +111,7 @@ impl RunWorkers {
         } else {
             IfThreadMissing::Reject
         };
+        inherit_assistant_metadata(&mut kwargs, &assistant);
         // With a free slot here, a run that can start now is created claimed and starts at once.
         let slot = self.reserve();
         let delay = chrono::Duration::milliseconds((after_seconds * 1000.0) as i64);
@@ -149,5 +150,18 @@ impl RunWorkers {
             run: created.run,
             claimed_after,
         })
+    }
+}
+
+/// The metadata a run's graph sees (`config.metadata`, which its checkpoints keep) starts from
+/// its assistant's; storage adds its thread's when it creates the run; the run's own comes
+/// over both (`execute::run_config`). This is how LangGraph Platform merges them, while the
+/// run's record keeps the metadata and config it was created with.
+fn inherit_assistant_metadata(kwargs: &mut Map<String, Value>, assistant: &Assistant) {
+    if !assistant.fields.metadata.is_empty() {
+        kwargs.insert(
+            INHERITED_METADATA.into(),
+            Value::Object(assistant.fields.metadata.clone()),
+        );
     }
 }

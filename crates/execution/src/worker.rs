@@ -732,9 +732,11 @@ fn run_end(
         .unwrap_or_default();
     let (status, error, thread_status) = match failure {
         None => (RunStatus::Success, None, idle_or_interrupted),
-        Some(Failure::Run(RunError::Cancelled)) if timed_out => {
-            (RunStatus::Timeout, Some(timeout_error()), ThreadStatus::Error)
-        }
+        Some(Failure::Run(RunError::Cancelled)) if timed_out => (
+            RunStatus::Timeout,
+            Some(timeout_error()),
+            ThreadStatus::Error,
+        ),
         Some(Failure::Run(RunError::Cancelled)) => {
             (RunStatus::Interrupted, None, idle_or_interrupted)
         }

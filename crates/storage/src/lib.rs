@@ -41,8 +41,8 @@ pub use id::{InvalidId, ResourceId};
 pub use model::*;
 pub use runs::{
     CancelAction, Claim, ClaimStart, ClaimedRun, CreatedRun, IfThreadMissing, LoggedEvent,
-    MultitaskStrategy, NewRun, Run, RunEnd, RunFilter, RunStatus, RunStore, RUN_END_EVENT,
-    UNLOGGED_EVENTS_MAX,
+    MultitaskStrategy, NewRun, Run, RunEnd, RunFilter, RunStatus, RunStore, INHERITED_METADATA,
+    RUN_END_EVENT, UNLOGGED_EVENTS_MAX,
 };
 /// Re-exported so the server can classify database failures without depending on sqlx.
 pub use sqlx::Error as SqlxError;

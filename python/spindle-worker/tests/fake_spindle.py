@@ -205,7 +205,12 @@ class FakeSpindle:
             assert skeleton["channel_versions"][ch] == ver, "a blob is the checkpoint's version of its channel"
             assert typ in VALUE_TYPES, f"value type {typ!r} (pickle is never sent)"
             assert isinstance(data, bytes)
-            self.blobs[(thread, ns, ch, ver)] = (typ, data)
+            # As Spindle stores them: a (channel, version) blob is written once and never
+            # replaced (`ON CONFLICT DO NOTHING`), so a version reused for another value (a
+            # fork from an older checkpoint) would read back the first branch's value.
+            kept = self.blobs.setdefault((thread, ns, ch, ver), (typ, data))
+            if kept != (typ, data):
+                self.violations.append(f"cp.put reused version {ver} of channel {ch!r} for another value")
         self.checkpoints[(thread, ns)][cid] = {
             "checkpoint": skeleton,
             "metadata": body["metadata"],

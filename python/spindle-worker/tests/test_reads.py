@@ -78,3 +78,56 @@ async def test_graph_schemas_draw_and_subgraphs() -> None:
     subs = orjson.loads(await worker.request("graph.subgraphs", {"graph_id": "nested", "config": {}, "recurse": True}))
     assert list(subs) == ["child"] and "state_schema" in subs["child"]
     await worker.close()
+
+
+@run_async
+async def test_an_update_at_a_past_checkpoint_forks_without_reusing_a_version() -> None:
+    """A branch from an older checkpoint must not reuse a channel version of the newer branch:
+    Spindle writes a (channel, version) blob once and keeps it, so a reused version would read
+    back the other branch's value (here n=2 and no next task instead of n=50 and `b`). The
+    reference server answers n=50, next ["b"]; the run from there ends at n=52."""
+    spindle, worker = await ref_worker()
+    thread = new_thread()
+    run = new_run()
+    await worker.start_run(run, "chain", thread, input={"n": 0})
+    await spindle.wait_done(run)
+    config = {"configurable": {"thread_id": thread}}
+    history = [orjson.loads(s) for s in await worker.request(
+        "state.history", {"graph_id": "chain", "config": config, "limit": 10})]
+    after_a = next(h for h in history if h["values"] == {"n": 1})
+
+    past = {"configurable": {"thread_id": thread, "checkpoint_id": after_a["checkpoint_id"]}}
+    reply = await worker.request("state.update", {
+        "graph_id": "chain", "config": past, "updates": [[{"values": {"n": 50}, "as_node": "a"}]],
+    })
+    state = orjson.loads(await worker.request("state.get", {"graph_id": "chain", "config": config}))
+    assert state["checkpoint_id"] == reply["config"]["checkpoint_id"]
+    assert state["parent_checkpoint_id"] == after_a["checkpoint_id"]
+    assert (state["values"], state["next"]) == ({"n": 50}, ["b"])
+
+    again = new_run()
+    await worker.start_run(again, "chain", thread, input=None)
+    done = await spindle.wait_done(again)
+    assert orjson.loads(done["final"])["values"] == {"n": 52}
+    assert spindle.violations == []
+    await worker.close()
+
+
+@run_async
+async def test_an_update_checkpoint_names_its_graph_in_metadata() -> None:
+    """As on the reference, an update's checkpoint metadata carries `graph_id` like the run's
+    checkpoints do, so a history filtered on the graph finds the updates as well."""
+    spindle, worker = await ref_worker()
+    thread = new_thread()
+    run = new_run()
+    await worker.start_run(run, "chain", thread, input={"n": 0})
+    await spindle.wait_done(run)
+    config = {"configurable": {"thread_id": thread}}
+    await worker.request("state.update", {
+        "graph_id": "chain", "config": config, "updates": [[{"values": {"n": 7}, "as_node": "c"}]],
+    })
+    found = [orjson.loads(s) for s in await worker.request(
+        "state.history", {"graph_id": "chain", "config": config, "limit": 10, "filter": {"graph_id": "chain"}})]
+    assert found[0]["metadata"]["source"] == "update" and found[0]["values"] == {"n": 7}
+    assert len(found) == 6  # the update, then the run's five checkpoints
+    await worker.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -60,7 +61,15 @@ async def test_put_sends_only_new_versions_and_round_trips_values() -> None:
 @run_async
 async def test_versions_are_integers_and_copies_keep_the_run() -> None:
     saver = SpindleSaver(Callbacks(Recorder({}), ["r", 2]))  # type: ignore[arg-type]
-    assert saver.get_next_version(None, None) == 1 and saver.get_next_version(7, None) == 8
+    # Integers, increasing, and at least the time in microseconds (as Spindle's engine makes
+    # them), so a branch from an older checkpoint never reuses a newer branch's version.
+    before_us = time.time_ns() // 1000
+    first = saver.get_next_version(None, None)
+    assert isinstance(first, int) and first >= before_us
+    assert saver.get_next_version(7, None) >= before_us
+    assert saver.get_next_version(first, None) > first
+    far = 2**62
+    assert saver.get_next_version(far, None) == far + 1
     clone = saver.with_allowlist([("my.module", "MyType")])
     assert clone.callbacks is saver.callbacks and copy.copy(saver).callbacks.run == ["r", 2]
     with pytest.raises(NotImplementedError):  # pickle is never read

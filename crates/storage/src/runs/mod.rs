@@ -184,6 +184,27 @@ pub struct Claim {
     pub lease: std::time::Duration,
 }
 
+/// The key of a run's kwargs holding the metadata its graph inherits (beneath its own
+/// `config.metadata` and metadata): its assistant's, then its thread's, which storage adds
+/// when it creates the run, as LangGraph Platform merges them.
+pub const INHERITED_METADATA: &str = "inherited_metadata";
+
+/// Adds `thread`'s metadata to `kwargs`' inherited metadata (over the assistant's); true
+/// when that changed anything.
+pub(crate) fn inherit_metadata(kwargs: &mut JsonObject, thread: JsonObject) -> bool {
+    if thread.is_empty() {
+        return false;
+    }
+    let inherited = kwargs
+        .entry(INHERITED_METADATA)
+        .or_insert_with(|| Value::Object(JsonObject::new()));
+    match inherited {
+        Value::Object(inherited) => inherited.extend(thread),
+        other => *other = Value::Object(thread),
+    }
+    true
+}
+
 impl NewRun {
     /// The claim to create the run with: one was offered, nothing else on the thread is
     /// pending or running, and the run is due.

@@ -493,6 +493,12 @@ impl PostgresStorage {
     }
 }
 
+/// A new run's kwargs (`$6`) with the thread's (`$2`) metadata added to what its graph
+/// inherits (`INHERITED_METADATA`, over the assistant's; `inherit_metadata` on SQLite).
+const KWARGS_WITH_THREAD_METADATA: &str = "jsonb_set($6::jsonb, '{inherited_metadata}', \
+     COALESCE($6::jsonb -> 'inherited_metadata', '{}'::jsonb) \
+     || COALESCE((SELECT metadata FROM threads WHERE thread_id = $2), '{}'::jsonb))";
+
 #[async_trait]
 impl RunStore for PostgresStorage {
     async fn create_run(&self, scope: &Scope, new: NewRun) -> StorageResult<CreatedRun> {
@@ -547,7 +553,8 @@ impl RunStore for PostgresStorage {
                 "INSERT INTO runs (run_id, thread_id, assistant_id, user_id, status, kwargs, metadata, \
                  multitask_strategy, attempt, run_after, created_at, updated_at, lease_owner, \
                  lease_expires_at, started_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $12, $13, $14) \
+                 VALUES ($1, $2, $3, $4, $5, {KWARGS_WITH_THREAD_METADATA}, $7, $8, $9, $10, $11, \
+                         $11, $12, $13, $14) \
                  RETURNING {RUN_COLUMNS}"
             );
             let row: RunRow<Uuid> = sqlx::query_as(&sql)

@@ -557,6 +557,11 @@ fn create_run(
     };
 
     let start = Start::of(new.claim_now(&active, now), now);
+    let mut new = new;
+    let kwargs = match inherit_thread_metadata(conn, &mut new)? {
+        true => json(&new.kwargs)?,
+        false => encoded.kwargs,
+    };
     exec(
         conn,
         "INSERT INTO runs (run_id, thread_id, assistant_id, user_id, status, kwargs, metadata, \
@@ -569,7 +574,7 @@ fn create_run(
             id(new.assistant_id),
             &scope.user_id,
             start.status.as_str(),
-            &encoded.kwargs,
+            &kwargs,
             &encoded.metadata,
             new.multitask_strategy.as_str(),
             start.attempt,
@@ -604,6 +609,20 @@ fn create_run(
         cancelled,
         claimed,
     })
+}
+
+/// Adds the thread's metadata to what the run's graph inherits (`INHERITED_METADATA`); true
+/// when it changed the kwargs.
+fn inherit_thread_metadata(conn: &Connection, new: &mut NewRun) -> StorageResult<bool> {
+    let stored: Option<String> = conn
+        .prepare_cached("SELECT metadata FROM threads WHERE thread_id = ?1")?
+        .query_row([id(new.thread_id)], |r| r.get(0))
+        .optional()?;
+    let thread: JsonObject = match stored.as_deref().map(serde_json::from_str) {
+        Some(Ok(thread)) => thread,
+        _ => return Ok(false),
+    };
+    Ok(super::inherit_metadata(&mut new.kwargs, thread))
 }
 
 /// Ends a cron firing in flight, in the transaction creating its run; `Conflict` when it is

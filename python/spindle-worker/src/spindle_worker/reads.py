@@ -177,6 +177,10 @@ class Reads:
         if not isinstance(supersteps, list) or not all(isinstance(s, list) for s in supersteps):
             raise RequestError("bad_request", "`updates` must be a list of supersteps, each a list of updates")
         config["configurable"].setdefault("checkpoint_ns", "")
+        # The reference gives the update's config the thread's graph id, so LangGraph copies it
+        # into the new checkpoint's metadata as it does for every run's checkpoints (a history
+        # filtered on `graph_id` then finds updates too).
+        config["configurable"].setdefault("graph_id", body["graph_id"])
         steps = [[_state_update(u) for u in step] for step in supersteps]
         async with opener as graph:
             try:

@@ -1,12 +1,13 @@
 """SpindleSaver: a LangGraph checkpointer whose storage is Spindle, reached over the socket.
 
 Channel values and pending writes are LangGraph's own serialization (`serde.dumps_typed`
-pairs), carried opaquely; Spindle never decodes them to run a graph. Versions are the
-base class's integers (`current + 1`).
+pairs), carried opaquely; Spindle never decodes them to run a graph. Versions are
+integers, as Spindle's engine makes them (see `get_next_version`).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
@@ -52,6 +53,16 @@ class SpindleSaver(BaseCheckpointSaver[int]):
     def __init__(self, callbacks: Callbacks, *, serde: JsonPlusSerializer | None = None) -> None:
         super().__init__(serde=serde or make_serde())
         self.callbacks = callbacks
+
+    def get_next_version(self, current: int | None, channel: None = None) -> int:  # type: ignore[override]
+        """`current + 1`, but at least the current time in microseconds, as Spindle's own
+        engine makes versions. Spindle writes a (channel, version) blob once and keeps it, so
+        a branch from an older checkpoint (an update or a run at a past `checkpoint_id`) must
+        not reuse a version of the newer branch: `current + 1` alone would, and the new
+        checkpoint would read back the other branch's values. Still increasing, as LangGraph
+        requires."""
+        now = time.time_ns() // 1000
+        return max((current or 0) + 1, now)
 
     # -- decoding ------------------------------------------------------------------------
 
