@@ -495,9 +495,11 @@ impl PostgresStorage {
 
 /// A new run's kwargs (`$6`) with the thread's (`$2`) metadata added to what its graph
 /// inherits (`INHERITED_METADATA`, over the assistant's; `inherit_metadata` on SQLite).
-const KWARGS_WITH_THREAD_METADATA: &str = "jsonb_set($6::jsonb, '{inherited_metadata}', \
-     COALESCE($6::jsonb -> 'inherited_metadata', '{}'::jsonb) \
-     || COALESCE((SELECT metadata FROM threads WHERE thread_id = $2), '{}'::jsonb))";
+const KWARGS_WITH_THREAD_METADATA: &str = "(SELECT CASE WHEN t.metadata IS NULL \
+         OR t.metadata = '{}'::jsonb THEN $6::jsonb \
+     ELSE jsonb_set($6::jsonb, '{inherited_metadata}', \
+          COALESCE($6::jsonb -> 'inherited_metadata', '{}'::jsonb) || t.metadata) END \
+     FROM (SELECT (SELECT metadata FROM threads WHERE thread_id = $2) AS metadata) t)";
 
 #[async_trait]
 impl RunStore for PostgresStorage {
