@@ -151,10 +151,13 @@ REF_PROJECT = Path(__file__).resolve().parents[2].parent / "shared" / "ref"
 WORKER_PYTHON = os.environ.get("SPINDLE_TEST_PYTHON", "").strip()
 
 
-@pytest.fixture(scope="session", params=BACKENDS)
+# Module-scoped, unlike `server`: each `spindle serve` holds up to 16 PostgreSQL connections,
+# and the servers of every module alive at once would exhaust the database's 100.
+@pytest.fixture(scope="module", params=BACKENDS)
 def python_server(request: pytest.FixtureRequest):
     """A server whose graphs are LangGraph Python graphs: the reference's own project
-    (``../shared/ref/langgraph.json``), run by Spindle's Python workers."""
+    (``../shared/ref/langgraph.json``), run by Spindle's Python workers (one per module that
+    uses it)."""
     if request.param != "external":
         if not WORKER_PYTHON:
             if os.environ.get("SPINDLE_TEST_REQUIRE_PYTHON") == "1":
@@ -301,7 +304,7 @@ def tag() -> str:
 PROJECTS = Path(__file__).resolve().parent / "projects"
 
 
-@pytest.fixture(scope="session", params=BACKENDS)
+@pytest.fixture(scope="module", params=BACKENDS)
 def project_backend(request: pytest.FixtureRequest) -> str:
     """The backend the project servers run on (one parameter for both of them)."""
     return request.param
@@ -326,13 +329,13 @@ def _project_server(backend: str, project: str, env: dict[str, str] | None = Non
     yield from _session_server(backend, extra_args=args, env=env)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def template_server(project_backend: str):
     """Spindle serving the new-langgraph-project template (``projects/template``)."""
     yield from _project_server(project_backend, "template")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def react_server(project_backend: str):
     """Spindle serving the react-agent project (``projects/react``). Its graph imports its own
     package (``from react_agent.context import Context``), as the react-agent template does, so
