@@ -7,8 +7,10 @@
 //! says it is skipped and passes, unless `SPINDLE_TEST_REQUIRE_PYTHON` is set (as in CI).
 #![cfg(unix)]
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,20 +25,7 @@ use spindle_storage::{Scope, Storage};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-const PYTHON_ENV: &str = "SPINDLE_TEST_PYTHON";
-const REQUIRE_ENV: &str = "SPINDLE_TEST_REQUIRE_PYTHON";
-
-fn test_python(test: &str) -> Option<PathBuf> {
-    match std::env::var(PYTHON_ENV) {
-        Ok(path) if !path.is_empty() => Some(PathBuf::from(path)),
-        _ => {
-            let required = std::env::var(REQUIRE_ENV).is_ok_and(|v| !v.is_empty() && v != "0");
-            assert!(!required, "{REQUIRE_ENV} is set but {PYTHON_ENV} is not");
-            eprintln!("\n*** SKIPPED: {test}: {PYTHON_ENV} is not set ***\n");
-            None
-        }
-    }
-}
+use common::test_python;
 
 /// A node that blocks the worker's event loop for `n` seconds (what a careless `time.sleep`
 /// in an async node does), and a quick one.

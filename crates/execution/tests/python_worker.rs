@@ -8,6 +8,8 @@
 //! The graphs are the reference's, in `../shared/ref` beside the checkout.
 #![cfg(unix)]
 
+mod common;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -22,25 +24,9 @@ use spindle_execution::python::process::{GraphKind, WorkerError};
 use spindle_execution::python::{RemoteError, Reply, WorkerCalls, WorkerProcess, WorkerSpec};
 use tokio::sync::watch;
 
-const PYTHON_ENV: &str = "SPINDLE_TEST_PYTHON";
-const REQUIRE_ENV: &str = "SPINDLE_TEST_REQUIRE_PYTHON";
-const WAIT: Duration = Duration::from_secs(60);
+use common::test_python;
 
-/// The test interpreter, or `None` after saying loudly that the test is skipped.
-fn test_python(test: &str) -> Option<PathBuf> {
-    match std::env::var(PYTHON_ENV) {
-        Ok(path) if !path.is_empty() => Some(PathBuf::from(path)),
-        _ => {
-            let required = std::env::var(REQUIRE_ENV).is_ok_and(|v| !v.is_empty() && v != "0");
-            assert!(!required, "{REQUIRE_ENV} is set but {PYTHON_ENV} is not");
-            eprintln!(
-                "\n*** SKIPPED: {test}: {PYTHON_ENV} is not set (a Python with langgraph and \
-                 spindle_worker; scripts/test makes python/spindle-worker/.venv for it) ***\n"
-            );
-            None
-        }
-    }
-}
+const WAIT: Duration = Duration::from_secs(60);
 
 /// `../shared/ref` beside the checkout: the reference graphs and their `langgraph.json`.
 fn ref_dir() -> PathBuf {

@@ -112,14 +112,19 @@ impl SpindleCalls {
     }
 
     fn save(&self, op: &str, body: Msg) -> Reply {
-        let parsed = match op {
-            "cp.put" => checkpoints::put_write(body.clone()),
-            _ => checkpoints::writes_write(body.clone()).map(|w| (w, Msg::Nil)),
+        // The run first, by reference: the body (the checkpoint's blobs) is then moved into
+        // the save, not copied.
+        let run = match self.run_of(&body) {
+            Ok(run) => run,
+            Err(e) => return ready(Err(e)),
         };
-        let run = self.run_of(&body);
-        let ((write, reply), run) = match (parsed, run) {
-            (Ok(parsed), Ok(run)) => (parsed, run),
-            (Err(e), _) | (_, Err(e)) => return ready(Err(e)),
+        let parsed = match op {
+            "cp.put" => checkpoints::put_write(body),
+            _ => checkpoints::writes_write(body).map(|w| (w, Msg::Nil)),
+        };
+        let (write, reply) = match parsed {
+            Ok(parsed) => parsed,
+            Err(e) => return ready(Err(e)),
         };
         let receipt = match run {
             // Queued now, on the reader task: behind the events that arrived before it.
