@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -214,3 +216,37 @@ def drop_database(dbname: str, admin_url: str = POSTGRES_URL) -> None:
             _pg_admin(admin_url, f'DROP DATABASE IF EXISTS "{dbname}"')
     except Exception as e:  # never hide the test outcome behind a cleanup error
         print(f"warning: could not drop database {dbname}: {e}")
+
+
+class Storage:
+    """One database several server processes in a row are started on: a SQLite file in
+    `workdir`, or a PostgreSQL database made for it (skipped without PostgreSQL), dropped by
+    `close`. Tests that restart or kill servers subclass it with the arguments they serve."""
+
+    def __init__(self, backend: str, workdir: Path):
+        self.backend = backend
+        self.workdir = workdir
+        self.dbname: str | None = None
+        if backend == "postgres":
+            if not POSTGRES_URL:
+                pytest.skip(POSTGRES_SKIP_REASON)
+            self.dbname = create_database()
+            self.database_url = pg_url_with_db(POSTGRES_URL, self.dbname)
+        else:
+            self.database_url = str(workdir / "spindle.db")
+
+    def close(self) -> None:
+        if self.dbname:
+            drop_database(self.dbname)
+
+
+def storage_in_tempdir(make: Callable[[str, Path], Storage], backend: str, prefix: str) -> Iterator[Storage]:
+    """A fixture body: `make(backend, workdir)` in a fresh folder, closed and removed after."""
+    workdir = Path(tempfile.mkdtemp(prefix=f"{prefix}-{backend}-"))
+    st = make(backend, workdir)
+    try:
+        yield st
+    finally:
+        st.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+

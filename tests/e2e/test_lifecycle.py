@@ -7,8 +7,6 @@ when the suite starts the binary itself, never against SPINDLE_E2E_URL.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,38 +24,16 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-class Storage:
-    """One storage location that several server processes in a row are started on."""
-
-    def __init__(self, backend: str, workdir: Path):
-        self.backend = backend
-        self.workdir = workdir
-        self.dbname: str | None = None
-        if backend == "postgres":
-            if not harness.POSTGRES_URL:
-                pytest.skip(harness.POSTGRES_SKIP_REASON)
-            self.dbname = harness.create_database()
-            self.database_url = harness.pg_url_with_db(harness.POSTGRES_URL, self.dbname)
-        else:
-            self.database_url = str(workdir / "spindle.db")
+class Storage(harness.Storage):
+    """A database several `spindle serve` processes in a row are started on."""
 
     def serve_args(self, port: int) -> list[str]:
         return ["serve", "--host", "127.0.0.1", "--port", str(port), "--database-url", self.database_url]
 
-    def close(self) -> None:
-        if self.dbname:
-            harness.drop_database(self.dbname)
-
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def storage(request) -> Iterator[Storage]:
-    workdir = Path(tempfile.mkdtemp(prefix=f"spindle-e2e-life-{request.param}-"))
-    st = Storage(request.param, workdir)
-    try:
-        yield st
-    finally:
-        st.close()
-        shutil.rmtree(workdir, ignore_errors=True)
+    yield from harness.storage_in_tempdir(Storage, request.param, "spindle-e2e-life")
 
 
 @contextmanager

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,20 +37,9 @@ def _needs_worker_python():
         pytest.skip("SPINDLE_TEST_PYTHON (a Python with spindle_worker installed) is not set")
 
 
-class Storage:
-    """A database several server processes in a row are started on."""
-
-    def __init__(self, backend: str, workdir: Path):
-        self.backend = backend
-        self.workdir = workdir
-        self.dbname: str | None = None
-        if backend == "postgres":
-            if not harness.POSTGRES_URL:
-                pytest.skip(harness.POSTGRES_SKIP_REASON)
-            self.dbname = harness.create_database()
-            self.database_url = harness.pg_url_with_db(harness.POSTGRES_URL, self.dbname)
-        else:
-            self.database_url = str(workdir / "spindle.db")
+class Storage(harness.Storage):
+    """A database several `spindle serve` processes of the reference's Python project in a
+    row are started on."""
 
     def serve(self, config: Path = REF_PROJECT / "langgraph.json", *extra: str):
         def args(port: int) -> list[str]:
@@ -64,20 +52,9 @@ class Storage:
             ]
         return args
 
-    def close(self) -> None:
-        if self.dbname:
-            harness.drop_database(self.dbname)
-
-
 @pytest.fixture(params=["sqlite", "postgres"])
 def storage(request) -> Iterator[Storage]:
-    workdir = Path(tempfile.mkdtemp(prefix=f"spindle-e2e-pyfault-{request.param}-"))
-    st = Storage(request.param, workdir)
-    try:
-        yield st
-    finally:
-        st.close()
-        shutil.rmtree(workdir, ignore_errors=True)
+    yield from harness.storage_in_tempdir(Storage, request.param, "spindle-e2e-pyfault")
 
 
 @contextmanager
