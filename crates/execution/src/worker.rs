@@ -377,7 +377,15 @@ impl RunWorkers {
             None => None,
         };
         if let Some(body) = &error {
-            let _ = failed.set(body["message"].as_str().unwrap_or_default().to_owned());
+            let message = body["message"].as_str().unwrap_or_default();
+            // Why, for the operator: the end's log line below says only the status.
+            tracing::warn!(
+                graph = graph_name.as_deref().unwrap_or("-"),
+                error = body["error"].as_str().unwrap_or("Error"),
+                reason = message,
+                "run failed"
+            );
+            let _ = failed.set(message.to_owned());
         }
         drop(sink);
         renewal.abort();

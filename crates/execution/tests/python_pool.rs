@@ -193,6 +193,26 @@ async fn a_worker_whose_loop_is_blocked_gets_no_new_runs_until_it_answers() {
     .await;
 }
 
+/// Many runs at once never give a worker more than its slots: it would refuse the extra
+/// one ("worker is full") and that run would fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 8)]
+async fn runs_started_at_once_never_overfill_a_worker() {
+    let Some(python) = test_python("slots under contention") else {
+        return;
+    };
+    let fixture = Arc::new(pool(&python, |s| s.runs_per_worker = 1).await);
+    let runs: Vec<_> = (0..200)
+        .map(|_| {
+            let fixture = fixture.clone();
+            tokio::spawn(async move { run(&fixture, "quick", 1.0).await })
+        })
+        .collect();
+    for run in runs {
+        let end = run.await.unwrap();
+        assert!(succeeded(&end), "{end:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_is_recycled_after_its_runs() {
     let Some(python) = test_python("recycling") else {

@@ -6,7 +6,9 @@
 //! [`WorkerCalls::request`], whose synchronous part runs right there (so it sees frames in
 //! the order the worker sent them: a run's events before the save that follows them) and
 //! whose future is then awaited on a task of its own (so a slow answer holds up nothing).
-//! The writer is the only one that writes: whole frames, in the order they were queued.
+//! The writer is the only one that writes: whole frames, in the order they were queued,
+//! through a buffer flushed when the queue runs dry (the replies and requests of one burst
+//! cost one system call, not one each).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -19,7 +21,7 @@ use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use rmpv::Value;
 use serde::{de::DeserializeOwned, Serialize};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufWriter, ReadHalf, WriteHalf};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -29,6 +31,9 @@ use super::frame::{from_body, to_body, Frame, FrameCodec};
 /// Frames queued for the writer before senders wait: enough to keep the socket busy, few
 /// enough that a worker that stops reading pushes back instead of growing memory.
 const OUTGOING_QUEUE: usize = 256;
+
+/// The writer's buffer: frames smaller than this are gathered until the queue is empty.
+const WRITE_BUFFER: usize = 64 * 1024;
 
 /// The answer to a request the worker made: a body for `ok`, or an error for `err`.
 pub type Reply = BoxFuture<'static, Result<Value, RemoteError>>;
@@ -485,9 +490,10 @@ async fn answer(shared: Arc<Shared>, id: u64, op: String, reply: Reply) {
 /// The writer task: the only writer of the socket, so frames go out whole and in queue order.
 async fn write_frames<W: AsyncWrite>(
     shared: Arc<Shared>,
-    mut write: WriteHalf<W>,
+    write: WriteHalf<W>,
     mut queued: mpsc::Receiver<Bytes>,
 ) {
+    let mut write = BufWriter::with_capacity(WRITE_BUFFER, write);
     let failure = loop {
         let bytes = tokio::select! {
             _ = shared.stop.cancelled() => break None,
@@ -513,7 +519,7 @@ async fn write_frames<W: AsyncWrite>(
 }
 
 async fn write_one<W: AsyncWrite>(
-    write: &mut WriteHalf<W>,
+    write: &mut BufWriter<WriteHalf<W>>,
     bytes: &[u8],
     flush: bool,
 ) -> std::io::Result<()> {

@@ -333,9 +333,13 @@ impl PythonPool {
             .filter(|w| !take_slot || w.active.load(Ordering::Acquire) < limit)
             .min_by_key(|w| w.active.load(Ordering::Acquire))?
             .clone();
+        if take_slot {
+            // Under the lock: two runs looking at once must not both take a worker's last
+            // slot (the worker would refuse the second, "worker is full").
+            worker.active.fetch_add(1, Ordering::AcqRel);
+        }
         drop(workers);
         if take_slot {
-            worker.active.fetch_add(1, Ordering::AcqRel);
             let started = worker.started_runs.fetch_add(1, Ordering::AcqRel) + 1;
             if self
                 .settings

@@ -18,6 +18,7 @@ import asyncio
 import logging
 import traceback
 from contextlib import aclosing
+from collections.abc import Callable
 from typing import Any
 
 import langgraph.version
@@ -91,8 +92,11 @@ def filter_context(graph: Pregel, context: Any) -> Any:
 
 
 class Run:
-    def __init__(self, conn: Connection, registry: Registry, body: dict[str, Any]) -> None:
+    def __init__(
+        self, conn: Connection, registry: Registry, body: dict[str, Any], release: Callable[[], None] = lambda: None
+    ) -> None:
         self.conn = conn
+        self.release = release  # gives the run's slot back (see send_done)
         self.registry = registry
         self.body = body
         self.ref: list[Any] = list(body["run"])
@@ -202,6 +206,9 @@ class Run:
     def send_done(self, done: dict[str, Any]) -> None:
         if not self.done_sent and not self.fenced and not self.conn.closed:
             self.done_sent = True
+            # The slot first: once Spindle reads run.done it may send the next run.start,
+            # which must find the slot free even if this task has not finished yet.
+            self.release()
             self.conn.send_event("run.done", done)
 
     def _final_from_stream(self) -> dict[str, Any] | None:
@@ -302,13 +309,13 @@ class RunManager:
             raise RequestError("conflict", f"run {key[0]} attempt {key[1]} is already running here")
         if len(self.runs) >= self.max_runs:
             raise RequestError("conflict", f"worker is full ({self.max_runs} runs)", retryable=True)
-        run = Run(self.conn, self.registry, body)
+        run = Run(self.conn, self.registry, body, release=lambda: self.runs.pop(key, None))
         self.runs[key] = run
         run.task = asyncio.create_task(run.execute(), name=f"run {key[0]}#{key[1]}")
         run.task.add_done_callback(lambda t: self._finished(key, t))
 
     def _finished(self, key: tuple[str, int], task: asyncio.Task[None]) -> None:
-        run = self.runs.pop(key, None)
+        run = self.runs.pop(key, None)  # still here unless its run.done was sent
         if task.cancelled() and run is not None:
             # Cancelled before its first step: execute() never ran to say so.
             run.batcher.flush()
