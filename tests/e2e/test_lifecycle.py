@@ -115,6 +115,37 @@ def test_dev_reuses_its_data_dir(tmp_path):
         assert r.json()["metadata"] == {"k": 1}
 
 
+def test_dev_reloads_a_changed_graph_file(tmp_path):
+    """`spindle dev` watches its graph files: a changed file serves new runs at once; one
+    that no longer loads is logged and the version from before keeps serving."""
+    project = tmp_path / "project"
+    project.mkdir()
+    graph = project / "chain.yaml"
+    source = (Path(__file__).parents[2] / "examples" / "graphs" / "chain.yaml").read_text()
+    graph.write_text(source)
+    (project / "spindle.json").write_text('{"graphs": {"chain": "./chain.yaml"}}')
+    storage = Storage("sqlite", tmp_path)
+
+    def dev(port):
+        return ["dev", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(tmp_path / "d"),
+                "--config", str(project / "spindle.json")]
+
+    with running(storage, dev) as srv:
+        with get_sync_client(url=srv.base_url, api_key=None, timeout=30) as c:
+            assert c.runs.wait(None, "chain", input={"n": 1}) == {"n": 4}
+            changed = source.replace("(state.n ?? 0) + 1", "(state.n ?? 0) + 10")
+            assert changed != source
+            graph.write_text(changed)
+            wait_until(lambda: c.runs.wait(None, "chain", input={"n": 1}) == {"n": 31},
+                       what="the changed graph file to answer", timeout=20)
+            graph.write_text("nodes: [this is not a graph")
+            wait_until(lambda: "does not load" in srv.output(), what="the broken file to be logged",
+                       timeout=20)
+            assert c.runs.wait(None, "chain", input={"n": 1}) == {"n": 31}
+        out = srv.output()
+    assert "graph file changed; new runs use the new version" in out, out
+
+
 @pytest.mark.parametrize("durability", ["async", "sync"])
 def test_run_survives_sigkill(storage, durability):
     """A server killed with SIGKILL during a `slow` run and started again finishes that run from

@@ -8,6 +8,7 @@ exception.
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import pytest
 
@@ -204,6 +205,32 @@ async def test_update_state_as_an_unknown_node_is_refused_and_changes_nothing(py
     assert getattr(refused.value, "response").status_code == 422
     assert "nowhere" in refused.value.response.text
     assert await python_client.threads.get_history(thread, limit=20) == before
+
+
+async def test_supersteps_on_create_build_a_history_a_run_goes_on_from(python_client):
+    steps = [
+        {"updates": [{"values": {"n": 1}, "as_node": "a"}]},
+        {"updates": [{"values": {"n": 2}, "as_node": "b"}]},
+    ]
+    thread = await python_client.threads.create(graph_id="chain", supersteps=steps)
+    assert thread["status"] == "interrupted" and thread["values"] == {"n": 2}
+    history = await python_client.threads.get_history(thread["thread_id"], limit=10)
+    assert [h["values"] for h in history][:2] == [{"n": 2}, {"n": 1}]
+    assert await python_client.runs.wait(thread["thread_id"], "chain", input=None) == {"n": 3}
+
+
+async def test_refused_supersteps_create_no_thread(python_client):
+    tid = str(uuid.uuid4())
+    with pytest.raises(Exception) as refused:
+        await python_client.threads.create(
+            thread_id=tid, graph_id="chain",
+            supersteps=[{"updates": [{"values": {"n": 1}, "as_node": "nowhere"}]}],
+        )
+    assert refused.value.response.status_code == 422
+    assert "nowhere" in refused.value.response.text
+    with pytest.raises(Exception) as missing:
+        await python_client.threads.get(tid)
+    assert missing.value.response.status_code == 404
 
 
 async def test_a_fork_from_a_past_checkpoint_runs_from_there(python_client):

@@ -1,7 +1,7 @@
 //! The graphs this server can run, by graph id, and the assistant ids derived from them.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use spindle_graph::Graph;
 use spindle_storage::ResourceId;
@@ -38,9 +38,12 @@ pub struct PythonGraph {
     pub name: Option<String>,
 }
 
+/// The graphs by id. Shared by the server and the run executors; `spindle dev` swaps a graph
+/// file's graph in when its file changes, so lookups hand out owned handles (`Arc`s): a run
+/// keeps the graph it started with to its end.
 #[derive(Default)]
 pub struct GraphRegistry {
-    graphs: BTreeMap<String, LoadedGraph>,
+    graphs: RwLock<BTreeMap<String, LoadedGraph>>,
 }
 
 impl GraphRegistry {
@@ -49,54 +52,75 @@ impl GraphRegistry {
     }
 
     pub fn insert(&mut self, graph_id: impl Into<String>, graph: Graph) {
-        self.graphs
+        self.map_mut()
             .insert(graph_id.into(), LoadedGraph::Engine(Arc::new(graph)));
     }
 
     pub fn insert_python(&mut self, graph_id: impl Into<String>, graph: PythonGraph) {
-        self.graphs
+        self.map_mut()
             .insert(graph_id.into(), LoadedGraph::Python(graph));
     }
 
+    /// Puts a graph file's new version in place of the old (a reload); runs started before
+    /// keep the old one. `false` (and nothing changes) when `graph_id` is not a graph file's.
+    pub fn replace(&self, graph_id: &str, graph: Graph) -> bool {
+        let mut graphs = self.graphs.write().unwrap_or_else(|e| e.into_inner());
+        match graphs.get_mut(graph_id) {
+            Some(slot @ LoadedGraph::Engine(_)) => {
+                *slot = LoadedGraph::Engine(Arc::new(graph));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn map(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, LoadedGraph>> {
+        self.graphs.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn map_mut(&mut self) -> &mut BTreeMap<String, LoadedGraph> {
+        self.graphs.get_mut().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The graph, whichever runs it.
-    pub fn loaded(&self, graph_id: &str) -> Option<&LoadedGraph> {
-        self.graphs.get(graph_id)
+    pub fn loaded(&self, graph_id: &str) -> Option<LoadedGraph> {
+        self.map().get(graph_id).cloned()
     }
 
     /// A graph file's graph (`None` for a Python graph).
-    pub fn get(&self, graph_id: &str) -> Option<&Arc<Graph>> {
-        match self.graphs.get(graph_id)? {
-            LoadedGraph::Engine(graph) => Some(graph),
+    pub fn get(&self, graph_id: &str) -> Option<Arc<Graph>> {
+        match self.map().get(graph_id)? {
+            LoadedGraph::Engine(graph) => Some(graph.clone()),
             LoadedGraph::Python(_) => None,
         }
     }
 
     /// A Python graph (`None` for a graph file's).
-    pub fn python(&self, graph_id: &str) -> Option<&PythonGraph> {
-        match self.graphs.get(graph_id)? {
-            LoadedGraph::Python(graph) => Some(graph),
+    pub fn python(&self, graph_id: &str) -> Option<PythonGraph> {
+        match self.map().get(graph_id)? {
+            LoadedGraph::Python(graph) => Some(graph.clone()),
             LoadedGraph::Engine(_) => None,
         }
     }
 
     pub fn contains(&self, graph_id: &str) -> bool {
-        self.graphs.contains_key(graph_id)
+        self.map().contains_key(graph_id)
     }
 
     /// Whether any graph runs on Python workers.
     pub fn has_python(&self) -> bool {
-        self.graphs
+        self.map()
             .values()
             .any(|g| matches!(g, LoadedGraph::Python(_)))
     }
 
     /// Graph ids in a stable (sorted) order.
-    pub fn ids(&self) -> impl Iterator<Item = &str> {
-        self.graphs.keys().map(String::as_str)
+    pub fn ids(&self) -> Vec<String> {
+        self.map().keys().cloned().collect()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.graphs.is_empty()
+        self.map().is_empty()
     }
 
     /// The assistant id a path or body names: a graph id maps to the graph's default

@@ -511,7 +511,7 @@ impl RunWorkers {
         };
         let graph_id = &assistant.fields.graph_id;
         let executable = match self.graphs.loaded(graph_id) {
-            Some(LoadedGraph::Engine(graph)) => Executable::Engine(graph.clone()),
+            Some(LoadedGraph::Engine(graph)) => Executable::Engine(graph),
             Some(LoadedGraph::Python(_)) => Executable::Python,
             None => return Err(format!("graph '{graph_id}' is not loaded in this server")),
         };

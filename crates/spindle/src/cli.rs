@@ -113,7 +113,7 @@ pub struct ServerArgs {
     #[arg(long, env = "SPINDLE_PYTHON_MAX_MEMORY_MB", value_parser = clap::value_parser!(u64).range(1..))]
     pub python_max_memory_mb: Option<u64>,
 
-    /// `dev` only: do not reload the Python graphs when the project's files change
+    /// `dev` only: do not reload the graphs (Python graphs and graph files) when their files change
     #[arg(long, env = "SPINDLE_NO_RELOAD")]
     pub no_reload: bool,
 

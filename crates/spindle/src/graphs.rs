@@ -1,6 +1,7 @@
 //! Loads the graphs a server offers: the config file's, or the built-in examples.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use serde_json::Value;
@@ -34,6 +35,21 @@ pub fn load(config: &LoadedConfig) -> Result<(GraphRegistry, BTreeMap<String, St
     Ok((registry, python))
 }
 
+/// The config file's graph files, by graph id, as absolute paths (what `spindle dev` watches
+/// to reload them). The example graphs served without a config have no file.
+pub fn graph_files(config: &LoadedConfig) -> Vec<(String, PathBuf)> {
+    config
+        .file
+        .graphs
+        .iter()
+        .filter(|(_, source)| !is_python_graph(source))
+        .filter_map(|(id, source)| {
+            let path = config.resolve(source);
+            Some((id.clone(), std::fs::canonicalize(path).ok()?))
+        })
+        .collect()
+}
+
 /// Whether a `graphs` entry names Python: `./path/file.py:name`, or `package.module:name`
 /// (LangGraph's two forms), rather than a graph file.
 fn is_python_graph(source: &str) -> bool {
@@ -56,7 +72,7 @@ pub async fn ensure_default_assistants(
     storage: &dyn Storage,
     registry: &GraphRegistry,
 ) -> Result<()> {
-    for graph_id in registry.ids() {
+    for graph_id in &registry.ids() {
         // A Python graph's defaults are its own business (the worker applies them per run);
         // its compiled name, when it has one, names the assistant, as on LangGraph Platform.
         let (name, description, config, context) = match registry.loaded(graph_id) {
@@ -102,7 +118,8 @@ pub async fn ensure_default_assistants(
 pub fn described(registry: &GraphRegistry) -> Vec<String> {
     registry
         .ids()
-        .map(|id| match registry.loaded(id) {
+        .into_iter()
+        .map(|id| match registry.loaded(&id) {
             Some(LoadedGraph::Python(graph)) => match (&graph.kind, &graph.error) {
                 (_, Some(error)) => format!("{id} (Python, failed to import: {error})"),
                 (Some(kind), None) => format!("{id} (Python {kind}, {})", graph.spec),

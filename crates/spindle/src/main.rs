@@ -152,7 +152,7 @@ async fn serve(args: ServerArgs, mode: Mode) -> Result<()> {
         .with_context(|| format!("cannot listen on {host}:{port}"))?;
     let addr = listener.local_addr()?;
 
-    let graph_ids: Vec<&str> = registry.ids().collect();
+    let graph_ids = registry.ids();
     let described = graphs::described(&registry);
     println!(
         "Spindle {} ready in {} ms",
@@ -185,9 +185,10 @@ async fn serve(args: ServerArgs, mode: Mode) -> Result<()> {
         store: store.clone(),
         ..worker_config(&args, &config)
     };
+    let registry = Arc::new(registry);
     let mut state = AppState::with_settings(
         storage,
-        Arc::new(registry),
+        registry.clone(),
         workers,
         webhook_config(&args, &config),
     );
@@ -200,12 +201,18 @@ async fn serve(args: ServerArgs, mode: Mode) -> Result<()> {
         state.keepalive = Duration::from_secs(secs);
     }
     let stopping = CancellationToken::new();
-    if let Some(pool) = python {
+    if let Some(pool) = &python {
         state.workers.set_python(pool.clone());
         pool.supervise(stopping.clone());
-        if mode == Mode::Dev && !args.no_reload {
-            reload::watch_python(config.base_dir(), pool, stopping.clone())?;
-        }
+    }
+    let graph_files = graphs::graph_files(&config);
+    if mode == Mode::Dev && !args.no_reload && (python.is_some() || !graph_files.is_empty()) {
+        let reloadable = reload::Reloadable {
+            pool: python,
+            registry,
+            graph_files,
+        };
+        reload::watch(config.base_dir(), reloadable, stopping.clone())?;
     }
     let served = spindle_server::serve(listener, state, shutdown_signal()).await;
     // The Python workers close after the server: runs still draining may need them.

@@ -1,6 +1,8 @@
-//! `spindle dev` reloads the project's Python graphs when their files change, as
-//! `langgraph dev` does: new workers load the changed code, and runs in flight on the old ones
-//! resume on the new ones from their last checkpoint.
+//! `spindle dev` reloads the project's graphs when their files change, as `langgraph dev`
+//! does. Python graphs: new workers load the changed code, and runs in flight on the old ones
+//! resume on the new ones from their last checkpoint. Graph files: the changed file is read
+//! again and its graph takes the old one's place for new runs (runs in flight finish on the
+//! version they started with); a file that no longer loads keeps the old version serving.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -11,6 +13,7 @@ use anyhow::{Context, Result};
 use notify_debouncer_mini::notify::RecursiveMode;
 use notify_debouncer_mini::{new_debouncer, DebounceEventResult};
 use spindle_execution::python::pool::PythonPool;
+use spindle_execution::GraphRegistry;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -28,21 +31,44 @@ const IGNORED_DIRS: [&str; 7] = [
     ".langgraph_api",
 ];
 
-/// Watches `project_dir` until `shutdown`; each batch of changes to Python files reloads the
-/// pool's workers. (The config file and its `env` are read at start: a change to them needs a
-/// restart, as with `langgraph dev`.)
-pub fn watch_python(
+/// What a change can reload.
+pub struct Reloadable {
+    /// The Python workers, when the project has Python graphs.
+    pub pool: Option<Arc<PythonPool>>,
+    /// The registry the graph files' graphs are swapped into.
+    pub registry: Arc<GraphRegistry>,
+    /// Each graph file's graph id and path (absolute).
+    pub graph_files: Vec<(String, PathBuf)>,
+}
+
+impl Reloadable {
+    /// Whether a changed path means some graph may have changed: a graph file, or (with
+    /// Python graphs) a Python file outside the folders of tools and data.
+    fn reloads(&self, path: &Path) -> bool {
+        self.graph_files.iter().any(|(_, file)| file == path)
+            || (self.pool.is_some() && python_source(path))
+    }
+}
+
+/// Watches `project_dir` until `shutdown`; each batch of changes reloads what it touches.
+/// (The config file and its `env` are read at start: a change to them needs a restart, as
+/// with `langgraph dev`.)
+pub fn watch(
     project_dir: PathBuf,
-    pool: Arc<PythonPool>,
+    reloadable: Reloadable,
     shutdown: CancellationToken,
 ) -> Result<()> {
+    // Absolute, as the graph files' paths are: the watcher reports paths under this one.
+    let project_dir = std::fs::canonicalize(&project_dir).unwrap_or(project_dir);
+    let reloadable = Arc::new(reloadable);
     let (changed, mut changes) = mpsc::unbounded_channel::<Vec<PathBuf>>();
+    let filter = reloadable.clone();
     let mut debouncer = new_debouncer(DEBOUNCE, move |events: DebounceEventResult| match events {
         Ok(events) => {
             let paths: Vec<PathBuf> = events
                 .into_iter()
                 .map(|e| e.path)
-                .filter(|p| reloads(p))
+                .filter(|p| filter.reloads(p))
                 .collect();
             if !paths.is_empty() {
                 let _ = changed.send(paths);
@@ -55,7 +81,7 @@ pub fn watch_python(
         .watcher()
         .watch(&project_dir, RecursiveMode::Recursive)
         .with_context(|| format!("cannot watch {} for changes", project_dir.display()))?;
-    tracing::info!(dir = %project_dir.display(), "watching the project's Python files; a change reloads the graphs");
+    tracing::info!(dir = %project_dir.display(), "watching the project's graph files; a change reloads the graphs");
     tokio::spawn(async move {
         // The debouncer stops when dropped: it lives as long as this task.
         let _debouncer = debouncer;
@@ -69,8 +95,13 @@ pub fn watch_python(
                 () = shutdown.cancelled() => return,
             };
             let changed = modified.changed(paths);
-            if !changed.is_empty() {
-                reload(&pool, &changed).await;
+            reload_graph_files(&reloadable, &changed);
+            if let Some(pool) = &reloadable.pool {
+                let python: Vec<PathBuf> =
+                    changed.into_iter().filter(|p| python_source(p)).collect();
+                if !python.is_empty() {
+                    reload_python(pool, &python).await;
+                }
             }
         }
     });
@@ -112,7 +143,28 @@ impl Modified {
     }
 }
 
-async fn reload(pool: &Arc<PythonPool>, paths: &[PathBuf]) {
+/// Reads each changed graph file again and swaps its graph in.
+fn reload_graph_files(reloadable: &Reloadable, changed: &[PathBuf]) {
+    for (graph_id, file) in &reloadable.graph_files {
+        if !changed.contains(file) {
+            continue;
+        }
+        match spindle_graph::spec::load_file(file) {
+            Ok(graph) => {
+                reloadable.registry.replace(graph_id, graph);
+                tracing::info!(graph_id = %graph_id, file = %file.display(), "graph file changed; new runs use the new version");
+            }
+            Err(error) => tracing::error!(
+                graph_id = %graph_id,
+                file = %file.display(),
+                error = format!("{error:#}"),
+                "graph file changed but does not load; the version from before keeps serving"
+            ),
+        }
+    }
+}
+
+async fn reload_python(pool: &Arc<PythonPool>, paths: &[PathBuf]) {
     let shown: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
     tracing::info!(changed = ?shown, "project files changed; reloading the Python graphs");
     match pool.reload().await {
@@ -132,19 +184,18 @@ async fn reload(pool: &Arc<PythonPool>, paths: &[PathBuf]) {
     }
 }
 
-/// Whether a changed path means the graphs may have changed: a Python file outside the
-/// folders of tools and data.
-fn reloads(path: &Path) -> bool {
+/// A Python source file outside the folders of tools and data.
+fn python_source(path: &Path) -> bool {
     let ignored = path.components().any(|c| {
         c.as_os_str()
             .to_str()
             .is_some_and(|name| IGNORED_DIRS.contains(&name))
     });
-    let relevant = match path.file_name().and_then(|n| n.to_str()) {
-        Some(name) => name.ends_with(".py"),
-        None => false,
-    };
-    relevant && !ignored
+    let python = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|name| name.ends_with(".py"));
+    python && !ignored
 }
 
 #[cfg(test)]
@@ -172,14 +223,27 @@ mod tests {
 
     #[test]
     fn python_files_reload_and_tool_folders_do_not() {
-        assert!(reloads(Path::new("/p/src/agent/graph.py")));
-        assert!(!reloads(Path::new(
+        assert!(python_source(Path::new("/p/src/agent/graph.py")));
+        assert!(!python_source(Path::new(
             "/p/.venv/lib/python3.11/site-packages/x.py"
         )));
-        assert!(!reloads(Path::new(
+        assert!(!python_source(Path::new(
             "/p/src/__pycache__/graph.cpython-311.pyc"
         )));
-        assert!(!reloads(Path::new("/p/.spindle/spindle.db")));
-        assert!(!reloads(Path::new("/p/README.md")));
+        assert!(!python_source(Path::new("/p/.spindle/spindle.db")));
+        assert!(!python_source(Path::new("/p/README.md")));
+    }
+
+    #[test]
+    fn graph_files_reload_without_python_graphs() {
+        let reloadable = Reloadable {
+            pool: None,
+            registry: Arc::new(GraphRegistry::new()),
+            graph_files: vec![("chain".into(), PathBuf::from("/p/graphs/chain.yaml"))],
+        };
+        assert!(reloadable.reloads(Path::new("/p/graphs/chain.yaml")));
+        assert!(!reloadable.reloads(Path::new("/p/graphs/other.yaml")));
+        // Without Python graphs there are no workers to reload.
+        assert!(!reloadable.reloads(Path::new("/p/src/agent/graph.py")));
     }
 }

@@ -371,7 +371,7 @@ fn refuse_graph_id(state: &AppState, id: Option<ResourceId>) -> ApiResult<()> {
 }
 
 fn unknown_graph(state: &AppState, graph_id: &str) -> ApiError {
-    let known: Vec<&str> = state.graphs.ids().collect();
+    let known = state.graphs.ids();
     ApiError::not_found(format!(
         "Graph '{graph_id}' not found. Expected one of: {known:?}"
     ))
@@ -607,7 +607,7 @@ async fn assistant_graph(
     let assistant = state.storage.get_assistant(scope, id).await?;
     let graph_id = assistant.fields.graph_id.clone();
     let graph = match state.graphs.loaded(&graph_id) {
-        Some(LoadedGraph::Engine(graph)) => AssistantGraph::Engine(graph.clone()),
+        Some(LoadedGraph::Engine(graph)) => AssistantGraph::Engine(graph),
         Some(LoadedGraph::Python(_)) => AssistantGraph::Python {
             pool: state
                 .workers

@@ -294,7 +294,7 @@ pub(crate) async fn thread_graph_of(
         return Ok(None);
     };
     match state.graphs.loaded(&graph_id) {
-        Some(LoadedGraph::Engine(graph)) => Ok(Some(ThreadGraph::Engine(graph.clone()))),
+        Some(LoadedGraph::Engine(graph)) => Ok(Some(ThreadGraph::Engine(graph))),
         Some(LoadedGraph::Python(_)) => Ok(Some(ThreadGraph::Python(graph_id))),
         // The thread's state, not the request, is at fault: a conflict (409), as for a busy
         // thread.

@@ -80,7 +80,7 @@ async fn info(State(state): State<AppState>) -> Json<Value> {
         "version": env!("CARGO_PKG_VERSION"),
         "server": "spindle",
         "database": state.storage.backend().as_str(),
-        "graphs": state.graphs.ids().collect::<Vec<_>>(),
+        "graphs": state.graphs.ids(),
         // Optional parts compiled into this build (cargo features).
         "features": if spindle_execution::store::LOCAL_EMBEDDINGS { vec!["local-embeddings"] } else { Vec::<&str>::new() },
         "flags": {

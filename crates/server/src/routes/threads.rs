@@ -26,6 +26,11 @@ use crate::wire::{
     JsonObject, SortOrderWire, MAX_LIMIT,
 };
 use spindle_execution::execute::goto_of;
+use spindle_execution::graphs::LoadedGraph;
+use spindle_execution::python::pool::PythonPool;
+use spindle_execution::python::reads as python_reads;
+use spindle_graph::Graph;
+use std::sync::Arc;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -388,29 +393,30 @@ async fn create_thread(
     let thread_id = body.thread_id.unwrap_or_else(ResourceId::generate);
     let metadata = body.metadata.unwrap_or_default();
     let steps = body.supersteps.unwrap_or_default();
-    let initial = if steps.is_empty() {
-        None
-    } else {
-        Some(superstep_history(&state, thread_id, &metadata, &steps).await?)
-    };
-    let new = NewThread {
+    let mut new = NewThread {
         thread_id,
         metadata,
         if_exists: body.if_exists.unwrap_or_default().into(),
         ttl: body.ttl.as_ref().and_then(TtlIn::to_ttl),
-        state: initial,
+        state: None,
     };
+    if !steps.is_empty() {
+        match superstep_graph(&state, &new.metadata)? {
+            (_, LoadedGraph::Engine(graph)) => {
+                new.state = Some(superstep_history(&graph, thread_id, &steps).await?);
+            }
+            (graph_id, LoadedGraph::Python(_)) => {
+                let thread =
+                    python_superstep_thread(&state, &scope, new, &graph_id, &steps).await?;
+                return Ok(Json(thread.into()));
+            }
+        }
+    }
     Ok(Json(state.storage.create_thread(&scope, new).await?.into()))
 }
 
-/// The checkpoints `supersteps` make on a new thread of the graph its metadata names, one
-/// per superstep, and the thread's state after the last.
-async fn superstep_history(
-    state: &AppState,
-    thread_id: ResourceId,
-    metadata: &JsonObject,
-    steps: &[Superstep],
-) -> ApiResult<StateWrite> {
+/// The graph `supersteps` apply to: the one the thread's metadata names.
+fn superstep_graph(state: &AppState, metadata: &JsonObject) -> ApiResult<(String, LoadedGraph)> {
     let graph_loc = || vec![json!("body"), json!("metadata"), json!("graph_id")];
     let Some(graph_id) = metadata.get("graph_id").and_then(Value::as_str) else {
         return Err(ApiError::field(
@@ -419,13 +425,102 @@ async fn superstep_history(
             "supersteps need the thread's graph: set metadata.graph_id",
         ));
     };
-    let Some(graph) = state.graphs.get(graph_id) else {
-        return Err(ApiError::field(
+    match state.graphs.loaded(graph_id) {
+        Some(graph) => Ok((graph_id.to_owned(), graph)),
+        None => Err(ApiError::field(
             graph_loc(),
             "unknown_graph",
             format!("graph '{graph_id}' is not loaded in this server"),
-        ));
+        )),
+    }
+}
+
+/// A new thread of a Python graph with `supersteps` applied by a worker (LangGraph's
+/// `bulk_update_state`), which saves their checkpoints itself: so the thread is created
+/// first, and deleted again if the updates are refused (nothing half-made is left). A thread
+/// that already exists (`if_exists: do_nothing`) is answered as it is.
+async fn python_superstep_thread(
+    state: &AppState,
+    scope: &Scope,
+    new: NewThread,
+    graph_id: &str,
+    steps: &[Superstep],
+) -> ApiResult<Thread> {
+    let pool = state
+        .workers
+        .python()
+        .cloned()
+        .ok_or_else(|| ApiError::conflict("this server has no Python workers"))?;
+    let thread_id = new.thread_id;
+    let existed = state.storage.get_thread(scope, thread_id).await.is_ok();
+    let thread = state.storage.create_thread(scope, new).await?;
+    if existed {
+        return Ok(thread);
+    }
+    match apply_python_supersteps(state, scope, &pool, graph_id, thread_id, steps).await {
+        Ok(()) => Ok(state.storage.get_thread(scope, thread_id).await?),
+        Err(e) => {
+            if let Err(deleted) = state.storage.delete_thread(scope, thread_id).await {
+                tracing::error!(%thread_id, error = %deleted, "cannot delete a thread whose supersteps were refused");
+            }
+            Err(e)
+        }
+    }
+}
+
+async fn apply_python_supersteps(
+    state: &AppState,
+    scope: &Scope,
+    pool: &Arc<PythonPool>,
+    graph_id: &str,
+    thread_id: ResourceId,
+    steps: &[Superstep],
+) -> ApiResult<()> {
+    let updates: Vec<Vec<Value>> = steps
+        .iter()
+        .map(|step| {
+            let updates = step.updates.iter();
+            updates
+                .map(|u| json!({"values": u.values, "command": u.command, "as_node": u.as_node}))
+                .collect()
+        })
+        .collect();
+    let at = python_reads::At {
+        thread_id: thread_id.to_string(),
+        ..Default::default()
     };
+    python_reads::update(pool, graph_id, &at, json!(updates))
+        .await
+        .map_err(|e| match e {
+            python_reads::ReadError::Invalid(msg) => ApiError::field(
+                vec![json!("body"), json!("supersteps")],
+                "invalid_update",
+                msg,
+            ),
+            other => super::state::python_read_failed(other),
+        })?;
+    let snapshot = python_reads::state(pool, graph_id, &at, false)
+        .await
+        .map_err(super::state::python_read_failed)?;
+    let write = StateWrite {
+        checkpoints: Vec::new(),
+        columns: python_reads::columns_of(&snapshot),
+        expect_latest: None,
+    };
+    state
+        .storage
+        .write_thread_state(scope, thread_id, write, None)
+        .await?;
+    Ok(())
+}
+
+/// The checkpoints `supersteps` make on a new thread of a graph file's graph, one per
+/// superstep, and the thread's state after the last.
+async fn superstep_history(
+    graph: &Graph,
+    thread_id: ResourceId,
+    steps: &[Superstep],
+) -> ApiResult<StateWrite> {
     let tid = thread_id.to_string();
     let mut checkpoints = Vec::new();
     let mut last: Option<pregel::PreparedUpdate> = None;

@@ -32,7 +32,7 @@ from .connection import Connection
 from .errors import FencedError, RequestError, find_fenced
 from .jsonenc import dumpb, public_error
 from .loader import Registry, open_graph
-from .saver import SpindleSaver, make_serde
+from .saver import SpindleSaver
 from .store import SpindleStore
 from .streaming import StreamTranslator, graph_stream_modes
 
@@ -67,7 +67,7 @@ def patch_interrupt(i: Any) -> dict[str, Any]:
 
 
 def final_state(checkpoint: dict[str, Any]) -> dict[str, Any]:
-    """`{values, next, interrupts}` from a debug checkpoint payload (interrupts by task id)."""
+    """`{values, next, interrupts}` from a `checkpoints` payload (interrupts by task id)."""
     return {
         "values": checkpoint.get("values"),
         "next": list(checkpoint.get("next") or []),
@@ -243,8 +243,10 @@ class Run:
             if not with_saver:
                 return None
             final = self._final_from_stream()
-            if final is None:
-                final = await self._final_from_state(graph, config)
+            if final is None or final["next"]:
+                # Interrupted: a node's interrupt comes after the step's checkpoint, so it is
+                # read back with the state. Or nothing new was saved (a resumed attempt).
+                final = await self._final_from_state(graph, config) or final
             return final
 
     async def _stream(self, graph: Pregel, graph_input: Any, config: dict, kwargs: dict) -> None:
@@ -272,10 +274,9 @@ class Run:
                     self.batcher.add("events", dumpb(event))
 
     async def _final_from_state(self, graph: Pregel, config: dict) -> dict[str, Any] | None:
-        """Without a debug checkpoint (e.g. a resumed attempt saving nothing new): read it."""
-        reader = SpindleSaver(Callbacks(self.conn, self.ref, on_fenced=self.on_fenced), serde=_json_serde())
+        """The thread's state as the run left it, read back through the run's saver."""
         conf = {k: v for k, v in config["configurable"].items() if k != "checkpoint_id"}
-        state = await graph.copy(update={"checkpointer": reader}).aget_state({**config, "configurable": conf})
+        state = await graph.aget_state({**config, "configurable": conf})
         if state.config is None:
             return None
         return {
@@ -283,12 +284,6 @@ class Run:
             "next": list(state.next),
             "interrupts": {t.id: [patch_interrupt(i) for i in t.interrupts] for t in state.tasks if t.interrupts},
         }
-
-
-def _json_serde() -> Any:
-    from langgraph.checkpoint.serde.jsonplus import _msgpack_ext_hook_to_json
-
-    return make_serde(_msgpack_ext_hook_to_json)
 
 
 class RunManager:

@@ -5,7 +5,8 @@ subgraph's when subgraphs were asked for. `messages-tuple` streams LangGraph's
 `(message, metadata)` pairs as `messages`; plain `messages` accumulates chunks by
 message id into `messages/metadata` (once per message), then `messages/partial` or
 `messages/complete`. `debug` checkpoints are reshaped (checkpoint / parent_checkpoint
-fields) and remembered: the last root one gives the run's final state.
+fields). LangGraph's `checkpoints` mode is always asked for: its last root checkpoint gives
+the run's final state (cheaper than `debug`, which adds every task's start and result).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ UPDATES_NEEDED_FOR_INTERRUPTS = _version_tuple(LANGGRAPH_VERSION) <= (1, 0, 3)
 def graph_stream_modes(requested: Iterable[str]) -> tuple[list[str], bool]:
     """The modes to ask LangGraph for, and whether `updates` is there only for interrupts."""
     modes = set(requested) - {"events"}
-    modes.add("debug")  # its checkpoints give the run's final state
+    modes.add("checkpoints")  # the last root one gives the run's final state
     if "messages-tuple" in modes:
         modes.remove("messages-tuple")
         modes.add("messages")
@@ -108,8 +109,10 @@ class StreamTranslator:
         return f"{mode}|{'|'.join(ns)}" if self.subgraphs and ns else mode
 
     def handle(self, ns: tuple[str, ...] | None, mode: str, chunk: Any) -> list[Event]:
-        if mode == "debug":
-            self._track_debug(ns, chunk)
+        if mode == "checkpoints" and not ns:
+            self.final_checkpoint = chunk
+        elif mode == "debug" and chunk.get("type") == "checkpoint":
+            chunk["payload"] = _debug_checkpoint(chunk.get("payload"))
         if mode == "messages":
             if "messages-tuple" in self.stream_mode:
                 return [(self._name("messages", ns), chunk)]
@@ -119,18 +122,6 @@ class StreamTranslator:
         if mode == "updates" and self.only_interrupt_updates and isinstance(chunk, dict) and chunk.get("__interrupt__"):
             return [(self._name("values", ns), chunk)]
         return []
-
-    def _track_debug(self, ns: tuple[str, ...] | None, chunk: dict[str, Any]) -> None:
-        if chunk.get("type") == "checkpoint":
-            chunk["payload"] = _debug_checkpoint(chunk.get("payload"))
-            if not ns and chunk["payload"] is not None:
-                self.final_checkpoint = chunk["payload"]
-        elif chunk.get("type") == "task_result" and not ns and self.final_checkpoint:
-            result = chunk.get("payload") or {}
-            for task in self.final_checkpoint.get("tasks", []):
-                if task.get("id") == result.get("id"):
-                    task.update(result)
-                    break
 
     def _accumulate(self, chunk: Any) -> list[Event]:
         raw, meta = chunk
