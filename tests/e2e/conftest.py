@@ -346,6 +346,20 @@ def react_server(project_backend: str):
     yield from _project_server(project_backend, "react", env={"PYTHONPATH": pythonpath})
 
 
+@pytest.fixture(scope="module")
+def extras_server(project_backend: str):
+    """Spindle serving ``projects/extras``: factories and a node searching the store by meaning."""
+    yield from _project_server(project_backend, "extras")
+
+
+@pytest.fixture
+def extras_client(extras_server: harness.Server):
+    """The official async client, on ``extras_server``."""
+    c = get_client(url=extras_server.base_url, api_key=None, timeout=30)
+    yield c
+    _loop().run_until_complete(c.aclose())
+
+
 @pytest.fixture
 def template_client(template_server: harness.Server):
     """The official async client, on ``template_server``."""

@@ -1,0 +1,59 @@
+"""Graphs exported the other ways LangGraph Platform accepts, and a node searching the store
+by meaning. Spindle-only: the store's index uses Spindle's deterministic `spindle:hash`
+embedder, which needs no model or network."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import TypedDict
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.config import get_store, get_stream_writer
+from langgraph.graph import END, START, StateGraph
+from langgraph_sdk.runtime import ServerRuntime
+
+
+class S(TypedDict, total=False):
+    text: str
+    found: list
+
+
+def _one_node(node) -> StateGraph:
+    return StateGraph(S).add_node("node", node).add_edge(START, "node").add_edge("node", END)
+
+
+def from_config(config: RunnableConfig):
+    """A factory given the run's config: the graph it builds depends on the assistant's."""
+    greeting = config["configurable"].get("greeting", "hello")
+
+    def node(state: S):
+        return {"text": f"{greeting}, {state.get('text', '')}"}
+
+    return _one_node(node).compile()
+
+
+OPEN: list[str] = []
+
+
+@asynccontextmanager
+async def held_open(runtime: ServerRuntime):
+    """A context manager factory: held open while the run executes, closed after."""
+    OPEN.append(runtime.access_context)
+
+    def node(state: S):
+        get_stream_writer()({"open": list(OPEN)})
+        return {"text": "opened for " + ",".join(OPEN)}
+
+    try:
+        yield _one_node(node).compile()
+    finally:
+        OPEN.pop()
+
+
+async def search(state: S):
+    """Searches the store by meaning from inside a node (`get_store()`)."""
+    items = await get_store().asearch(("docs",), query=state["text"], limit=3)
+    return {"found": [{"key": i.key, "score": i.score} for i in items]}
+
+
+recall = _one_node(search).compile()
