@@ -310,7 +310,9 @@ def project_backend(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
-def _project_server(backend: str, project: str, env: dict[str, str] | None = None):
+def _project_server(
+    backend: str, project: str, env: dict[str, str] | None = None, extra_args: list[str] | None = None
+):
     """Spindle serving ``projects/<project>/langgraph.json`` with the worker interpreter.
 
     With ``SPINDLE_E2E_URL`` (an already-running server), the project's own server is named by
@@ -326,7 +328,7 @@ def _project_server(backend: str, project: str, env: dict[str, str] | None = Non
             pytest.fail("SPINDLE_TEST_REQUIRE_PYTHON=1 but SPINDLE_TEST_PYTHON is not set")
         pytest.skip("SPINDLE_TEST_PYTHON (a Python with spindle_worker installed) is not set")
     args = ["--config", str(PROJECTS / project / "langgraph.json"), "--python", WORKER_PYTHON]
-    yield from _session_server(backend, extra_args=args, env=env)
+    yield from _session_server(backend, extra_args=args + list(extra_args or []), env=env)
 
 
 @pytest.fixture(scope="module")
@@ -348,8 +350,9 @@ def react_server(project_backend: str):
 
 @pytest.fixture(scope="module")
 def extras_server(project_backend: str):
-    """Spindle serving ``projects/extras``: factories and a node searching the store by meaning."""
-    yield from _project_server(project_backend, "extras")
+    """Spindle serving ``projects/extras``: factories, a node searching the store by meaning,
+    and one that blocks its worker's loop (two workers, so the other one still answers)."""
+    yield from _project_server(project_backend, "extras", extra_args=["--python-workers", "2"])
 
 
 @pytest.fixture

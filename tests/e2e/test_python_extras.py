@@ -6,6 +6,7 @@ Python graph's runs. On both backends, through the official client and the raw w
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import httpx
@@ -62,6 +63,28 @@ async def test_a_node_searches_the_store_by_meaning(extras_client):
     finally:
         for key in ("cats", "stocks", "soup"):
             await extras_client.store.delete_item(ns, key)
+
+
+async def test_a_cancel_its_blocked_worker_never_confirms_keeps_the_threads_values(extras_client):
+    """A run whose node blocks its worker's event loop cannot confirm a cancel; the run ends
+    after a grace period anyway, and the thread keeps the values of its last checkpoint (read
+    through the other worker), not none. (Last in its module: the blocked worker stays
+    blocked a while after.)"""
+    thread = await _thread(extras_client)
+    run = await extras_client.runs.create(thread, "blocker", input={"text": "before", "seconds": 14})
+
+    async def started() -> bool:
+        return (await extras_client.runs.get(thread, run["run_id"]))["status"] == "running"
+
+    deadline = time.monotonic() + 20
+    while not await started():
+        assert time.monotonic() < deadline, "the run did not start"
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(1)  # into its node, which blocks the loop
+    await extras_client.runs.cancel(thread, run["run_id"], wait=True)
+    assert (await extras_client.runs.get(thread, run["run_id"]))["status"] == "interrupted"
+    got = await extras_client.threads.get(thread)
+    assert got["values"] == {"text": "before", "seconds": 14}, got
 
 
 # --------------------------------------------------------------------------------------------

@@ -594,7 +594,9 @@ impl RunWorkers {
             PythonEnd::Done(done) => python_ran(done),
             PythonEnd::CancelUnconfirmed => Ran::Python {
                 outcome: Err(Failure::Run(RunError::Cancelled)),
-                columns: None,
+                // Its worker did not say where the run stopped: the thread's state as saved,
+                // read through another worker.
+                columns: python_thread_columns(pool, &assistant.fields.graph_id, run).await,
             },
             PythonEnd::WorkerLost(why) => Ran::HandedBack(why),
             PythonEnd::Refused(body) => Ran::NotStarted(Failure::Worker(body)),
@@ -610,6 +612,40 @@ impl RunWorkers {
             .await
         {
             tracing::warn!(error = %err, "cannot hand the run back; it is resumed once its lease expires");
+        }
+    }
+}
+
+/// How long the end of a run whose cancel its worker did not confirm waits to read the
+/// thread's state through another worker.
+const UNCONFIRMED_STATE_WAIT: Duration = Duration::from_secs(5);
+
+/// A Python graph's thread columns, as a worker reads its latest checkpoint; `None` when no
+/// worker answers in time (the thread then shows no values until its next run or update).
+async fn python_thread_columns(
+    pool: &Arc<crate::python::pool::PythonPool>,
+    graph_id: &str,
+    run: &Run,
+) -> Option<ThreadStateColumns> {
+    use crate::python::reads;
+    let at = reads::At {
+        thread_id: run.thread_id.to_string(),
+        ..Default::default()
+    };
+    match tokio::time::timeout(
+        UNCONFIRMED_STATE_WAIT,
+        reads::state(pool, graph_id, &at, false),
+    )
+    .await
+    {
+        Ok(Ok(state)) => Some(reads::columns_of(&state)),
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "cannot read the cancelled run's thread state");
+            None
+        }
+        Err(_) => {
+            tracing::warn!("no Python worker read the cancelled run's thread state in time");
+            None
         }
     }
 }

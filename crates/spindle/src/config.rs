@@ -175,18 +175,16 @@ impl LoadedConfig {
         })
     }
 
-    /// The folder the file's relative paths start from: a Python project's directory.
+    /// The folder the file's relative paths start from: a Python project's directory. Absolute:
+    /// the Python workers run in it, and resolve the graphs' paths from there.
     pub fn base_dir(&self) -> PathBuf {
         let base = self
             .path
             .as_deref()
             .and_then(Path::parent)
+            .filter(|base| !base.as_os_str().is_empty())
             .unwrap_or_else(|| Path::new("."));
-        if base.as_os_str().is_empty() {
-            PathBuf::from(".")
-        } else {
-            base.to_path_buf()
-        }
+        std::path::absolute(base).unwrap_or_else(|_| base.to_path_buf())
     }
 
     /// The Python workers' environment from `env`: the file's variables, or the map.
@@ -260,6 +258,24 @@ mod tests {
             config.resolve("./graphs/echo.yaml"),
             dir.path().join("./graphs/echo.yaml")
         );
+    }
+
+    /// A config named by a relative path (`--config project/langgraph.json`): the workers,
+    /// which run in the project's folder, get that folder as an absolute path.
+    #[test]
+    fn the_base_dir_is_absolute() {
+        let config = LoadedConfig {
+            path: Some(PathBuf::from("project/langgraph.json")),
+            file: ConfigFile::default(),
+        };
+        let base = config.base_dir();
+        assert!(base.is_absolute(), "{}", base.display());
+        assert!(base.ends_with("project"), "{}", base.display());
+        let here = LoadedConfig {
+            path: Some(PathBuf::from("langgraph.json")),
+            file: ConfigFile::default(),
+        };
+        assert_eq!(here.base_dir(), std::env::current_dir().unwrap());
     }
 
     #[test]

@@ -137,10 +137,14 @@ async fn cancel_on(
 ) -> PythonEnd {
     let process = worker.process();
     let body = Msg::Map(vec![(Msg::from("run"), run_msg(key))]);
-    // `not_found`: it ended meanwhile; its run.done is on its way.
-    let _ = process.connection().request("run.cancel", body).await;
+    // The grace covers the request too: a worker whose loop is blocked answers neither.
+    let confirmed = async {
+        // `not_found`: it ended meanwhile; its run.done is on its way.
+        let _ = process.connection().request("run.cancel", body).await;
+        done.await
+    };
     tokio::select! {
-        ended = done => match ended {
+        ended = confirmed => match ended {
             Ok(ended) => PythonEnd::Done(ended),
             Err(_) => PythonEnd::CancelUnconfirmed,
         },

@@ -4,6 +4,8 @@ embedder, which needs no model or network."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from contextlib import asynccontextmanager
 from typing import TypedDict
 
@@ -57,3 +59,19 @@ async def search(state: S):
 
 
 recall = _one_node(search).compile()
+
+
+class Blocking(TypedDict, total=False):
+    text: str
+    seconds: float
+
+
+async def block(state: Blocking):
+    """What a careless synchronous call in an async node does: blocks the worker's loop. (It
+    yields once first, so the checkpoint of the run's input reaches Spindle before.)"""
+    await asyncio.sleep(0.2)
+    time.sleep(state["seconds"])
+    return {"text": "unblocked"}
+
+
+blocker = StateGraph(Blocking).add_node("block", block).add_edge(START, "block").add_edge("block", END).compile()
