@@ -2,13 +2,20 @@
 //! build its history), search, count, get, patch, delete, copy and prune. A thread's state and
 //! history are served by [`super::state`]; its runs by [`super::runs`].
 
+use std::sync::Arc;
+
 use axum::extract::{Path, State};
 use axum::response::IntoResponse;
 use axum::Json;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use spindle_execution::execute::goto_of;
+use spindle_execution::graphs::LoadedGraph;
+use spindle_execution::python::pool::PythonPool;
+use spindle_execution::python::reads as python_reads;
 use spindle_graph::pregel::{self, NodeUpdate};
+use spindle_graph::Graph;
 use spindle_storage::ResourceId;
 use spindle_storage::{
     CancelAction, NewThread, RunFilter, RunStatus, Scope, StateWrite, Thread, ThreadFilter,
@@ -25,12 +32,6 @@ use crate::wire::{
     page, pagination_headers, path_thread_id, select_fields, validate_page, IfExistsWire,
     JsonObject, SortOrderWire, MAX_LIMIT,
 };
-use spindle_execution::execute::goto_of;
-use spindle_execution::graphs::LoadedGraph;
-use spindle_execution::python::pool::PythonPool;
-use spindle_execution::python::reads as python_reads;
-use spindle_graph::Graph;
-use std::sync::Arc;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()

@@ -55,14 +55,14 @@ class Connection:
             self._writer.write(b"".join(queued) if len(queued) > 1 else queued[0])
 
     def send_event(self, op: str, body: Any) -> None:
-        """A one-way `ev` frame, written now."""
+        """A one-way `ev` frame, queued now: on the wire in the order of the calls."""
         self._write({"k": "ev", "op": op, "b": body})
 
     def start_request(self, op: str, body: Any) -> asyncio.Future[Any]:
-        """Write a `req` frame now; the future resolves with the reply's body.
+        """Queue a `req` frame now; the future resolves with the reply's body.
 
-        Split from `request` so a caller can put the frame on the wire synchronously
-        right after its events, then await the answer.
+        Split from `request` so a caller can queue the frame synchronously right after
+        its events (the same order on the wire), then await the answer.
         """
         self._next_id += 1
         rid = self._next_id

@@ -17,8 +17,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import traceback
-from contextlib import aclosing
 from collections.abc import Callable
+from contextlib import aclosing
 from typing import Any
 
 import langgraph.version
