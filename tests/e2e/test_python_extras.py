@@ -1,6 +1,7 @@
 """Python graphs, the rest of what LangGraph Platform offers them: graphs exported as factories
 (given the run's config, or a context manager held open for the run), a node searching the
-store by meaning, and the agent protocol v2 (the thread event stream and its commands) over a
+store by meaning, a state update into a subgraph's namespace, a cancel its blocked worker
+cannot confirm, and the agent protocol v2 (the thread event stream and its commands) over a
 Python graph's runs. On both backends, through the official client and the raw wire.
 """
 
@@ -63,6 +64,28 @@ async def test_a_node_searches_the_store_by_meaning(extras_client):
     finally:
         for key in ("cats", "stocks", "soup"):
             await extras_client.store.delete_item(ns, key)
+
+
+async def test_update_state_into_a_subgraphs_namespace_then_resume(extras_client):
+    """A subgraph stopped at an interrupt: `update_state` with the subgraph's checkpoint (its
+    `child:<task>` namespace) writes its state as its node `after` would; the resumed run
+    goes on from there. What the reference answers too (checked by hand against
+    `langgraph dev` with the same graph)."""
+    thread = await _thread(extras_client)
+    out = await extras_client.runs.wait(thread, "nest", input={"text": "start"})
+    assert out["__interrupt__"][0]["value"] == "value?"
+    sub = (await extras_client.threads.get_state(thread, subgraphs=True))["tasks"][0]["state"]
+    assert sub["checkpoint"]["checkpoint_ns"].startswith("child:")
+    assert sub["values"] == {"text": "start"} and sub["next"] == ["ask"]
+    written = await extras_client.threads.update_state(
+        thread, {"text": "edited"}, checkpoint=sub["checkpoint"], as_node="after"
+    )
+    assert written["checkpoint"]["checkpoint_ns"] == sub["checkpoint"]["checkpoint_ns"]
+    state = await extras_client.threads.get_state(thread, subgraphs=True)
+    assert state["next"] == ["child"]
+    assert state["tasks"][0]["state"]["values"] == {"text": "edited"}
+    assert state["tasks"][0]["state"]["next"] == []
+    assert await extras_client.runs.wait(thread, "nest", input=None) == {"text": "edited"}
 
 
 async def test_a_cancel_its_blocked_worker_never_confirms_keeps_the_threads_values(extras_client):

@@ -12,6 +12,7 @@ from typing import TypedDict
 from langchain_core.runnables import RunnableConfig
 from langgraph.config import get_store, get_stream_writer
 from langgraph.graph import END, START, StateGraph
+from langgraph.types import interrupt
 from langgraph_sdk.runtime import ServerRuntime
 
 
@@ -75,3 +76,19 @@ async def block(state: Blocking):
 
 
 blocker = StateGraph(Blocking).add_node("block", block).add_edge(START, "block").add_edge("block", END).compile()
+
+
+def ask(state: S):
+    return {"text": f"{state.get('text', '')}|{interrupt('value?')}"}
+
+
+def after(state: S):
+    return {"text": state.get("text", "") + "|after"}
+
+
+_child = (
+    StateGraph(S).add_node("ask", ask).add_node("after", after)
+    .add_edge(START, "ask").add_edge("ask", "after").add_edge("after", END).compile()
+)
+# A subgraph stopped at an interrupt: its own state can be updated (namespace `child:<task>`).
+nest = StateGraph(S).add_node("child", _child).add_edge(START, "child").add_edge("child", END).compile()
