@@ -4,6 +4,7 @@
 //! storage, execution and graph crates hand it typed values. A handler maps a request to calls
 //! of storage and of run execution (`spindle_execution`), and their answers to responses.
 
+pub mod cors;
 pub mod error;
 pub mod extract;
 mod guard;
@@ -29,12 +30,16 @@ pub use ttl::ThreadTtlConfig;
 /// `/docs`.
 pub fn app(state: AppState) -> Router {
     let (router, api) = openapi::router().split_for_parts();
-    router
+    let router = router
         .merge(openapi::docs(api))
         .fallback(fallback)
-        .layer(axum::middleware::from_fn(guard::guard))
-        .layer(TraceLayer::new_for_http())
-        .with_state(state)
+        .layer(axum::middleware::from_fn(guard::guard));
+    // Outside the guard: a preflight is answered here, whatever the route.
+    let router = match &state.cors {
+        Some(cors) => router.layer(cors.clone()),
+        None => router,
+    };
+    router.layer(TraceLayer::new_for_http()).with_state(state)
 }
 
 async fn fallback(uri: axum::http::Uri) -> error::ApiError {

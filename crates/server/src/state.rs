@@ -32,6 +32,8 @@ pub struct AppState {
     pub store: StoreConfig,
     /// Wakes the cron scheduler of this process.
     pub crons: Arc<Scheduler>,
+    /// Cross-origin access for browsers (`http.cors`); `None` sends no CORS headers.
+    pub cors: Option<crate::cors::CorsLayer>,
 }
 
 impl AppState {
@@ -72,6 +74,7 @@ impl AppState {
             thread_ttl: ThreadTtlConfig::default(),
             store: StoreConfig::default(),
             crons: Arc::new(Scheduler::default()),
+            cors: None,
         }
     }
 }

@@ -187,6 +187,21 @@ impl LoadedConfig {
         std::path::absolute(base).unwrap_or_else(|_| base.to_path_buf())
     }
 
+    /// `http.cors`, when the file has one (LangGraph's keys; an unknown one is an error).
+    pub fn cors(&self) -> Result<Option<spindle_server::cors::Cors>> {
+        let Some(cors) = self.file.http.as_ref().and_then(|http| http.get("cors")) else {
+            return Ok(None);
+        };
+        let parsed = serde_json::from_value(cors.clone());
+        let file = self
+            .path
+            .as_deref()
+            .map_or_else(|| "the config".to_owned(), |p| p.display().to_string());
+        parsed
+            .map(Some)
+            .with_context(|| format!("config file {file}: http.cors is not valid"))
+    }
+
     /// The Python workers' environment from `env`: the file's variables, or the map.
     pub fn worker_env(&self) -> Result<BTreeMap<String, String>> {
         match &self.file.env {

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Parser;
+use serde_json::Value;
 use spindle_execution::{WebhookConfig, WorkerConfig};
 use spindle_server::{AppState, ThreadTtlConfig};
 use spindle_storage::{ThreadTtl, TtlStrategy};
@@ -193,6 +194,7 @@ async fn serve(args: ServerArgs, mode: Mode) -> Result<()> {
         webhook_config(&args, &config),
     );
     state.thread_ttl = thread_ttl_config(&args, &config)?;
+    state.cors = cors_layer(&config, mode)?;
     state.store = store;
     if let Some(secs) = args
         .keepalive_interval_secs
@@ -225,14 +227,35 @@ async fn serve(args: ServerArgs, mode: Mode) -> Result<()> {
 /// Sections that later versions read; say so rather than silently ignore them.
 fn warn_unused_sections(config: &LoadedConfig) {
     let file = &config.file;
-    for (name, section) in [("auth", &file.auth), ("http", &file.http)] {
-        if section.is_some() {
+    if file.auth.is_some() {
+        tracing::warn!(
+            section = "auth",
+            "this config section is not used by this version of Spindle yet"
+        );
+    }
+    let http_keys = file.http.as_ref().and_then(Value::as_object);
+    for key in http_keys.into_iter().flat_map(|http| http.keys()) {
+        if key != "cors" {
             tracing::warn!(
-                section = name,
-                "this config section is not used by this version of Spindle yet"
+                section = format!("http.{key}"),
+                "this config setting is not used by this version of Spindle yet"
             );
         }
     }
+}
+
+/// Browsers' access: the config's `http.cors`, else in `dev` what `langgraph dev` allows
+/// (any origin), else (`serve`) none.
+fn cors_layer(
+    config: &LoadedConfig,
+    mode: Mode,
+) -> Result<Option<spindle_server::cors::CorsLayer>> {
+    let cors = match (config.cors()?, mode) {
+        (Some(cors), _) => cors,
+        (None, Mode::Dev) => spindle_server::cors::Cors::dev(),
+        (None, Mode::Serve) => return Ok(None),
+    };
+    Ok(Some(cors.layer()?))
 }
 
 /// Run execution settings: flag or environment, else the config file, else the defaults.
