@@ -47,6 +47,66 @@ pub struct ConfigFile {
     /// Python workers' path, as `langgraph dev` does; packages are the user's to install.
     #[serde(default)]
     pub dependencies: Vec<Value>,
+    /// Every other top-level key: LangGraph's build settings are ignored, anything else is a
+    /// mistake (see [`check_keys`]).
+    #[serde(flatten)]
+    pub other: BTreeMap<String, Value>,
+}
+
+/// Top-level keys of `langgraph.json` that concern LangGraph's images and cloud, not a server:
+/// read and ignored.
+const IGNORED_KEYS: [&str; 15] = [
+    "python_version",
+    "node_version",
+    "api_version",
+    "base_image",
+    "image_distro",
+    "pip_config_file",
+    "pip_installer",
+    "source",
+    "dockerfile_lines",
+    "checkpointer",
+    "encryption",
+    "priority",
+    "webhooks",
+    "ui",
+    "keep_pkg_tools",
+];
+
+/// The keys Spindle reads, for suggestions.
+const READ_KEYS: [&str; 7] = [
+    "graphs",
+    "server",
+    "store",
+    "auth",
+    "http",
+    "env",
+    "dependencies",
+];
+
+/// Refuses a top-level key that is neither read nor one of LangGraph's known ones: a misspelt
+/// `"grahps"` would otherwise leave a server that quietly serves something else.
+fn check_keys(file: &ConfigFile) -> Result<()> {
+    let unknown = file
+        .other
+        .keys()
+        .find(|k| !k.starts_with('$') && !IGNORED_KEYS.contains(&k.as_str()));
+    let Some(key) = unknown else {
+        return Ok(());
+    };
+    let closest = READ_KEYS
+        .iter()
+        .chain(IGNORED_KEYS.iter())
+        .map(|known| (strsim::damerau_levenshtein(key, known), *known))
+        .min()
+        .filter(|(distance, _)| *distance <= 2);
+    match closest {
+        Some((_, known)) => bail!("unknown key `{key}` (did you mean `{known}`?)"),
+        None => bail!(
+            "unknown key `{key}`; the keys read are {}",
+            READ_KEYS.map(|k| format!("`{k}`")).join(", ")
+        ),
+    }
 }
 
 /// `env`, as LangGraph's `langgraph.json` spells it.
@@ -166,6 +226,7 @@ impl LoadedConfig {
             .with_context(|| format!("cannot read config file {}", path.display()))?;
         let file: ConfigFile = serde_json::from_str(&text)
             .with_context(|| format!("config file {} is not valid", path.display()))?;
+        check_keys(&file).with_context(|| format!("config file {}", path.display()))?;
         if let Some(bad) = file.graphs.keys().find(|id| id.is_empty()) {
             bail!("config file {}: graph id {bad:?} is empty", path.display());
         }
@@ -291,6 +352,31 @@ mod tests {
             file: ConfigFile::default(),
         };
         assert_eq!(here.base_dir(), std::env::current_dir().unwrap());
+    }
+
+    #[test]
+    fn a_misspelt_or_unknown_top_level_key_is_refused_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("langgraph.json");
+        let read = |json: &str| {
+            std::fs::write(&path, json).unwrap();
+            LoadedConfig::discover(Some(&path)).map_err(|e| format!("{e:#}"))
+        };
+        let err = read(r#"{"grahps": {"echo": "./echo.yaml"}}"#).unwrap_err();
+        assert!(
+            err.contains("`grahps`") && err.contains("did you mean `graphs`"),
+            "{err}"
+        );
+        let err = read(r#"{"graphs": {}, "colour": "blue"}"#).unwrap_err();
+        assert!(
+            err.contains("`colour`") && err.contains("`graphs`"),
+            "{err}"
+        );
+        // LangGraph's build keys and a `$schema` are read and ignored.
+        let ok = read(
+            r#"{"$schema": "x", "graphs": {}, "python_version": "3.11", "dockerfile_lines": []}"#,
+        );
+        assert!(ok.is_ok(), "{ok:?}");
     }
 
     #[test]

@@ -80,6 +80,7 @@ fn database_url(args: &DatabaseArgs, config: &LoadedConfig) -> Result<String> {
         .clone()
         .or_else(|| config.file.server.database_url.clone())
     {
+        check_scheme(&url)?;
         return Ok(url);
     }
     let data_dir: PathBuf = args
@@ -90,6 +91,22 @@ fn database_url(args: &DatabaseArgs, config: &LoadedConfig) -> Result<String> {
     std::fs::create_dir_all(&data_dir)
         .with_context(|| format!("cannot create the data folder {}", data_dir.display()))?;
     Ok(data_dir.join("spindle.db").to_string_lossy().into_owned())
+}
+
+/// Refuses a URL whose scheme names no database Spindle reads (`mysql://`, a misspelt
+/// `postgress://`), which would otherwise be taken for a SQLite file's path.
+fn check_scheme(url: &str) -> Result<()> {
+    const KNOWN: [&str; 3] = ["postgres", "postgresql", "sqlite"];
+    match url.split_once("://") {
+        Some((scheme, _)) if !KNOWN.contains(&scheme.to_ascii_lowercase().as_str()) => {
+            anyhow::bail!(
+                "database URL {}: unknown scheme `{scheme}://`; use postgres:// (or \
+                 postgresql://) for PostgreSQL, or sqlite:// (or a file path) for SQLite",
+                redact(url)
+            )
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The URL with any password hidden, for logs.
@@ -460,6 +477,35 @@ mod tests {
         assert_eq!(from_file.default.unwrap().strategy, TtlStrategy::Delete);
         file.file.server.thread_ttl_minutes = Some(-1.0);
         assert!(ttl(&["spindle", "serve"], &file).is_err());
+    }
+
+    #[test]
+    fn a_database_url_of_an_unknown_scheme_is_refused_naming_the_accepted_ones() {
+        for bad in ["mysql://root@localhost/db", "postgress://u:secret@h/db"] {
+            let args = DatabaseArgs {
+                config: None,
+                data_dir: None,
+                database_url: Some(bad.into()),
+            };
+            let err = database_url(&args, &LoadedConfig::default())
+                .unwrap_err()
+                .to_string();
+            let scheme = bad.split("://").next().unwrap();
+            assert!(err.contains(&format!("`{scheme}://`")), "{err}");
+            assert!(
+                err.contains("postgres://") && err.contains("sqlite://"),
+                "{err}"
+            );
+            assert!(!err.contains("secret"), "the password is hidden: {err}");
+        }
+        for good in [
+            "postgres://u@h/db",
+            "postgresql://u@h/db",
+            "sqlite:///tmp/x.db",
+            "/tmp/x.db",
+        ] {
+            assert!(check_scheme(good).is_ok(), "{good}");
+        }
     }
 
     #[test]
