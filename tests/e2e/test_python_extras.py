@@ -12,7 +12,9 @@ import time
 
 import httpx
 import pytest
-from test_thread_events import ALL_CHANNELS, EventReader, check_envelopes, command, ended, events_of, ok
+from test_thread_events import (
+    ALL_CHANNELS, EventReader, check_envelopes, command, ended, events_of, new_thread, ok,
+)
 
 
 async def _thread(client) -> str:
@@ -123,16 +125,10 @@ def py_http(python_server):
         yield http
 
 
-def _new_thread(http: httpx.Client) -> str:
-    r = http.post("/threads", json={})
-    assert r.status_code == 200, r.text
-    return r.json()["thread_id"]
-
-
 def test_a_python_run_streams_protocol_events(python_server, py_http):
     """A thread stream opened first sees a Python agent run started by `run.start`: its
     lifecycle, the tool call, values, updates, tasks and checkpoints, in protocol shapes."""
-    tid = _new_thread(py_http)
+    tid = new_thread(py_http)
     reader = EventReader(python_server.base_url, tid, {"channels": ALL_CHANNELS}, until=ended())
     ok(command(py_http, tid, "run.start", {"assistant_id": "agent", "input": AGENT_INPUT}))
     frames = reader.wait()
@@ -154,7 +150,7 @@ def test_a_python_run_streams_protocol_events(python_server, py_http):
 def test_a_python_interrupt_is_answered_through_input_respond(python_server, py_http):
     """`approval` stops with `input.requested`; `input.respond` resumes it on the same stream;
     `state.get` then reads the Python graph's state through its worker."""
-    tid = _new_thread(py_http)
+    tid = new_thread(py_http)
     reader = EventReader(python_server.base_url, tid, {"channels": ALL_CHANNELS}, until=ended(2))
     ok(command(py_http, tid, "run.start", {"assistant_id": "approval", "input": AGENT_INPUT}))
     deadline = time.monotonic() + 30

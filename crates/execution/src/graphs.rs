@@ -62,15 +62,11 @@ impl GraphRegistry {
     }
 
     /// Puts a graph file's new version in place of the old (a reload); runs started before
-    /// keep the old one. `false` (and nothing changes) when `graph_id` is not a graph file's.
-    pub fn replace(&self, graph_id: &str, graph: Graph) -> bool {
+    /// keep the old one. An id that is not a graph file's is left as it is.
+    pub fn replace(&self, graph_id: &str, graph: Graph) {
         let mut graphs = self.graphs.write().unwrap_or_else(|e| e.into_inner());
-        match graphs.get_mut(graph_id) {
-            Some(slot @ LoadedGraph::Engine(_)) => {
-                *slot = LoadedGraph::Engine(Arc::new(graph));
-                true
-            }
-            _ => false,
+        if let Some(slot @ LoadedGraph::Engine(_)) = graphs.get_mut(graph_id) {
+            *slot = LoadedGraph::Engine(Arc::new(graph));
         }
     }
 

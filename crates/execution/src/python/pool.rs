@@ -333,21 +333,20 @@ impl PythonPool {
             .filter(|w| !take_slot || w.active.load(Ordering::Acquire) < limit)
             .min_by_key(|w| w.active.load(Ordering::Acquire))?
             .clone();
-        if take_slot {
-            // Under the lock: two runs looking at once must not both take a worker's last
-            // slot (the worker would refuse the second, "worker is full").
-            worker.active.fetch_add(1, Ordering::AcqRel);
+        if !take_slot {
+            return Some(worker);
         }
+        // Under the lock: two runs looking at once must not both take a worker's last slot
+        // (the worker would refuse the second, "worker is full").
+        worker.active.fetch_add(1, Ordering::AcqRel);
         drop(workers);
-        if take_slot {
-            let started = worker.started_runs.fetch_add(1, Ordering::AcqRel) + 1;
-            if self
-                .settings
-                .recycle_after_runs
-                .is_some_and(|limit| started >= limit)
-            {
-                self.retire(&worker, "it has run as many runs as it may");
-            }
+        let started = worker.started_runs.fetch_add(1, Ordering::AcqRel) + 1;
+        if self
+            .settings
+            .recycle_after_runs
+            .is_some_and(|limit| started >= limit)
+        {
+            self.retire(&worker, "it has run as many runs as it may");
         }
         Some(worker)
     }

@@ -531,44 +531,73 @@ async fn python_update_state(
     if let Some(node) = body.as_node {
         update["as_node"] = json!(node);
     }
-    let written = python_reads::update(pool, graph_id, &at, json!([[update]]))
-        .await
-        .map_err(|e| match e {
-            python_reads::ReadError::Invalid(msg) => {
-                ApiError::field(vec![json!("body"), json!("values")], "invalid_update", msg)
-            }
-            other => python_read_failed(other),
-        })?;
-    let latest = python_reads::At {
-        thread_id: tid.clone(),
-        ..Default::default()
-    };
-    let snapshot = python_reads::state(pool, graph_id, &latest, false)
-        .await
-        .map_err(python_read_failed)?;
+    let updated = python_update(pool, graph_id, &at, json!([[update]]), "values").await?;
     let event = ThreadEvent {
         event: STATE_UPDATE_EVENT.into(),
-        data: json!({"state": snapshot, "thread_id": tid}),
-    };
-    let write = StateWrite {
-        checkpoints: Vec::new(),
-        columns: python_reads::columns_of(&snapshot),
-        expect_latest: None,
+        data: json!({"state": updated.snapshot, "thread_id": tid}),
     };
     let stored = state
         .storage
-        .write_thread_state(scope, thread.thread_id, write, Some(event))
+        .write_thread_state(scope, thread.thread_id, updated.state_write(), Some(event))
         .await?;
     if let Some(event) = stored.event {
         state
             .hub
             .publish(thread.thread_id, HubMessage::Event(Arc::new(event)));
     }
+    let written = updated.written;
     Ok(Json(json!({
         "checkpoint": written,
         "configurable": written,
         "checkpoint_id": written["checkpoint_id"],
     })))
+}
+
+/// A Python graph's thread after an edit a worker made (LangGraph's `bulk_update_state`).
+pub(crate) struct PythonUpdated {
+    /// Where the new checkpoint is (`{thread_id, checkpoint_ns, checkpoint_id}`).
+    pub written: Value,
+    /// The thread's state after it, as the API shows it.
+    pub snapshot: Value,
+}
+
+impl PythonUpdated {
+    /// The thread's columns for that state (no checkpoints: the worker saved them).
+    pub fn state_write(&self) -> StateWrite {
+        StateWrite {
+            checkpoints: Vec::new(),
+            columns: python_reads::columns_of(&self.snapshot),
+            expect_latest: None,
+        }
+    }
+}
+
+/// Applies `supersteps` (each a list of `{values, command?, as_node}`) to a Python graph's
+/// thread from the checkpoint `at` names, then reads the thread's latest state back. An update
+/// the graph refuses is a 422 on the body's `field`.
+pub(crate) async fn python_update(
+    pool: &Arc<spindle_execution::python::pool::PythonPool>,
+    graph_id: &str,
+    at: &python_reads::At,
+    supersteps: Value,
+    field: &str,
+) -> ApiResult<PythonUpdated> {
+    let written = python_reads::update(pool, graph_id, at, supersteps)
+        .await
+        .map_err(|e| match e {
+            python_reads::ReadError::Invalid(msg) => {
+                ApiError::field(vec![json!("body"), json!(field)], "invalid_update", msg)
+            }
+            other => python_read_failed(other),
+        })?;
+    let latest = python_reads::At {
+        thread_id: at.thread_id.clone(),
+        ..Default::default()
+    };
+    let snapshot = python_reads::state(pool, graph_id, &latest, false)
+        .await
+        .map_err(python_read_failed)?;
+    Ok(PythonUpdated { written, snapshot })
 }
 
 /// A Python graph's thread state, as its worker reads it.
@@ -605,7 +634,9 @@ async fn python_history(
         .map_err(python_read_failed)
 }
 
-fn python_pool(state: &AppState) -> ApiResult<&Arc<spindle_execution::python::pool::PythonPool>> {
+pub(crate) fn python_pool(
+    state: &AppState,
+) -> ApiResult<&Arc<spindle_execution::python::pool::PythonPool>> {
     state
         .workers
         .python()

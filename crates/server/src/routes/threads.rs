@@ -2,8 +2,6 @@
 //! build its history), search, count, get, patch, delete, copy and prune. A thread's state and
 //! history are served by [`super::state`]; its runs by [`super::runs`].
 
-use std::sync::Arc;
-
 use axum::extract::{Path, State};
 use axum::response::IntoResponse;
 use axum::Json;
@@ -12,7 +10,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use spindle_execution::execute::goto_of;
 use spindle_execution::graphs::LoadedGraph;
-use spindle_execution::python::pool::PythonPool;
 use spindle_execution::python::reads as python_reads;
 use spindle_graph::pregel::{self, NodeUpdate};
 use spindle_graph::Graph;
@@ -447,36 +444,17 @@ async fn python_superstep_thread(
     graph_id: &str,
     steps: &[Superstep],
 ) -> ApiResult<Thread> {
-    let pool = state
-        .workers
-        .python()
-        .cloned()
-        .ok_or_else(|| ApiError::conflict("this server has no Python workers"))?;
+    let pool = super::state::python_pool(state)?;
     let thread_id = new.thread_id;
     let existed = state.storage.get_thread(scope, thread_id).await.is_ok();
     let thread = state.storage.create_thread(scope, new).await?;
     if existed {
         return Ok(thread);
     }
-    match apply_python_supersteps(state, scope, &pool, graph_id, thread_id, steps).await {
-        Ok(()) => Ok(state.storage.get_thread(scope, thread_id).await?),
-        Err(e) => {
-            if let Err(deleted) = state.storage.delete_thread(scope, thread_id).await {
-                tracing::error!(%thread_id, error = %deleted, "cannot delete a thread whose supersteps were refused");
-            }
-            Err(e)
-        }
-    }
-}
-
-async fn apply_python_supersteps(
-    state: &AppState,
-    scope: &Scope,
-    pool: &Arc<PythonPool>,
-    graph_id: &str,
-    thread_id: ResourceId,
-    steps: &[Superstep],
-) -> ApiResult<()> {
+    let at = python_reads::At {
+        thread_id: thread_id.to_string(),
+        ..Default::default()
+    };
     let updates: Vec<Vec<Value>> = steps
         .iter()
         .map(|step| {
@@ -486,33 +464,26 @@ async fn apply_python_supersteps(
                 .collect()
         })
         .collect();
-    let at = python_reads::At {
-        thread_id: thread_id.to_string(),
-        ..Default::default()
+    let applied = async {
+        let updated =
+            super::state::python_update(pool, graph_id, &at, json!(updates), "supersteps").await?;
+        let write = updated.state_write();
+        ApiResult::Ok(
+            state
+                .storage
+                .write_thread_state(scope, thread_id, write, None)
+                .await?,
+        )
     };
-    python_reads::update(pool, graph_id, &at, json!(updates))
-        .await
-        .map_err(|e| match e {
-            python_reads::ReadError::Invalid(msg) => ApiError::field(
-                vec![json!("body"), json!("supersteps")],
-                "invalid_update",
-                msg,
-            ),
-            other => super::state::python_read_failed(other),
-        })?;
-    let snapshot = python_reads::state(pool, graph_id, &at, false)
-        .await
-        .map_err(super::state::python_read_failed)?;
-    let write = StateWrite {
-        checkpoints: Vec::new(),
-        columns: python_reads::columns_of(&snapshot),
-        expect_latest: None,
-    };
-    state
-        .storage
-        .write_thread_state(scope, thread_id, write, None)
-        .await?;
-    Ok(())
+    match applied.await {
+        Ok(written) => Ok(written.thread),
+        Err(e) => {
+            if let Err(deleted) = state.storage.delete_thread(scope, thread_id).await {
+                tracing::error!(%thread_id, error = %deleted, "cannot delete a thread whose supersteps were refused");
+            }
+            Err(e)
+        }
+    }
 }
 
 /// The checkpoints `supersteps` make on a new thread of a graph file's graph, one per
