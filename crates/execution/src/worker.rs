@@ -397,12 +397,13 @@ impl RunWorkers {
             self.release(run.run_id).await;
             return Ok(None);
         }
+        // The events that tell of the run's end reach live followers only once the end is
+        // committed: a client that reads the thread's state on `lifecycle completed` must find
+        // the run's last checkpoint there, not the one before it.
+        let mut ending = Vec::new();
         if let Some(body) = error {
             tail.seq += 1;
-            let event = logged(run, tail.seq, "error".into(), body);
-            self.hub
-                .publish(run.thread_id, HubMessage::Event(Arc::new(event.clone())));
-            tail.events.push(event);
+            ending.push(logged(run, tail.seq, "error".into(), body));
         }
 
         let (columns, checkpoint) = match &ran {
@@ -434,11 +435,9 @@ impl RunWorkers {
                 checkpoint.as_deref(),
             );
             tail.seq += 1;
-            let event = logged(run, tail.seq, name, data);
-            self.hub
-                .publish(run.thread_id, HubMessage::Event(Arc::new(event.clone())));
-            tail.events.push(event);
+            ending.push(logged(run, tail.seq, name, data));
         }
+        tail.events.extend(ending.iter().cloned());
         end.events = tail.events;
         if saves.is_some() {
             // The end goes to the writer right behind the run's last saves, not after their
@@ -460,6 +459,10 @@ impl RunWorkers {
         let ended = behind_saves(ended, saves)
             .await
             .map_err(|e| e.to_string())?;
+        for event in ending {
+            self.hub
+                .publish(run.thread_id, HubMessage::Event(Arc::new(event)));
+        }
         let announced = match (followed, &ended) {
             (Some((thread_values, thread_interrupts)), Some(run)) => Some(Arc::new(EndedRun {
                 run: run.clone(),

@@ -7,13 +7,14 @@ use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
-use spindle_execution::{default_assistant_id, GraphRegistry};
+use spindle_execution::{default_assistant_id, GraphRegistry, HubMessage};
 use spindle_server::{app, AppState};
 use spindle_storage::{AssistantFields, IfExists, NewAssistant, Owner};
 use tower::ServiceExt;
 
 struct TestApp {
     router: axum::Router,
+    state: AppState,
     _dir: tempfile::TempDir,
 }
 
@@ -53,8 +54,10 @@ async fn test_app() -> TestApp {
             .await
             .unwrap();
     }
+    let state = AppState::new(storage, Arc::new(registry));
     TestApp {
-        router: app(AppState::new(storage, Arc::new(registry))),
+        router: app(state.clone()),
+        state,
         _dir: dir,
     }
 }
@@ -645,4 +648,46 @@ async fn openapi_documents_the_run_fields_and_refused_media_types() {
             .get("415")
             .is_none()
     );
+}
+
+/// A client that reads the thread's state when it sees the run's terminal `lifecycle` event
+/// (as the official clients' `thread.output` does) finds the run's final state: the events
+/// that tell of a run's end reach live followers only once the end is committed.
+#[tokio::test]
+async fn the_state_read_on_a_runs_terminal_event_is_final() {
+    let app = test_app().await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    app.state.workers.start(stop.clone());
+    for _ in 0..20 {
+        let thread = app.post("/threads", json!({})).await;
+        let thread_id = thread.body["thread_id"].as_str().unwrap().to_owned();
+        let mut events = app.state.hub.subscribe(thread_id.parse().unwrap());
+        let run = app
+            .post(
+                &format!("/threads/{thread_id}/runs"),
+                json!({"assistant_id": "echo", "input": {"messages": [{"type": "human", "content": "hi"}]}}),
+            )
+            .await;
+        assert_eq!(run.status, StatusCode::OK, "{:?}", run.body);
+        loop {
+            let message = tokio::time::timeout(std::time::Duration::from_secs(10), events.recv())
+                .await
+                .expect("the run ends within 10 s")
+                .expect("the hub stays open");
+            let HubMessage::Event(event) = message else {
+                continue;
+            };
+            if event.event == "lifecycle" && event.data["event"] == "completed" {
+                break;
+            }
+        }
+        let state = app.get(&format!("/threads/{thread_id}")).await;
+        assert_eq!(state.body["status"], "idle", "{:?}", state.body);
+        let run_id = run.body["run_id"].as_str().unwrap();
+        let run = app
+            .get(&format!("/threads/{thread_id}/runs/{run_id}"))
+            .await;
+        assert_eq!(run.body["status"], "success", "{:?}", run.body);
+    }
+    stop.cancel();
 }
