@@ -25,6 +25,8 @@ pub mod keys {
     pub const WEBHOOK: &str = "webhook";
     pub const ON_DISCONNECT: &str = "on_disconnect";
     pub const TEMPORARY: &str = "temporary";
+    /// Who started the run (LangGraph's `MinimalUserDict`), set by the server, never a client.
+    pub const AUTH_USER: &str = "langgraph_auth_user";
 }
 
 /// Whether a run is a later attempt, and how far the earlier ones got.
@@ -130,14 +132,20 @@ pub fn run_config(run: &Run, assistant: &Assistant) -> RunConfig {
     }
 
     let user_id = run.user_id.clone().unwrap_or_default();
+    let user = kwargs
+        .get(keys::AUTH_USER)
+        .filter(|user| user["identity"] == json!(user_id))
+        .cloned()
+        .unwrap_or_else(|| auth_user(&user_id));
+    let permissions = user.get("permissions").cloned().unwrap_or(json!([]));
     let identity = json!({
         "thread_id": run.thread_id.to_string(),
         "run_id": run.run_id.to_string(),
         "assistant_id": run.assistant_id.to_string(),
         "graph_id": assistant.fields.graph_id,
         "langgraph_auth_user_id": user_id,
-        "langgraph_auth_user": auth_user(&user_id),
-        "langgraph_auth_permissions": [],
+        "langgraph_auth_user": user,
+        "langgraph_auth_permissions": permissions,
         "run_attempt": run.attempt,
     });
     let configurable = config.entry("configurable").or_insert_with(|| json!({}));
@@ -193,8 +201,9 @@ pub fn run_config(run: &Run, assistant: &Assistant) -> RunConfig {
     }
 }
 
-/// The caller as LangGraph's `langgraph_auth_user` (its `MinimalUserDict` shape). Without
-/// authentication every request is the local user, who is not authenticated.
+/// The caller as LangGraph's `langgraph_auth_user` (its `MinimalUserDict` shape), for a run
+/// that kept none (created before runs kept it). Without authentication every request is the
+/// local user, who is not authenticated.
 fn auth_user(user_id: &str) -> Value {
     json!({
         "identity": user_id,

@@ -30,6 +30,10 @@ pub enum ErrorCode {
     /// The body is not JSON by its `Content-Type` (a browser sends a cross-site form or
     /// `text/plain` body without asking first; only a JSON one needs its permission).
     UnsupportedMediaType,
+    /// No credentials, or credentials that prove nothing (answered with `WWW-Authenticate`).
+    Unauthorized,
+    /// The caller may see the resource but not do this to it (the caller's permissions).
+    Forbidden,
     /// The database cannot be reached.
     Unavailable,
     /// A fault of the server; the message is logged, not leaked.
@@ -44,6 +48,8 @@ impl ErrorCode {
             ErrorCode::Validation | ErrorCode::InvalidRequest => StatusCode::UNPROCESSABLE_ENTITY,
             ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
+            ErrorCode::Forbidden => StatusCode::FORBIDDEN,
             ErrorCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -57,6 +63,8 @@ impl ErrorCode {
             ErrorCode::InvalidRequest => "invalid_request",
             ErrorCode::PayloadTooLarge => "payload_too_large",
             ErrorCode::UnsupportedMediaType => "unsupported_media_type",
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::Forbidden => "forbidden",
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::Internal => "internal_error",
         }

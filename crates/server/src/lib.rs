@@ -4,6 +4,7 @@
 //! storage, execution and graph crates hand it typed values. A handler maps a request to calls
 //! of storage and of run execution (`spindle_execution`), and their answers to responses.
 
+pub mod auth;
 pub mod cors;
 pub mod error;
 pub mod extract;
@@ -19,6 +20,7 @@ pub mod wire;
 
 use std::net::SocketAddr;
 
+use axum::middleware::from_fn_with_state;
 use axum::Router;
 use tokio::net::TcpListener;
 use tower_http::trace::TraceLayer;
@@ -29,9 +31,16 @@ pub use ttl::ThreadTtlConfig;
 /// The application: every route, the OpenAPI document at `/openapi.json` and its rendering at
 /// `/docs`.
 pub fn app(state: AppState) -> Router {
-    let (router, api) = openapi::router().split_for_parts();
+    let (mut router, api) = openapi::router().split_for_parts();
+    let mut docs = openapi::docs(api);
+    if state.auth.is_some() {
+        // Inside routing, so the middleware knows the route (its action) and unknown paths
+        // stay 404s.
+        router = router.route_layer(from_fn_with_state(state.clone(), auth::require));
+        docs = docs.route_layer(from_fn_with_state(state.clone(), auth::require_for_docs));
+    }
     let router = router
-        .merge(openapi::docs(api))
+        .merge(docs)
         .fallback(fallback)
         .layer(axum::middleware::from_fn(guard::guard));
     // Outside the guard: a preflight is answered here, whatever the route.

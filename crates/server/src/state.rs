@@ -7,6 +7,7 @@ use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use spindle_storage::{Scope, Storage};
 
+use crate::auth::AuthUser;
 use crate::error::ApiError;
 use crate::sse::DEFAULT_KEEPALIVE_SECS;
 use crate::ttl::ThreadTtlConfig;
@@ -34,6 +35,8 @@ pub struct AppState {
     pub crons: Arc<Scheduler>,
     /// Cross-origin access for browsers (`http.cors`); `None` sends no CORS headers.
     pub cors: Option<crate::cors::CorsLayer>,
+    /// Who may call (`auth`); `None`: everyone, as the one local user.
+    pub auth: Option<Arc<crate::auth::Auth>>,
 }
 
 impl AppState {
@@ -75,18 +78,25 @@ impl AppState {
             store: StoreConfig::default(),
             crons: Arc::new(Scheduler::default()),
             cors: None,
+            auth: None,
         }
     }
 }
 
-/// The identity a request acts for. Every storage call takes it, so authentication can plug in
-/// here without touching a query. Until it exists, every request is the one local user.
+/// The identity a request acts for. Every storage call takes it, so a query never reaches
+/// another user's resources. The caller is the user the request's credentials name (set by
+/// `auth::require`), or, without authentication, the one local user.
 pub struct Caller(pub Scope);
 
 impl<S: Send + Sync> FromRequestParts<S> for Caller {
     type Rejection = ApiError;
 
-    async fn from_request_parts(_parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        Ok(Caller(Scope::local()))
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        Ok(Caller(
+            parts
+                .extensions
+                .get::<Arc<AuthUser>>()
+                .map_or_else(Scope::local, |user| user.scope()),
+        ))
     }
 }

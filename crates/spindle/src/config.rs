@@ -254,13 +254,33 @@ impl LoadedConfig {
             return Ok(None);
         };
         let parsed = serde_json::from_value(cors.clone());
-        let file = self
-            .path
-            .as_deref()
-            .map_or_else(|| "the config".to_owned(), |p| p.display().to_string());
+        let file = self.display_name();
         parsed
             .map(Some)
             .with_context(|| format!("config file {file}: http.cors is not valid"))
+    }
+
+    /// The `auth` section's authentication, when the file has one. Environment variables it
+    /// names (`key_env`, `secret_env`) are read from the process, else from the file's `env`.
+    pub fn auth(&self) -> Result<Option<spindle_server::auth::Auth>> {
+        let Some(section) = &self.file.auth else {
+            return Ok(None);
+        };
+        let file = self.display_name();
+        let config: spindle_server::auth::AuthConfig = serde_json::from_value(section.clone())
+            .with_context(|| format!("config file {file}: auth is not valid"))?;
+        let env = self.worker_env()?;
+        let read = |name: &str| std::env::var(name).ok().or_else(|| env.get(name).cloned());
+        let auth = config
+            .build(&self.base_dir(), &read)
+            .with_context(|| format!("config file {file}: auth cannot be used"))?;
+        Ok(Some(auth))
+    }
+
+    fn display_name(&self) -> String {
+        self.path
+            .as_deref()
+            .map_or_else(|| "the config".to_owned(), |p| p.display().to_string())
     }
 
     /// The Python workers' environment from `env`: the file's variables, or the map.

@@ -133,6 +133,7 @@ async fn serve(args: ServerArgs, mode: Mode) -> Result<()> {
         tracing::warn!("no --database-url given: using an embedded SQLite database, which one process at a time can serve");
     }
     warn_unused_sections(&config);
+    let auth = config.auth()?;
     let url = database_url(&args.database, &config)?;
     let (mut registry, python_graphs) = graphs::load(&config)?;
     let storage = spindle_storage::connect(&url)
@@ -212,6 +213,10 @@ async fn serve(args: ServerArgs, mode: Mode) -> Result<()> {
     );
     state.thread_ttl = thread_ttl_config(&args, &config)?;
     state.cors = cors_layer(&config, mode)?;
+    if let Some(auth) = auth {
+        tracing::info!(methods = %auth.describe(), "authentication is on");
+        state.auth = Some(Arc::new(auth));
+    }
     state.store = store;
     if let Some(secs) = args
         .keepalive_interval_secs
@@ -244,12 +249,6 @@ async fn serve(args: ServerArgs, mode: Mode) -> Result<()> {
 /// Sections that later versions read; say so rather than silently ignore them.
 fn warn_unused_sections(config: &LoadedConfig) {
     let file = &config.file;
-    if file.auth.is_some() {
-        tracing::warn!(
-            section = "auth",
-            "this config section is not used by this version of Spindle yet"
-        );
-    }
     let http_keys = file.http.as_ref().and_then(Value::as_object);
     for key in http_keys.into_iter().flat_map(|http| http.keys()) {
         if key != "cors" {

@@ -14,6 +14,7 @@ use spindle_storage::{Scope, StorageError, ThreadStatus};
 use uuid::Uuid;
 
 use super::{split_name, V2_CONFIG_KEY, V2_STREAM_MODES};
+use crate::auth::AuthUser;
 use crate::error::{ApiError, ErrorCode};
 use crate::extract::{Validate, Violations};
 use crate::routes::runs::{start_run, RunCreate};
@@ -103,18 +104,29 @@ pub fn success(id: u64, result: Value, applied_through_seq: i64) -> Value {
 /// Runs one command of the methods every transport serves.
 pub async fn run(
     state: &AppState,
-    scope: &Scope,
+    caller: &AuthUser,
     thread_id: ResourceId,
     method: &str,
     params: &Map<String, Value>,
 ) -> Result<Value, Failure> {
+    let scope = &caller.scope();
+    let action = crate::auth::actions::of_command(method);
+    if !crate::auth::permits(state, caller, action) {
+        return Err(fail(
+            "permission_denied",
+            format!(
+                "Not allowed: {method} needs the permission {}:{}",
+                action.resource, action.action
+            ),
+        ));
+    }
     match method {
-        "run.start" => run_start(state, scope, thread_id, params).await,
-        "input.respond" => input_respond(state, scope, thread_id, params).await,
+        "run.start" => run_start(state, caller, thread_id, params).await,
+        "input.respond" => input_respond(state, caller, thread_id, params).await,
         "agent.getTree" => agent_tree(state, scope, thread_id, params).await,
         "state.get" => state_get(state, scope, thread_id, params).await,
         "state.listCheckpoints" => list_checkpoints(state, scope, thread_id, params).await,
-        "state.fork" => state_fork(state, scope, thread_id, params).await,
+        "state.fork" => state_fork(state, caller, thread_id, params).await,
         "subscription.subscribe" | "subscription.unsubscribe" | "subscription.reconnect" => {
             Err(fail(
                 "not_supported",
@@ -150,7 +162,7 @@ struct RunAsk {
 
 async fn create_run(
     state: &AppState,
-    scope: &Scope,
+    caller: &AuthUser,
     thread_id: ResourceId,
     ask: RunAsk,
 ) -> Result<Uuid, Failure> {
@@ -182,16 +194,17 @@ async fn create_run(
     let mut violations = Violations::new("params");
     body.validate(&mut violations);
     violations.into_result()?;
-    let started = start_run(state, scope, thread_id, &body, Stateless::No, None).await?;
+    let started = start_run(state, caller, thread_id, &body, Stateless::No, None).await?;
     Ok(started.run.run_id)
 }
 
 async fn run_start(
     state: &AppState,
-    scope: &Scope,
+    caller: &AuthUser,
     thread_id: ResourceId,
     params: &Map<String, Value>,
 ) -> Result<Value, Failure> {
+    let scope = &caller.scope();
     let assistant_id = params
         .get("assistant_id")
         .and_then(Value::as_str)
@@ -231,7 +244,7 @@ async fn run_start(
         .cloned();
     let run_id = create_run(
         state,
-        scope,
+        caller,
         thread_id,
         RunAsk {
             assistant_id: assistant_id.to_owned(),
@@ -296,10 +309,11 @@ fn responses(params: &Map<String, Value>) -> Result<Vec<(String, Value)>, Failur
 
 async fn input_respond(
     state: &AppState,
-    scope: &Scope,
+    caller: &AuthUser,
     thread_id: ResourceId,
     params: &Map<String, Value>,
 ) -> Result<Value, Failure> {
+    let scope = &caller.scope();
     let answers = responses(params)?;
     let thread = settled_thread(state, scope, thread_id).await?;
     let pending: Vec<&str> = thread
@@ -329,7 +343,7 @@ async fn input_respond(
     }
     create_run(
         state,
-        scope,
+        caller,
         thread_id,
         RunAsk {
             assistant_id,
@@ -627,10 +641,11 @@ async fn list_checkpoints(
 
 async fn state_fork(
     state: &AppState,
-    scope: &Scope,
+    caller: &AuthUser,
     thread_id: ResourceId,
     params: &Map<String, Value>,
 ) -> Result<Value, Failure> {
+    let scope = &caller.scope();
     let checkpoint_id = params
         .get("checkpoint_id")
         .and_then(Value::as_str)
@@ -656,7 +671,7 @@ async fn state_fork(
         .ok_or_else(|| fail("no_such_run", "No run is bound to this thread."))?;
     let run_id = create_run(
         state,
-        scope,
+        caller,
         thread_id,
         RunAsk {
             assistant_id,

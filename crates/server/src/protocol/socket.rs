@@ -25,6 +25,7 @@ use uuid::Uuid;
 
 use super::commands::{self, Failure};
 use super::envelope::{Filter, Framer, Selector};
+use crate::auth::AuthUser;
 use crate::routes::thread_events::{parse_request, protocol_follow, Refusal, StreamRequest};
 use crate::runs::stream::follow_stream;
 use crate::state::AppState;
@@ -68,6 +69,7 @@ struct Follower {
 
 struct Socket {
     state: AppState,
+    caller: AuthUser,
     scope: Scope,
     thread_id: ResourceId,
     out: mpsc::Sender<String>,
@@ -77,7 +79,7 @@ struct Socket {
 }
 
 /// Serves one socket until the client closes it.
-pub async fn serve(socket: WebSocket, state: AppState, scope: Scope, thread_id: ResourceId) {
+pub async fn serve(socket: WebSocket, state: AppState, caller: AuthUser, thread_id: ResourceId) {
     let (mut sink, mut incoming) = socket.split();
     let (out, mut outgoing) = mpsc::channel::<String>(256);
     let writer = tokio::spawn(async move {
@@ -89,7 +91,8 @@ pub async fn serve(socket: WebSocket, state: AppState, scope: Scope, thread_id: 
     });
     let mut this = Socket {
         state,
-        scope,
+        scope: caller.scope(),
+        caller,
         thread_id,
         out,
         sent: Arc::default(),
@@ -131,7 +134,7 @@ impl Socket {
             "subscription.subscribe" => self.subscribe(&params).await,
             "subscription.unsubscribe" => self.unsubscribe(&params).await,
             "subscription.reconnect" => self.reconnect(&params).await,
-            _ => commands::run(&self.state, &self.scope, self.thread_id, method, &params).await,
+            _ => commands::run(&self.state, &self.caller, self.thread_id, method, &params).await,
         };
         match result {
             Ok(result) => commands::success(id, result, self.highest_sent()),

@@ -13,7 +13,7 @@ use spindle_execution::StartedRun;
 use spindle_storage::CronFiring;
 use spindle_storage::ResourceId;
 use spindle_storage::{
-    Cron, CronFields, CronFilter, CronSearch, CronSortBy, NewCron, OnRunCompleted, Scope,
+    Cron, CronFields, CronFilter, CronSearch, CronSortBy, NewCron, OnRunCompleted,
 };
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
@@ -23,6 +23,7 @@ use uuid::Uuid;
 use super::runs::{
     check_webhook, locations, run_assistant, start_run, OnCompletion, RunCreate, RunOut,
 };
+use crate::auth::AuthUser;
 use crate::error::{ApiError, ApiResult, ErrorBody, ValidationErrorBody};
 use crate::extract::{parse_body, ApiJson, Patch, Validate, Violations};
 use crate::routes::assistants::resolve_assistant_id;
@@ -262,14 +263,16 @@ fn payload_of(body: &CronCreate, assistant_id: ResourceId, cron_id: Uuid) -> Jso
 /// its firings would be.
 async fn create(
     state: &AppState,
-    scope: &Scope,
+    caller: &AuthUser,
     thread_id: Option<ResourceId>,
     body: CronCreate,
 ) -> ApiResult<Response> {
+    let scope = &caller.scope();
     let assistant = run_assistant(state, scope, &body.assistant_id).await?;
     let assistant_id = assistant.assistant_id;
     let cron_id = Uuid::now_v7();
-    let payload = payload_of(&body, assistant_id, cron_id);
+    let mut payload = payload_of(&body, assistant_id, cron_id);
+    keep_creator(&mut payload, caller);
     let metadata = body.metadata.unwrap_or_default();
     let first = checked_run(state, &payload, &metadata).await?;
     let schedule = Schedule::parse(&body.schedule, body.timezone.as_deref()).map_err(|e| {
@@ -308,7 +311,7 @@ async fn create(
         return Ok(Json(CronOut::from(cron)).into_response());
     }
     let (run_thread, stateless) = firing_thread(&cron);
-    match start_run(state, scope, run_thread, &first, stateless, None).await {
+    match start_run(state, caller, run_thread, &first, stateless, None).await {
         Ok(StartedRun { run, .. }) => {
             let headers = locations(&run);
             let mut out = serde_json::to_value(RunOut::from(run))
@@ -333,12 +336,12 @@ async fn create(
               (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn create_thread_cron(
     State(state): State<AppState>,
-    Caller(scope): Caller,
+    caller: AuthUser,
     Path(thread_id): Path<String>,
     ApiJson(body): ApiJson<CronCreate>,
 ) -> ApiResult<Response> {
     let thread_id = path_thread_id(&thread_id)?;
-    create(&state, &scope, Some(thread_id), body).await
+    create(&state, &caller, Some(thread_id), body).await
 }
 
 #[utoipa::path(post, path = "/runs/crons", tag = "crons", request_body = CronCreate,
@@ -346,10 +349,10 @@ async fn create_thread_cron(
               (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn create_cron(
     State(state): State<AppState>,
-    Caller(scope): Caller,
+    caller: AuthUser,
     ApiJson(body): ApiJson<CronCreate>,
 ) -> ApiResult<Response> {
-    create(&state, &scope, None, body).await
+    create(&state, &caller, None, body).await
 }
 
 #[utoipa::path(get, path = "/runs/crons/{cron_id}", tag = "crons", params(("cron_id" = Uuid, Path)),
@@ -431,10 +434,11 @@ impl Validate for CronPatch {
     responses((status = 200, body = CronOut), (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn patch_cron(
     State(state): State<AppState>,
-    Caller(scope): Caller,
+    caller: AuthUser,
     Path(cron_id): Path<String>,
     ApiJson(body): ApiJson<CronPatch>,
 ) -> ApiResult<Json<CronOut>> {
+    let scope = caller.scope();
     let cron_id = path_uuid("cron_id", &cron_id)?;
     let current = state.storage.get_cron(&scope, cron_id).await?;
     let mut fields = current.fields.clone();
@@ -445,6 +449,8 @@ async fn patch_cron(
             fields.payload.insert(key, value);
         }
     }
+    // After the body's fields: a client cannot name the user the firings run as.
+    keep_creator(&mut fields.payload, &caller);
     if let Some(schedule) = body.schedule {
         fields.payload.insert("schedule".into(), json!(schedule));
         fields.schedule = schedule;
@@ -631,6 +637,26 @@ async fn count_crons(
     Ok(Json(state.storage.count_crons(&scope, filter).await?))
 }
 
+/// The payload's record of the user a cron's firings run as: its owner, as the last request
+/// that wrote the cron authenticated them (identity, display name, permissions).
+const CRON_USER: &str = "langgraph_auth_user";
+
+fn keep_creator(payload: &mut JsonObject, caller: &AuthUser) {
+    payload.insert(CRON_USER.into(), caller.to_json());
+}
+
+/// The user a cron's firings run as: the one its payload keeps, else (a cron made before
+/// crons kept one) its owner, with no permissions.
+fn cron_user(cron: &Cron) -> AuthUser {
+    let owner = cron.user_id.clone().unwrap_or_default();
+    cron.fields
+        .payload
+        .get(CRON_USER)
+        .and_then(AuthUser::from_json)
+        .filter(|user| user.identity == owner)
+        .unwrap_or_else(|| AuthUser::authenticated(owner, None, Vec::new()))
+}
+
 /// What a due cron does: starts the run its payload asks for, as `POST /threads/{id}/runs`
 /// (or `POST /runs` for a cron without a thread) would, with the payload checked as at the
 /// cron's creation.
@@ -640,13 +666,13 @@ pub struct CronRuns(pub AppState);
 impl FireCron for CronRuns {
     async fn fire(&self, firing: &CronFiring) -> Result<Uuid, String> {
         let cron = &firing.cron;
-        let scope = Scope::new(cron.user_id.clone().unwrap_or_default());
+        let caller = cron_user(cron);
         let body = run_of(&cron.fields.payload, &cron.fields.metadata)
             .map_err(|e| format!("invalid payload: {}", e.message()))?;
         let (thread_id, stateless) = firing_thread(cron);
         start_run(
             &self.0,
-            &scope,
+            &caller,
             thread_id,
             &body,
             stateless,

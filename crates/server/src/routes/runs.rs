@@ -23,6 +23,7 @@ use uuid::Uuid;
 
 pub use spindle_execution::run_view::RunOut;
 
+use crate::auth::AuthUser;
 use crate::error::{ApiError, ApiResult, ErrorBody, ValidationErrorBody, ValidationItem};
 use crate::extract::{ApiJson, ApiQuery, Validate, Violations};
 use crate::routes::assistants::resolve_assistant_id;
@@ -471,17 +472,22 @@ fn stateless_of(body: &RunCreate, background: bool) -> Stateless {
 /// fire (`cron_firing`, which the run's creation ends).
 pub(crate) async fn start_run(
     state: &AppState,
-    scope: &Scope,
+    caller: &AuthUser,
     thread_id: ResourceId,
     body: &RunCreate,
     stateless: Stateless,
     cron_firing: Option<FiringId>,
 ) -> ApiResult<StartedRun> {
+    let scope = &caller.scope();
     let assistant = run_assistant(state, scope, &body.assistant_id).await?;
     check_webhook(state, body, vec![json!("body"), json!("webhook")]).await?;
+    let mut kwargs = body.kwargs();
+    // Who started the run, for its graph (`langgraph_auth_user`), kept with the run so that
+    // any process executing it knows.
+    kwargs.insert(keys::AUTH_USER.into(), caller.to_json());
     let request = RunRequest {
         assistant,
-        kwargs: body.kwargs(),
+        kwargs,
         metadata: body.metadata.clone().unwrap_or_default(),
         multitask_strategy: body.multitask_strategy.map(Into::into).unwrap_or_default(),
         after_seconds: body.after_seconds.unwrap_or(0.0),
@@ -823,12 +829,12 @@ fn respond_when_ended(
               (status = 422, body = ValidationErrorBody)))]
 async fn create_run(
     State(state): State<AppState>,
-    Caller(scope): Caller,
+    caller: AuthUser,
     Path(thread_id): Path<String>,
     ApiJson(body): ApiJson<RunCreate>,
 ) -> ApiResult<Response> {
     let thread_id = path_thread_id(&thread_id)?;
-    let run = start_run(&state, &scope, thread_id, &body, Stateless::No, None)
+    let run = start_run(&state, &caller, thread_id, &body, Stateless::No, None)
         .await?
         .run;
     Ok((locations(&run), Json(RunOut::from(run))).into_response())
@@ -840,13 +846,14 @@ async fn create_run(
               (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn stream_run(
     State(state): State<AppState>,
-    Caller(scope): Caller,
+    caller: AuthUser,
     Path(thread_id): Path<String>,
     ApiJson(body): ApiJson<RunCreate>,
 ) -> ApiResult<Response> {
+    let scope = caller.scope();
     let thread_id = path_thread_id(&thread_id)?;
     let live = state.hub.subscribe(thread_id);
-    let started = start_run(&state, &scope, thread_id, &body, Stateless::No, None).await?;
+    let started = start_run(&state, &caller, thread_id, &body, Stateless::No, None).await?;
     Ok(stream_started(&state, scope, started, live, &body, false))
 }
 
@@ -870,13 +877,14 @@ fn stream_started(
               (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn wait_run(
     State(state): State<AppState>,
-    Caller(scope): Caller,
+    caller: AuthUser,
     Path(thread_id): Path<String>,
     ApiJson(body): ApiJson<RunCreate>,
 ) -> ApiResult<Response> {
+    let scope = caller.scope();
     let thread_id = path_thread_id(&thread_id)?;
     let live = state.hub.subscribe(thread_id);
-    let run = start_run(&state, &scope, thread_id, &body, Stateless::No, None)
+    let run = start_run(&state, &caller, thread_id, &body, Stateless::No, None)
         .await?
         .run;
     Ok(wait_response_for_new(state, scope, run, live, false))
@@ -1119,13 +1127,13 @@ async fn cancel_run(
 /// `on_completion=keep`.
 async fn start_stateless(
     state: &AppState,
-    scope: &Scope,
+    caller: &AuthUser,
     thread_id: ResourceId,
     body: &RunCreate,
     background: bool,
 ) -> ApiResult<(StartedRun, Stateless)> {
     let stateless = stateless_of(body, background);
-    let started = start_run(state, scope, thread_id, body, stateless, None).await?;
+    let started = start_run(state, caller, thread_id, body, stateless, None).await?;
     Ok((started, stateless))
 }
 
@@ -1134,11 +1142,11 @@ async fn start_stateless(
               (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn create_stateless_run(
     State(state): State<AppState>,
-    Caller(scope): Caller,
+    caller: AuthUser,
     ApiJson(body): ApiJson<RunCreate>,
 ) -> ApiResult<Response> {
     let (StartedRun { run, .. }, _) =
-        start_stateless(&state, &scope, ResourceId::generate(), &body, true).await?;
+        start_stateless(&state, &caller, ResourceId::generate(), &body, true).await?;
     Ok((locations(&run), Json(RunOut::from(run))).into_response())
 }
 
@@ -1147,12 +1155,13 @@ async fn create_stateless_run(
               (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn stream_stateless_run(
     State(state): State<AppState>,
-    Caller(scope): Caller,
+    caller: AuthUser,
     ApiJson(body): ApiJson<RunCreate>,
 ) -> ApiResult<Response> {
+    let scope = caller.scope();
     let thread_id = ResourceId::generate();
     let live = state.hub.subscribe(thread_id);
-    let (started, stateless) = start_stateless(&state, &scope, thread_id, &body, false).await?;
+    let (started, stateless) = start_stateless(&state, &caller, thread_id, &body, false).await?;
     let delete = stateless == Stateless::DeleteAfterResponse;
     Ok(stream_started(&state, scope, started, live, &body, delete))
 }
@@ -1162,13 +1171,14 @@ async fn stream_stateless_run(
               (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn wait_stateless_run(
     State(state): State<AppState>,
-    Caller(scope): Caller,
+    caller: AuthUser,
     ApiJson(body): ApiJson<RunCreate>,
 ) -> ApiResult<Response> {
+    let scope = caller.scope();
     let thread_id = ResourceId::generate();
     let live = state.hub.subscribe(thread_id);
     let (StartedRun { run, .. }, stateless) =
-        start_stateless(&state, &scope, thread_id, &body, false).await?;
+        start_stateless(&state, &caller, thread_id, &body, false).await?;
     let delete = stateless == Stateless::DeleteAfterResponse;
     Ok(wait_response_for_new(state, scope, run, live, delete))
 }
@@ -1178,9 +1188,10 @@ async fn wait_stateless_run(
               (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn create_run_batch(
     State(state): State<AppState>,
-    Caller(scope): Caller,
+    caller: AuthUser,
     ApiJson(bodies): ApiJson<Vec<RunCreate>>,
 ) -> ApiResult<Json<Vec<RunOut>>> {
+    let scope = caller.scope();
     // Everything a run of the batch could be refused for is checked first (its assistant,
     // its webhook), so that a refused item leaves no run of the batch behind.
     for (index, body) in bodies.iter().enumerate() {
@@ -1195,7 +1206,7 @@ async fn create_run_batch(
     let mut runs = Vec::with_capacity(bodies.len());
     for body in &bodies {
         let (StartedRun { run, .. }, _) =
-            start_stateless(&state, &scope, ResourceId::generate(), body, true).await?;
+            start_stateless(&state, &caller, ResourceId::generate(), body, true).await?;
         runs.push(RunOut::from(run));
     }
     Ok(Json(runs))

@@ -21,6 +21,7 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::auth::AuthUser;
 use crate::error::{ApiError, ApiResult, ErrorBody, ValidationErrorBody};
 use crate::protocol::envelope::{Filter, Framer};
 use crate::protocol::{commands, socket};
@@ -264,14 +265,14 @@ async fn stream_events(
               (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn stream_socket(
     State(state): State<AppState>,
-    Caller(scope): Caller,
+    caller: AuthUser,
     Path(thread_id): Path<String>,
     upgrade: WebSocketUpgrade,
 ) -> ApiResult<Response> {
     let thread_id = path_thread_id(&thread_id)?;
     // Ownership before the upgrade, as for the SSE stream.
-    state.storage.get_thread(&scope, thread_id).await?;
-    Ok(upgrade.on_upgrade(move |socket| socket::serve(socket, state, scope, thread_id)))
+    state.storage.get_thread(&caller.scope(), thread_id).await?;
+    Ok(upgrade.on_upgrade(move |socket| socket::serve(socket, state, caller, thread_id)))
 }
 
 /// A command, as `commands::parse` reads it (for the document).
@@ -310,7 +311,7 @@ pub struct CommandError {
               (status = 404, body = ErrorBody), (status = 422, body = ValidationErrorBody)))]
 async fn thread_command(
     State(state): State<AppState>,
-    Caller(scope): Caller,
+    caller: AuthUser,
     Path(thread_id): Path<String>,
     body: Bytes,
 ) -> ApiResult<Response> {
@@ -329,7 +330,7 @@ async fn thread_command(
         Ok(parsed) => parsed,
         Err(refusal) => return Ok((StatusCode::BAD_REQUEST, Json(refusal)).into_response()),
     };
-    let answer = match commands::run(&state, &scope, thread_id, method, &params).await {
+    let answer = match commands::run(&state, &caller, thread_id, method, &params).await {
         Ok(result) => commands::success(id, result, 0),
         Err(failure) => commands::error(Some(json!(id)), &failure),
     };
