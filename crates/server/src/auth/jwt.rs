@@ -52,11 +52,15 @@ impl JwtVerifier {
                 header.alg
             ));
         }
+        // The token's own algorithm only: jsonwebtoken wants every accepted algorithm to be of
+        // the key's family, and a JWKS mixes RSA and EC keys.
+        let mut validation = self.validation.clone();
+        validation.algorithms = vec![header.alg];
         let claims = match &self.keys {
-            Keys::Fixed(key) => decode::<Map<String, Value>>(token, key, &self.validation),
+            Keys::Fixed(key) => decode::<Map<String, Value>>(token, key, &validation),
             Keys::Jwks(jwks) => {
                 let key = jwks.key_for(header.kid.as_deref()).await?;
-                decode::<Map<String, Value>>(token, &key, &self.validation)
+                decode::<Map<String, Value>>(token, &key, &validation)
             }
         }
         .map_err(|e| describe(e.kind()))?

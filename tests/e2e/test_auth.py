@@ -1,0 +1,597 @@
+"""Authentication and isolation between users (the config's `auth` section).
+
+What a deployment relies on: without credentials every route but the health checks is a 401
+with `WWW-Authenticate` and the interface's error body; an API key (from `x-api-key` or
+`Authorization: Bearer`) or a JWT names the caller; each user's threads, runs, crons,
+assistants and store items are theirs alone, and another user's are 404 on every endpoint,
+streams included, never 403 and never listed; the graph sees who called it
+(`langgraph_auth_user`, for graph files and Python graphs), and a cron's firings run as the
+user who made it. With `enforce_permissions`, a caller's permissions must grant each action.
+
+These tests start their own spindle processes, so they never run against SPINDLE_E2E_URL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import harness
+import httpx
+import jwt
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+import pytest
+import websockets
+from conftest import BACKENDS, WORKER_PYTHON, _session_server
+from e2e_util import assert_error_body, describe
+from test_cors import spindle
+from langgraph_sdk import get_client
+from langgraph_sdk.errors import NotFoundError
+
+pytestmark = pytest.mark.skipif(
+    bool(os.environ.get("SPINDLE_E2E_URL", "").strip()),
+    reason="starts its own spindle processes; not applicable with SPINDLE_E2E_URL",
+)
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "graphs"
+ALICE_KEY = "alice-" + secrets.token_hex(16)
+BOB_KEY = "bob-" + secrets.token_hex(16)
+JWT_SECRET = secrets.token_hex(32)
+ALICE_PERMISSIONS = ["threads:*", "assistants:*", "crons:*", "store:*", "reports:export"]
+
+# `whoami` answers the `configurable` its node was given.
+WHOAMI_GRAPH = """
+state:
+  seen: {type: object}
+nodes:
+  who: {kind: script, code: '#{ seen: config.configurable }'}
+edges:
+  - {from: __start__, to: who}
+  - {from: who, to: __end__}
+"""
+
+# The same for a LangGraph Python graph, reading the user by attribute and by key, as graphs
+# written for LangGraph Platform do.
+PYTHON_WHOAMI = '''
+from typing import TypedDict
+
+from langgraph.graph import StateGraph
+
+
+class State(TypedDict, total=False):
+    seen: dict
+
+
+def who(state: State, config) -> State:
+    configurable = config["configurable"]
+    user = configurable["langgraph_auth_user"]
+    return {"seen": {
+        "identity": user.identity,
+        "display_name": user["display_name"],
+        "permissions": list(user.permissions),
+        "is_authenticated": user.is_authenticated,
+        "user_id": configurable["langgraph_auth_user_id"],
+        "permissions_key": list(configurable["langgraph_auth_permissions"]),
+    }}
+
+
+graph = StateGraph(State).add_node("who", who).add_edge("__start__", "who").compile()
+'''
+
+
+def auth_config(folder: Path, enforce: bool = False) -> dict:
+    graphs = {name: str(EXAMPLES / f"{name}.yaml") for name in ("chain", "slow", "agent")}
+    (folder / "whoami.yaml").write_text(WHOAMI_GRAPH)
+    graphs["whoami"] = "./whoami.yaml"
+    if WORKER_PYTHON:
+        (folder / "pywho.py").write_text(PYTHON_WHOAMI)
+        graphs["pywho"] = "./pywho.py:graph"
+    return {
+        "graphs": graphs,
+        "auth": {
+            "api_keys": [
+                {"key_env": "E2E_ALICE_KEY", "identity": "alice", "display_name": "Alice",
+                 "permissions": ALICE_PERMISSIONS},
+                {"key_sha256": hashlib.sha256(BOB_KEY.encode()).hexdigest(), "identity": "bob",
+                 "permissions": ["threads:read", "threads:search", "assistants:read",
+                                 "assistants:search"]},
+            ],
+            "jwt": {"secret_env": "E2E_JWT_SECRET", "audience": "spindle",
+                    "issuer": "https://idp.example.test"},
+            "enforce_permissions": enforce,
+        },
+    }
+
+
+def start_auth_server(request, enforce: bool):
+    folder = Path(tempfile.mkdtemp(prefix="spindle-e2e-auth-"))
+    (folder / "spindle.json").write_text(json.dumps(auth_config(folder, enforce)))
+    args = ["--config", str(folder / "spindle.json")]
+    if WORKER_PYTHON:
+        args += ["--python", WORKER_PYTHON]
+    env = {"E2E_ALICE_KEY": ALICE_KEY, "E2E_JWT_SECRET": JWT_SECRET}
+    try:
+        yield from _session_server(request.param, extra_args=args, env=env)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def auth_server(request):
+    yield from start_auth_server(request, enforce=False)
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def enforcing_server(request):
+    yield from start_auth_server(request, enforce=True)
+
+
+def token(sub: str = "carol", **claims) -> str:
+    body = {"sub": sub, "name": "Carol", "aud": "spindle", "iss": "https://idp.example.test",
+            "exp": int(time.time()) + 300, "permissions": ["threads:*"], **claims}
+    return jwt.encode(body, JWT_SECRET, algorithm="HS256")
+
+
+@pytest.fixture
+def alice(auth_server):
+    with httpx.Client(base_url=auth_server.base_url, headers={"x-api-key": ALICE_KEY}, timeout=30) as c:
+        yield c
+
+
+@pytest.fixture
+def bob(auth_server):
+    # Bob sends his key as a bearer token: both headers are read.
+    with httpx.Client(base_url=auth_server.base_url, headers={"Authorization": f"Bearer {BOB_KEY}"},
+                      timeout=30) as c:
+        yield c
+
+
+# --------------------------------------------------------------------------------------------
+# authentication
+# --------------------------------------------------------------------------------------------
+
+
+def test_without_credentials_only_health_checks_and_docs_answer(auth_server):
+    base = auth_server.base_url
+    for path in ["/ok", "/health", "/live", "/ready", "/openapi.json"]:
+        r = httpx.get(base + path)
+        assert r.status_code == 200, describe(r)
+    for method, path in [("GET", "/info"), ("POST", "/threads/search"), ("POST", "/threads"),
+                         ("POST", "/assistants/search"), ("GET", "/store/items?namespace=a&key=b"),
+                         ("POST", "/runs/wait"), ("GET", "/threads/00000000-0000-4000-8000-000000000001")]:
+        r = httpx.request(method, base + path, json={} if method == "POST" else None)
+        body = assert_error_body(r, 401)
+        assert body["error"] == "unauthorized", describe(r)
+        assert r.headers["www-authenticate"].startswith("Bearer"), r.headers
+        assert "invalid_token" not in r.headers["www-authenticate"], r.headers
+
+
+@pytest.mark.parametrize("headers, why", [
+    ({"x-api-key": "wrong"}, "Invalid API key"),
+    ({"Authorization": "Bearer wrong"}, "not a JWT"),
+    ({"Authorization": f"Bearer {token(exp=int(time.time()) - 3600)}"}, "expired"),
+    ({"Authorization": f"Bearer {token(aud='another-service')}"}, "aud"),
+    ({"Authorization": f"Bearer {token(iss='https://evil.example.test')}"}, "iss"),
+    ({"Authorization": f"Bearer {token(nbf=int(time.time()) + 3600)}"}, "not valid yet"),
+    ({"Authorization": "Bearer " + jwt.encode({"sub": "carol", "aud": "spindle", "iss": "https://idp.example.test",
+                                               "exp": int(time.time()) + 60}, "a-guessed-secret-" + "x" * 32, algorithm="HS256")},
+     "signature"),
+])
+def test_invalid_credentials_are_401_saying_why(auth_server, headers, why):
+    r = httpx.post(auth_server.base_url + "/threads/search", json={}, headers=headers)
+    body = assert_error_body(r, 401)
+    assert why in body["message"], describe(r)
+    assert 'error="invalid_token"' in r.headers["www-authenticate"], r.headers
+
+
+async def test_official_clients_authenticate_with_an_api_key_or_a_token(auth_server):
+    """The official client's `api_key` (sent as `x-api-key`) and an `Authorization` header
+    both work; each caller is the user their credentials name."""
+    alice = get_client(url=auth_server.base_url, api_key=ALICE_KEY)
+    carol = get_client(url=auth_server.base_url, api_key=None,
+                       headers={"Authorization": f"Bearer {token()}"})
+    try:
+        for client, user in [(alice, "alice"), (carol, "carol")]:
+            thread = await client.threads.create()
+            assert thread["user_id"] == user, thread
+            seen = (await client.runs.wait(thread["thread_id"], "whoami", input={}))["seen"]
+            assert seen["langgraph_auth_user_id"] == user, seen
+        seen = (await alice.runs.wait(None, "whoami", input={}))["seen"]
+        assert seen["langgraph_auth_user"] == {
+            "identity": "alice", "display_name": "Alice", "permissions": ALICE_PERMISSIONS,
+            "is_authenticated": True,
+        }, seen
+        assert seen["langgraph_auth_permissions"] == ALICE_PERMISSIONS, seen
+        seen = (await carol.runs.wait(None, "whoami", input={}))["seen"]
+        assert seen["langgraph_auth_user"]["display_name"] == "Carol", seen
+        assert seen["langgraph_auth_permissions"] == ["threads:*"], seen
+    finally:
+        await alice.aclose()
+        await carol.aclose()
+
+
+async def test_python_graphs_see_the_caller_as_langgraph_does(auth_server):
+    if not WORKER_PYTHON:
+        if os.environ.get("SPINDLE_TEST_REQUIRE_PYTHON") == "1":
+            pytest.fail("SPINDLE_TEST_REQUIRE_PYTHON=1 but SPINDLE_TEST_PYTHON is not set")
+        pytest.skip("SPINDLE_TEST_PYTHON is not set")
+    alice = get_client(url=auth_server.base_url, api_key=ALICE_KEY)
+    try:
+        seen = (await alice.runs.wait(None, "pywho", input={}))["seen"]
+    finally:
+        await alice.aclose()
+    assert seen == {
+        "identity": "alice", "display_name": "Alice", "permissions": ALICE_PERMISSIONS,
+        "is_authenticated": True, "user_id": "alice", "permissions_key": ALICE_PERMISSIONS,
+    }, seen
+
+
+# --------------------------------------------------------------------------------------------
+# isolation: every endpoint, as the other user
+# --------------------------------------------------------------------------------------------
+
+
+def alices_world(alice: httpx.Client) -> dict:
+    """One of everything, Alice's: an assistant, a thread with a finished run, a cron, a store
+    item."""
+    tag = secrets.token_hex(4)
+    assistant = alice.post("/assistants", json={"graph_id": "chain", "name": f"alice-{tag}",
+                                                "metadata": {"tag": tag}}).json()
+    thread = alice.post("/threads", json={"metadata": {"tag": tag}}).json()
+    tid = thread["thread_id"]
+    r = alice.post(f"/threads/{tid}/runs/wait", json={"assistant_id": assistant["assistant_id"], "input": {"n": 1}})
+    assert r.status_code == 200, describe(r)
+    run = alice.get(f"/threads/{tid}/runs").json()[0]
+    cron = alice.post(f"/threads/{tid}/runs/crons", json={
+        "assistant_id": assistant["assistant_id"], "schedule": "0 0 1 1 *", "input": {"n": 2}}).json()
+    # Its first run, made by the creation: over before Bob starts.
+    assert alice.get(f"/threads/{tid}/runs/{cron['run_id']}/join").status_code == 200
+    r = alice.put("/store/items", json={"namespace": ["notes", tag], "key": "k", "value": {"secret": tag}})
+    assert r.status_code == 204, describe(r)
+    checkpoint = alice.get(f"/threads/{tid}/state").json()["checkpoint"]["checkpoint_id"]
+    return {"tag": tag, "assistant": assistant["assistant_id"], "thread": tid, "run": run["run_id"],
+            "cron": cron["cron_id"], "checkpoint": checkpoint, "values": alice.get(f"/threads/{tid}/state").json()["values"]}
+
+
+def foreign_requests(w: dict) -> list[tuple[str, str, object]]:
+    t, r, a, c, cp = w["thread"], w["run"], w["assistant"], w["cron"], w["checkpoint"]
+    run = {"assistant_id": "chain", "input": {"n": 1}}
+    return [
+        ("GET", f"/threads/{t}", None),
+        ("PATCH", f"/threads/{t}", {"metadata": {"owner": "bob"}}),
+        ("DELETE", f"/threads/{t}", None),
+        ("GET", f"/threads/{t}/state", None),
+        ("GET", f"/threads/{t}/state/{cp}", None),
+        ("POST", f"/threads/{t}/state/checkpoint", {"checkpoint": {"checkpoint_id": cp}}),
+        ("POST", f"/threads/{t}/state", {"values": {"n": 99}}),
+        ("GET", f"/threads/{t}/history", None),
+        ("POST", f"/threads/{t}/history", {"limit": 5}),
+        ("POST", f"/threads/{t}/copy", {}),
+        ("GET", f"/threads/{t}/runs", None),
+        ("POST", f"/threads/{t}/runs", run),
+        ("POST", f"/threads/{t}/runs/stream", run),
+        ("POST", f"/threads/{t}/runs/wait", run),
+        ("GET", f"/threads/{t}/runs/{r}", None),
+        ("GET", f"/threads/{t}/runs/{r}/join", None),
+        ("GET", f"/threads/{t}/runs/{r}/stream", None),
+        ("POST", f"/threads/{t}/runs/{r}/cancel", None),
+        ("DELETE", f"/threads/{t}/runs/{r}", None),
+        ("GET", f"/runs/{r}/stream", None),
+        ("POST", "/runs/cancel", {"thread_id": t, "run_ids": [r]}),
+        ("GET", f"/threads/{t}/stream", None),
+        ("POST", f"/threads/{t}/stream/events", {"channels": ["values", "lifecycle"], "since": 0}),
+        ("POST", f"/threads/{t}/runs/crons", {**run, "schedule": "0 0 1 1 *"}),
+        ("GET", f"/runs/crons/{c}", None),
+        ("PATCH", f"/runs/crons/{c}", {"enabled": False}),
+        ("DELETE", f"/runs/crons/{c}", None),
+        ("GET", f"/assistants/{a}", None),
+        ("PATCH", f"/assistants/{a}", {"name": "bob's now"}),
+        ("GET", f"/assistants/{a}/graph", None),
+        ("GET", f"/assistants/{a}/schemas", None),
+        ("GET", f"/assistants/{a}/subgraphs", None),
+        ("POST", f"/assistants/{a}/versions", {}),
+        ("POST", f"/assistants/{a}/latest", {"version": 1}),
+        ("DELETE", f"/assistants/{a}", None),
+        ("POST", "/runs", {**run, "assistant_id": a}),
+        ("POST", "/runs/wait", {**run, "assistant_id": a}),
+        ("POST", "/runs/stream", {**run, "assistant_id": a}),
+        ("POST", "/runs/batch", [run, {**run, "assistant_id": a}]),
+        ("POST", "/runs/crons", {**run, "assistant_id": a, "schedule": "0 0 1 1 *"}),
+        ("GET", f"/store/items?namespace=notes.{w['tag']}&key=k", None),
+    ]
+
+
+def test_another_users_resources_are_404_on_every_endpoint(alice, bob):
+    world = alices_world(alice)
+    bob_before = bob.post("/threads/search", json={"limit": 1000}).json()
+    for method, path, body in foreign_requests(world):
+        r = bob.request(method, path, json=body) if body is not None else bob.request(method, path)
+        assert r.status_code == 404, f"{method} {path}: {describe(r)}"
+        assert world["tag"] not in r.text, f"{method} {path} leaks: {describe(r)}"
+        assert r.json()["error"] == "not_found", describe(r)
+    # Protocol commands answer in the protocol's error body: as for a thread that does not exist.
+    t = world["thread"]
+    for method, params in [("state.get", {}), ("agent.getTree", {}),
+                           ("run.start", {"assistant_id": "chain", "input": {"n": 5}})]:
+        r = bob.post(f"/threads/{t}/commands", json={"id": 1, "method": method, "params": params})
+        assert r.status_code == 200, describe(r)
+        assert r.json() == {"type": "error", "id": 1, "error": "invalid_argument",
+                            "message": "Thread not found"}, f"{method}: {describe(r)}"
+    nowhere = "00000000-0000-4000-8000-%012x" % secrets.randbits(48)
+    r = bob.post(f"/threads/{nowhere}/commands", json={"id": 1, "method": "state.get", "params": {}})
+    assert r.json() == {"type": "error", "id": 1, "error": "invalid_argument", "message": "Thread not found"}
+    # The WebSocket of the thread's protocol stream refuses its upgrade the same way.
+    ws_url = alice.base_url.copy_with(scheme="ws").join(f"/threads/{world['thread']}/stream/events")
+    async def open_socket():
+        async with websockets.connect(str(ws_url), additional_headers={"x-api-key": BOB_KEY}):
+            pass
+    with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
+        asyncio.run(open_socket())
+    assert refused.value.response.status_code == 404
+
+    # Nothing of Alice's is listed for Bob.
+    listed = [
+        bob.post("/threads/search", json={"metadata": {"tag": world["tag"]}}).json(),
+        bob.post("/assistants/search", json={"metadata": {"tag": world["tag"]}}).json(),
+        bob.post("/runs/crons/search", json={"assistant_id": world["assistant"]}).json(),
+        bob.post("/store/items/search", json={"namespace_prefix": ["notes"]}).json()["items"],
+        bob.post("/store/namespaces", json={}).json()["namespaces"],
+    ]
+    assert listed == [[], [], [], [], []], listed
+    assert bob.post("/threads/count", json={"metadata": {"tag": world["tag"]}}).json() == 0
+    assert bob.post("/assistants/count", json={"metadata": {"tag": world["tag"]}}).json() == 0
+    assert bob.post("/runs/crons/count", json={"assistant_id": world["assistant"]}).json() == 0
+    # Prune of Alice's thread touches nothing; Bob made no thread through any refused request.
+    bob.post("/threads/prune", json={"thread_ids": [world["thread"]], "strategy": "delete"})
+    assert bob.post("/threads/search", json={"limit": 1000}).json() == bob_before
+
+    # Alice's world is as she left it.
+    t = world["thread"]
+    assert alice.get(f"/threads/{t}/state").json()["values"] == world["values"]
+    assert alice.get(f"/threads/{t}").json()["metadata"]["tag"] == world["tag"]
+    assert world["run"] in [r["run_id"] for r in alice.get(f"/threads/{t}/runs").json()]
+    assert alice.get(f"/threads/{t}/runs/{world['run']}").json()["status"] == "success"
+    assert alice.get(f"/runs/crons/{world['cron']}").json()["enabled"] is True
+    assert alice.get(f"/assistants/{world['assistant']}").json()["name"] == f"alice-{world['tag']}"
+    item = alice.get(f"/store/items?namespace=notes.{world['tag']}&key=k").json()
+    assert item["value"] == {"secret": world["tag"]}
+
+
+def test_system_assistants_are_visible_to_all_and_store_namespaces_are_per_user(alice, bob):
+    """The graphs' default assistants are everyone's; the same store namespace and key are two
+    items, one per user."""
+    for who in (alice, bob):
+        found = who.post("/assistants/search", json={"graph_id": "chain"}).json()
+        assert any(a["metadata"].get("created_by") == "system" for a in found), found
+        r = who.post("/threads/search", json={})
+        assert r.status_code == 200
+    ns = ["shared", secrets.token_hex(4)]
+    assert alice.put("/store/items", json={"namespace": ns, "key": "k", "value": {"by": "alice"}}).status_code == 204
+    assert bob.put("/store/items", json={"namespace": ns, "key": "k", "value": {"by": "bob"}}).status_code == 204
+    for who, name in [(alice, "alice"), (bob, "bob")]:
+        item = who.get(f"/store/items?namespace={'.'.join(ns)}&key=k").json()
+        assert item["value"] == {"by": name}, item
+        found = who.post("/store/items/search", json={"namespace_prefix": ns}).json()["items"]
+        assert [i["value"]["by"] for i in found] == [name], found
+    # Bob deleting "his" item leaves Alice's.
+    assert bob.request("DELETE", "/store/items", json={"namespace": ns, "key": "k"}).status_code == 204
+    assert alice.get(f"/store/items?namespace={'.'.join(ns)}&key=k").json()["value"] == {"by": "alice"}
+
+
+def test_streams_of_another_users_run_never_reach_them(alice, bob):
+    """Bob, following Alice's thread or run with every kind of stream while her run executes,
+    gets 404 at once and no event of it; Alice's own streams carry it."""
+    thread = alice.post("/threads", json={}).json()
+    tid = thread["thread_id"]
+    run = alice.post(f"/threads/{tid}/runs", json={"assistant_id": "slow",
+                                                   "input": {"delay_ms": 600, "ticks": 3}}).json()
+    rid = run["run_id"]
+    for path in [f"/threads/{tid}/runs/{rid}/stream", f"/threads/{tid}/runs/{rid}/join",
+                 f"/threads/{tid}/stream", f"/runs/{rid}/stream"]:
+        with bob.stream("GET", path) as r:
+            assert r.status_code == 404, f"{path}: {r.status_code}"
+    with bob.stream("POST", f"/threads/{tid}/stream/events", json={"channels": ["values"]}) as r:
+        assert r.status_code == 404
+    # Alice's own join sees the run to its end.
+    r = alice.get(f"/threads/{tid}/runs/{rid}/join")
+    assert r.status_code == 200, describe(r)
+    assert alice.get(f"/threads/{tid}/runs/{rid}").json()["status"] == "success"
+
+
+def test_a_crons_firings_run_as_the_user_who_made_it(alice, bob):
+    thread = alice.post("/threads", json={}).json()
+    tid = thread["thread_id"]
+    cron = alice.post(f"/threads/{tid}/runs/crons", json={
+        "assistant_id": "whoami", "schedule": "* * * * * *", "input": {}}).json()
+    try:
+        deadline = time.time() + 20
+        while len(alice.get(f"/threads/{tid}/runs").json()) < 3 and time.time() < deadline:
+            time.sleep(0.3)
+        runs = alice.get(f"/threads/{tid}/runs").json()
+        assert len(runs) >= 3, runs
+    finally:
+        assert alice.delete(f"/runs/crons/{cron['cron_id']}").status_code in (200, 204)
+    # Every firing ran as Alice, with her permissions (the first run was made by the request).
+    for run in runs:
+        assert run["kwargs"]["langgraph_auth_user"]["identity"] == "alice", run
+    seen = alice.get(f"/threads/{tid}/state").json()["values"]["seen"]
+    assert seen["langgraph_auth_user_id"] == "alice" and seen["langgraph_auth_permissions"] == ALICE_PERMISSIONS, seen
+    # A client cannot make a cron fire as someone else: the payload's user is the server's.
+    cron = alice.post(f"/threads/{tid}/runs/crons", json={
+        "assistant_id": "whoami", "schedule": "0 0 1 1 *", "input": {}}).json()
+    patched = alice.patch(f"/runs/crons/{cron['cron_id']}", json={
+        "langgraph_auth_user": {"identity": "alice", "permissions": ["*"]}})
+    assert patched.status_code == 200, describe(patched)
+    assert patched.json()["payload"]["langgraph_auth_user"]["permissions"] == ALICE_PERMISSIONS
+    alice.delete(f"/runs/crons/{cron['cron_id']}")
+    assert bob.post("/runs/crons/search", json={"thread_id": tid}).json() == []
+
+
+async def test_the_official_client_sees_another_users_thread_as_not_found(auth_server, alice):
+    world_thread = alice.post("/threads", json={}).json()["thread_id"]
+    bob = get_client(url=auth_server.base_url, api_key=None, headers={"Authorization": f"Bearer {BOB_KEY}"})
+    try:
+        with pytest.raises(NotFoundError):
+            await bob.threads.get(world_thread)
+        with pytest.raises(NotFoundError):
+            await bob.threads.get_state(world_thread)
+        # `wait` reads its answer as a stream: the client raises httpx's error for it.
+        with pytest.raises(httpx.HTTPStatusError) as refused:
+            await bob.runs.wait(world_thread, "chain", input={"n": 1})
+        assert refused.value.response.status_code == 404
+    finally:
+        await bob.aclose()
+
+
+# --------------------------------------------------------------------------------------------
+# permissions
+# --------------------------------------------------------------------------------------------
+
+
+def test_permissions_refuse_actions_they_do_not_grant(enforcing_server):
+    base = enforcing_server.base_url
+    alice = httpx.Client(base_url=base, headers={"x-api-key": ALICE_KEY})
+    bob = httpx.Client(base_url=base, headers={"x-api-key": BOB_KEY})
+    try:
+        # Bob may read and search threads and assistants, nothing else.
+        assert bob.post("/threads/search", json={}).status_code == 200
+        assert bob.post("/assistants/search", json={}).status_code == 200
+        for method, path, body in [("POST", "/threads", {}), ("POST", "/runs/wait", {"assistant_id": "chain"}),
+                                   ("PUT", "/store/items", {"namespace": ["a"], "key": "k", "value": {}}),
+                                   ("POST", "/runs/crons/search", {}), ("POST", "/assistants", {"graph_id": "chain"})]:
+            r = bob.request(method, path, json=body)
+            error = assert_error_body(r, 403)
+            assert error["error"] == "forbidden" and ":" in error["message"], describe(r)
+        assert bob.post("/threads/search", json={}).json() == []
+        # A protocol command needs the action of what it does.
+        tid = alice.post("/threads", json={}).json()["thread_id"]
+        r = bob.post(f"/threads/{tid}/commands", json={"id": 1, "method": "run.start",
+                                                      "params": {"assistant_id": "chain", "input": {"n": 1}}})
+        assert r.json().get("error") == "permission_denied", describe(r)
+        # Alice's grants cover what she does; the permission check never reveals another's
+        # resource: Bob's read of Alice's thread is still a 404.
+        assert alice.post(f"/threads/{tid}/runs/wait", json={"assistant_id": "chain", "input": {"n": 1}}).status_code == 200
+        assert bob.get(f"/threads/{tid}").status_code == 404
+    finally:
+        alice.close()
+        bob.close()
+
+
+# --------------------------------------------------------------------------------------------
+# JWTs signed with public keys: a key file, a JWKS at a URL
+# --------------------------------------------------------------------------------------------
+
+
+class JwksServer:
+    """An identity provider's `/.well-known/jwks.json`, counting how often it is read."""
+
+    def __init__(self):
+        self.keys: list[dict] = []
+        self.reads = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                outer.reads += 1
+                body = json.dumps({"keys": outer.keys}).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.http.server_address[1]}/.well-known/jwks.json"
+
+    def add(self, kid: str, private_key, alg: str) -> None:
+        algorithm = jwt.get_algorithm_by_name(alg)
+        jwk = json.loads(algorithm.to_jwk(private_key.public_key()))
+        self.keys.append({**jwk, "kid": kid, "alg": alg, "use": "sig"})
+
+
+def signed(private_key, alg: str, kid: str | None = None, **claims) -> str:
+    body = {"sub": "dana", "exp": int(time.time()) + 300, **claims}
+    return jwt.encode(body, private_key, algorithm=alg, headers={"kid": kid} if kid else None)
+
+
+def test_tokens_verified_with_a_jwks_url_cached_and_read_again_for_a_new_key(tmp_path):
+    idp = JwksServer()
+    rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    ec_key = ec.generate_private_key(ec.SECP256R1())
+    idp.add("r1", rsa_key, "RS256")
+    idp.add("e1", ec_key, "ES256")
+    config = {"graphs": {"chain": str(EXAMPLES / "chain.yaml")},
+              "auth": {"jwt": {"jwks_url": idp.url}}}
+    try:
+        with spindle(tmp_path, "serve", config) as srv:
+            def status(token: str) -> httpx.Response:
+                return httpx.post(srv.base_url + "/threads/search", json={},
+                                  headers={"Authorization": f"Bearer {token}"})
+            for _ in range(5):
+                assert status(signed(rsa_key, "RS256", "r1")).status_code == 200
+                assert status(signed(ec_key, "ES256", "e1")).status_code == 200
+            reads = idp.reads
+            assert reads <= 2, reads  # read once (at most twice), then cached
+            # The provider rotates its keys: a token of the new key is accepted at once.
+            new_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+            idp.add("r2", new_key, "RS256")
+            time.sleep(1.1)  # reads are at most one a second
+            assert status(signed(new_key, "RS256", "r2")).status_code == 200
+            assert idp.reads == reads + 1
+            # A key the provider does not publish, or a forged signature, is refused.
+            r = status(signed(new_key, "RS256", "nobody"))
+            assert "nobody" in assert_error_body(r, 401)["message"], describe(r)
+            r = status(signed(new_key, "RS256", "r1"))
+            assert "signature" in assert_error_body(r, 401)["message"], describe(r)
+            # An HS256 token cannot pass as one of the provider's (algorithm confusion).
+            r = status(jwt.encode({"sub": "x", "exp": int(time.time()) + 60}, "k" * 32,
+                                  algorithm="HS256", headers={"kid": "r1"}))
+            assert_error_body(r, 401)
+    finally:
+        idp.http.shutdown()
+
+
+def test_tokens_verified_with_a_public_key_file(tmp_path):
+    key = ec.generate_private_key(ec.SECP256R1())
+    pem = key.public_key().public_bytes(serialization.Encoding.PEM,
+                                        serialization.PublicFormat.SubjectPublicKeyInfo)
+    (tmp_path / "idp.pem").write_bytes(pem)
+    config = {"graphs": {"chain": str(EXAMPLES / "chain.yaml")},
+              "auth": {"jwt": {"public_key_file": str(tmp_path / "idp.pem"),
+                               "identity_claim": "email", "permissions_claim": "scope"}}}
+    with spindle(tmp_path, "serve", config) as srv:
+        good = signed(key, "ES256", email="dana@example.test", scope="threads:read threads:create")
+        r = httpx.post(srv.base_url + "/threads", json={}, headers={"Authorization": f"Bearer {good}"})
+        assert r.status_code == 200, describe(r)
+        assert r.json()["user_id"] == "dana@example.test"
+        # Without the claim that names the user, the token names nobody.
+        r = httpx.post(srv.base_url + "/threads", json={},
+                       headers={"Authorization": f"Bearer {signed(key, 'ES256')}"})
+        assert "email" in assert_error_body(r, 401)["message"], describe(r)
+
+
+def test_an_auth_section_with_a_mistake_stops_the_server_naming_it(tmp_path):
+    config = {"graphs": {"chain": str(EXAMPLES / "chain.yaml")},
+              "auth": {"api_keys": [{"identity": "ann", "key_env": "E2E_UNSET_KEY"}]}}
+    path = tmp_path / "spindle.json"
+    path.write_text(json.dumps(config))
+    r = harness.run(["serve", "--database-url", f"sqlite://{tmp_path / 'db'}", "--port", "0",
+                     "--config", str(path)], tmp_path)
+    assert r.returncode != 0
+    assert "auth.api_keys[0].key_env" in r.stderr and "E2E_UNSET_KEY" in r.stderr, r.stderr
+    assert not (tmp_path / "db").exists()
