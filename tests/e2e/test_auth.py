@@ -595,3 +595,139 @@ def test_an_auth_section_with_a_mistake_stops_the_server_naming_it(tmp_path):
     assert r.returncode != 0
     assert "auth.api_keys[0].key_env" in r.stderr and "E2E_UNSET_KEY" in r.stderr, r.stderr
     assert not (tmp_path / "db").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# LangGraph's custom auth: a Python Auth object (auth.path), run by the workers
+# --------------------------------------------------------------------------------------------
+
+CUSTOM_AUTH = '''
+from langgraph_sdk import Auth
+
+auth = Auth()
+
+USERS = {
+    "tok-ann": {"identity": "ann", "display_name": "Ann", "project": "apollo", "permissions": ["write"]},
+    "tok-ben": {"identity": "ben", "project": "gemini"},
+}
+
+
+@auth.authenticate
+async def authenticate(authorization: str | None, headers: dict):
+    if headers.get(b"x-client") != b"e2e":
+        raise Auth.exceptions.HTTPException(status_code=401, detail="no x-client header")
+    if not authorization or not authorization.startswith("Bearer "):
+        raise Auth.exceptions.HTTPException(status_code=401, detail="missing token")
+    user = USERS.get(authorization.split(" ", 1)[1])
+    if user is None:
+        raise Auth.exceptions.HTTPException(status_code=401, detail="invalid token")
+    return user
+
+
+@auth.on.threads.create
+async def stamp_owner(ctx: Auth.types.AuthContext, value: dict):
+    metadata = value.setdefault("metadata", {}) or {}
+    metadata.setdefault("project", ctx.user.project)
+    metadata["owner"] = ctx.user.identity
+    value["metadata"] = metadata
+
+
+@auth.on.threads.delete
+async def keep_threads(ctx, value):
+    raise Auth.exceptions.HTTPException(status_code=403, detail="threads are kept")
+
+
+@auth.on.threads
+async def own_project(ctx, value):
+    return {"project": ctx.user.project}
+
+
+@auth.on.store
+async def own_namespace(ctx, value):
+    if "namespace" in value and value["namespace"] is not None:
+        value["namespace"] = [ctx.user.identity, *value["namespace"]]
+
+
+@auth.on
+async def default_deny(ctx, value):
+    assert ctx.resource in ("assistants",), f"{ctx.resource}.{ctx.action} is not allowed"
+'''
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def custom_server(request):
+    if not WORKER_PYTHON:
+        if os.environ.get("SPINDLE_TEST_REQUIRE_PYTHON") == "1":
+            pytest.fail("SPINDLE_TEST_REQUIRE_PYTHON=1 but SPINDLE_TEST_PYTHON is not set")
+        pytest.skip("SPINDLE_TEST_PYTHON is not set")
+    folder = Path(tempfile.mkdtemp(prefix="spindle-e2e-custom-auth-"))
+    (folder / "auth.py").write_text(CUSTOM_AUTH)
+    (folder / "whoami.yaml").write_text(WHOAMI_GRAPH)
+    config = {"graphs": {"whoami": "./whoami.yaml"}, "auth": {"path": "./auth.py:auth"}}
+    (folder / "spindle.json").write_text(json.dumps(config))
+    args = ["--config", str(folder / "spindle.json"), "--python", WORKER_PYTHON]
+    try:
+        yield from _session_server(request.param, extra_args=args)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def custom_client(server, token: str | None) -> httpx.Client:
+    headers = {"x-client": "e2e"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    return httpx.Client(base_url=server.base_url, headers=headers, timeout=30)
+
+
+def test_custom_auth_authenticates_with_the_projects_handler(custom_server):
+    for token, detail in [(None, "missing token"), ("tok-nobody", "invalid token")]:
+        with custom_client(custom_server, token) as c:
+            r = c.post("/threads/search", json={})
+            assert assert_error_body(r, 401)["message"] == detail, describe(r)
+            assert r.headers["www-authenticate"].startswith("Bearer")
+    # The handler reads the headers too.
+    r = httpx.post(custom_server.base_url + "/threads/search", json={},
+                   headers={"Authorization": "Bearer tok-ann"})
+    assert assert_error_body(r, 401)["message"] == "no x-client header", describe(r)
+    assert httpx.get(custom_server.base_url + "/ok").status_code == 200
+
+
+def test_custom_auth_handlers_stamp_filter_and_refuse(custom_server):
+    with custom_client(custom_server, "tok-ann") as ann, custom_client(custom_server, "tok-ben") as ben:
+        # The create handler's changes to `value` are what is stored.
+        mine = ann.post("/threads", json={"metadata": {"topic": "moon"}}).json()
+        assert mine["metadata"] == {"topic": "moon", "project": "apollo", "owner": "ann"}, mine
+        # A thread of another project (the client set it): outside ann's filter.
+        other = ann.post("/threads", json={"metadata": {"project": "artemis"}}).json()
+        assert other["metadata"]["project"] == "artemis"
+        found = ann.post("/threads/search", json={"limit": 100}).json()
+        assert mine["thread_id"] in [t["thread_id"] for t in found]
+        assert all(t["metadata"]["project"] == "apollo" for t in found), found
+        assert ann.post("/threads/count", json={}).json() == len(found)
+        r = ann.get(f"/threads/{other['thread_id']}")
+        assert_error_body(r, 404)
+        assert ann.get(f"/threads/{mine['thread_id']}").status_code == 200
+        # Refusals: the handler's status and detail.
+        r = ann.delete(f"/threads/{mine['thread_id']}")
+        assert assert_error_body(r, 403)["message"] == "threads are kept", describe(r)
+        r = ann.post("/runs/crons/search", json={})
+        assert "crons.search is not allowed" in assert_error_body(r, 403)["message"], describe(r)
+        # Each user reaches only their own, as always.
+        assert_error_body(ben.get(f"/threads/{mine['thread_id']}"), 404)
+        # The graph sees the caller with the handler's extra fields.
+        r = ann.post(f"/threads/{mine['thread_id']}/runs/wait", json={"assistant_id": "whoami", "input": {}})
+        seen = r.json()["seen"]
+        assert seen["langgraph_auth_user"]["project"] == "apollo", seen
+        assert seen["langgraph_auth_user"]["display_name"] == "Ann", seen
+        assert seen["langgraph_auth_permissions"] == ["write"], seen
+
+
+def test_custom_auth_store_handlers_rewrite_namespaces(custom_server):
+    with custom_client(custom_server, "tok-ann") as ann:
+        ns = ["notes", secrets.token_hex(4)]
+        r = ann.put("/store/items", json={"namespace": ns, "key": "k", "value": {"v": 1}})
+        assert r.status_code == 204, describe(r)
+        item = ann.get(f"/store/items?namespace={'.'.join(ns)}&key=k").json()
+        assert item["namespace"] == ["ann", *ns], item
+        found = ann.post("/store/items/search", json={"namespace_prefix": ns}).json()["items"]
+        assert [i["namespace"] for i in found] == [["ann", *ns]], found

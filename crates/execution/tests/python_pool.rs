@@ -81,6 +81,7 @@ async fn pool(python: &Path, tune: impl FnOnce(&mut PoolSettings)) -> Fixture {
             ("blocker".into(), "./graphs.py:blocker".into()),
             ("quick".into(), "./graphs.py:quick".into()),
         ]),
+        auth: None,
         workers: 1,
         runs_per_worker: 10,
         recycle_after_runs: None,

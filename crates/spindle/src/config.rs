@@ -277,6 +277,12 @@ impl LoadedConfig {
         Ok(Some(auth))
     }
 
+    /// `auth.path`: LangGraph's custom auth, a Python `Auth` object the workers load.
+    pub fn custom_auth(&self) -> Option<String> {
+        let path = self.file.auth.as_ref()?.get("path")?.as_str()?;
+        Some(path.to_owned())
+    }
+
     fn display_name(&self) -> String {
         self.path
             .as_deref()

@@ -140,7 +140,8 @@ async fn serve(args: ServerArgs, mode: Mode) -> Result<()> {
         .await
         .with_context(|| format!("cannot open the database {}", redact(&url)))?;
     let store = store::store_config(&config)?;
-    let python = match python_graphs.is_empty() {
+    // LangGraph's custom auth runs in the Python workers too: they start for it alone.
+    let python = match python_graphs.is_empty() && config.custom_auth().is_none() {
         true => None,
         false => Some(
             python::start(

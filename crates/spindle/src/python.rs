@@ -47,6 +47,7 @@ pub async fn start(
         project_dir,
         env,
         graphs: specs.clone(),
+        auth: config.custom_auth(),
         workers: workers(args, config, mode),
         runs_per_worker: args
             .python_runs_per_worker
@@ -69,6 +70,14 @@ pub async fn start(
         .await
         .context("cannot start the Python workers")?;
     tracing::info!(python = %info.python, langgraph = %info.langgraph, interpreter = %interpreter.program.display(), workers, "Python workers ready");
+    if let Some(load) = &report.auth {
+        if !load.ok {
+            // Never serve without the authentication the config asks for.
+            let error = load.error.as_deref().unwrap_or("it failed to load");
+            let traceback = load.traceback.as_deref().unwrap_or_default();
+            bail!("the custom auth (auth.path) failed to load: {error}\n{traceback}");
+        }
+    }
     for (graph_id, spec) in specs {
         let load = report.graphs.get(&graph_id);
         let error = match load {

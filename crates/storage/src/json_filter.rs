@@ -143,9 +143,9 @@ fn push_contains(
     }
 }
 
-/// jsonb containment in Rust, the specification the SQL above must agree with.
-#[cfg(test)]
-pub(crate) fn contains(doc: &Value, filter: &Value) -> bool {
+/// jsonb containment (`doc @> filter`) in Rust: the specification the SQL above must agree
+/// with, and how a resource already read is checked against a filter.
+pub fn contains(doc: &Value, filter: &Value) -> bool {
     match (doc, filter) {
         (Value::Object(d), Value::Object(f)) => f
             .iter()

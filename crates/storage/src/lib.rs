@@ -12,6 +12,7 @@ pub mod crons;
 mod error;
 mod id;
 mod json_filter;
+pub use json_filter::contains as json_contains;
 pub mod model;
 pub mod postgres;
 mod rows;

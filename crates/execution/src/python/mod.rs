@@ -6,6 +6,7 @@
 //! exit), the pool that supervises them, what Spindle answers a worker's calls with
 //! (checkpoints, the store, a run's events and end), and the executor of a run on a worker.
 
+pub mod auth;
 pub mod calls;
 pub mod checkpoints;
 pub mod connection;

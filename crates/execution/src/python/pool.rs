@@ -34,6 +34,8 @@ pub struct PoolSettings {
     pub env: BTreeMap<String, String>,
     /// Graph id -> `./path/file.py:name` or `package.module:name`.
     pub graphs: BTreeMap<String, String>,
+    /// LangGraph's custom auth, `./auth.py:auth`, loaded by every worker.
+    pub auth: Option<String>,
     pub workers: usize,
     pub runs_per_worker: u32,
     /// A worker is replaced after starting this many runs (`None`: never).
@@ -160,7 +162,9 @@ impl PythonPool {
             max_runs: self.settings.runs_per_worker,
         };
         let process = WorkerProcess::spawn(spec, self.calls.clone())?;
-        let report = process.init(&self.settings.graphs).await?;
+        let report = process
+            .init_project(&self.settings.graphs, self.settings.auth.as_deref())
+            .await?;
         let worker = Arc::new(PoolWorker {
             process,
             active: AtomicU32::new(0),

@@ -63,6 +63,9 @@ pub struct InitReport {
     pub graphs: BTreeMap<String, GraphLoad>,
     pub python: String,
     pub langgraph: String,
+    /// How the custom auth loaded, when one was asked for (`kind` unused).
+    #[serde(default)]
+    pub auth: Option<GraphLoad>,
 }
 
 /// How one graph loaded.
@@ -243,14 +246,27 @@ impl WorkerProcess {
     /// Loads the graphs (`{graph_id: "./path.py:var" | "pkg.module:var"}`). One that fails
     /// is reported in its entry; the others still load.
     pub async fn init(&self, graphs: &BTreeMap<String, String>) -> Result<InitReport, WorkerError> {
+        self.init_project(graphs, None).await
+    }
+
+    /// [`WorkerProcess::init`], and LangGraph's custom auth (`auth.path`: `./auth.py:auth`)
+    /// loaded for `auth.authenticate` and `auth.authorize`.
+    pub async fn init_project(
+        &self,
+        graphs: &BTreeMap<String, String>,
+        auth: Option<&str>,
+    ) -> Result<InitReport, WorkerError> {
         #[derive(Serialize)]
         struct Init<'a> {
             graphs: &'a BTreeMap<String, String>,
             project_dir: String,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            auth: Option<&'a str>,
         }
         let body = Init {
             graphs,
             project_dir: self.project_dir.display().to_string(),
+            auth,
         };
         self.call("init", &body).await
     }

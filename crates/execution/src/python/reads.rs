@@ -81,7 +81,11 @@ pub async fn history(
     pages.iter().map(json_of).collect()
 }
 
-async fn call(pool: &Arc<PythonPool>, op: &str, body: &Value) -> Result<rmpv::Value, ReadError> {
+pub(crate) async fn call(
+    pool: &Arc<PythonPool>,
+    op: &str,
+    body: &Value,
+) -> Result<rmpv::Value, ReadError> {
     let worker = pool
         .reader_within(READ_WAIT)
         .await

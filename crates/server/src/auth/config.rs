@@ -146,17 +146,17 @@ impl AuthConfig {
         base_dir: &Path,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Auth, AuthConfigError> {
-        if self.path.is_some() {
+        let custom = self.path.is_some();
+        if custom && (!self.api_keys.is_empty() || self.jwt.is_some()) {
             return Err(invalid(
                 "path",
-                "LangGraph's custom auth (a Python Auth object) is not supported by this \
-                 version of Spindle; use api_keys or jwt",
+                "LangGraph's custom auth decides alone: give path, or api_keys and jwt, not both",
             ));
         }
-        if self.api_keys.is_empty() && self.jwt.is_none() {
+        if !custom && self.api_keys.is_empty() && self.jwt.is_none() {
             return Err(invalid(
                 "api_keys",
-                "the auth section names no way to authenticate: give api_keys or jwt",
+                "the auth section names no way to authenticate: give api_keys, jwt or path",
             ));
         }
         let api_keys = self.api_keys(env)?;
@@ -167,6 +167,7 @@ impl AuthConfig {
         Ok(Auth {
             api_keys,
             jwt,
+            custom,
             public_docs: self.public_docs,
             enforce_permissions: self.enforce_permissions,
         })
@@ -371,7 +372,10 @@ mod tests {
     fn mistakes_name_their_key() {
         let cases = [
             (json!({}), "auth.api_keys"),
-            (json!({"path": "./auth.py:auth"}), "auth.path"),
+            (
+                json!({"path": "./auth.py:auth", "jwt": {"secret_env": "K"}}),
+                "auth.path",
+            ),
             (
                 json!({"api_keys": [{"identity": "a"}]}),
                 "auth.api_keys[0].key_sha256",

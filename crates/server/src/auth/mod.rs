@@ -11,6 +11,7 @@
 pub mod actions;
 mod api_keys;
 mod config;
+mod custom;
 mod jwt;
 
 use std::sync::Arc;
@@ -21,7 +22,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use spindle_storage::Scope;
 
 use crate::error::{ApiError, ErrorCode};
@@ -37,6 +38,9 @@ pub struct AuthUser {
     pub display_name: String,
     pub permissions: Vec<String>,
     pub is_authenticated: bool,
+    /// What else a custom `@auth.authenticate` handler answered (`role`, `org_id`, ...):
+    /// LangGraph hands it on to the `@auth.on` handlers and the graph.
+    pub extra: Map<String, Value>,
 }
 
 impl AuthUser {
@@ -47,6 +51,7 @@ impl AuthUser {
             display_name: Scope::LOCAL_USER.into(),
             permissions: Vec::new(),
             is_authenticated: false,
+            extra: Map::new(),
         }
     }
 
@@ -60,6 +65,7 @@ impl AuthUser {
             identity,
             permissions,
             is_authenticated: true,
+            extra: Map::new(),
         }
     }
 
@@ -70,12 +76,12 @@ impl AuthUser {
 
     /// As a run keeps it (`langgraph_auth_user`), and a cron for its firings.
     pub fn to_json(&self) -> Value {
-        json!({
-            "identity": self.identity,
-            "display_name": self.display_name,
-            "permissions": self.permissions,
-            "is_authenticated": self.is_authenticated,
-        })
+        let mut user = self.extra.clone();
+        user.insert("identity".into(), json!(self.identity));
+        user.insert("display_name".into(), json!(self.display_name));
+        user.insert("permissions".into(), json!(self.permissions));
+        user.insert("is_authenticated".into(), json!(self.is_authenticated));
+        Value::Object(user)
     }
 
     /// The user a run or cron kept with [`AuthUser::to_json`]; `None` when it kept none.
@@ -89,6 +95,15 @@ impl AuthUser {
                 .filter_map(|p| p.as_str().map(str::to_owned))
                 .collect()
         };
+        let mut extra = value.as_object().cloned().unwrap_or_default();
+        for known in [
+            "identity",
+            "display_name",
+            "permissions",
+            "is_authenticated",
+        ] {
+            extra.remove(known);
+        }
         Some(Self {
             display_name: value["display_name"]
                 .as_str()
@@ -96,6 +111,7 @@ impl AuthUser {
             permissions: strings("permissions"),
             is_authenticated: value["is_authenticated"].as_bool().unwrap_or(true),
             identity,
+            extra,
         })
     }
 }
@@ -116,6 +132,8 @@ impl<S: Send + Sync> FromRequestParts<S> for AuthUser {
 pub struct Auth {
     api_keys: api_keys::ApiKeys,
     jwt: Option<jwt::JwtVerifier>,
+    /// LangGraph's custom auth (`auth.path`): the Python workers' handlers decide.
+    custom: bool,
     /// Whether `/docs` and `/openapi.json` answer without credentials.
     pub public_docs: bool,
     /// Whether a caller's permissions must grant each route's action.
@@ -157,6 +175,9 @@ impl Auth {
         }
         if self.jwt.is_some() {
             ways.push("jwt".to_owned());
+        }
+        if self.custom {
+            ways.push("custom (Python)".to_owned());
         }
         ways.join(", ")
     }
@@ -221,6 +242,9 @@ pub async fn require(State(state): State<AppState>, mut request: Request, next: 
     if path.as_deref().is_some_and(|p| OPEN_PATHS.contains(&p)) {
         return next.run(request).await;
     }
+    if auth.custom {
+        return custom::require(&state, path.as_deref(), request, next).await;
+    }
     let user = match auth.authenticate(request.headers()).await {
         Ok(user) => user,
         Err(refusal) => return unauthorized(refusal),
@@ -243,6 +267,9 @@ pub async fn require_for_docs(
     next: Next,
 ) -> Response {
     match &state.auth {
+        Some(auth) if !auth.public_docs && auth.custom => {
+            custom::require(&state, None, request, next).await
+        }
         Some(auth) if !auth.public_docs => match auth.authenticate(request.headers()).await {
             Ok(_) => next.run(request).await,
             Err(refusal) => unauthorized(refusal),
@@ -252,7 +279,7 @@ pub async fn require_for_docs(
 }
 
 /// 401 with the interface's error body and the challenge RFC 6750 asks for.
-fn unauthorized(refusal: Refusal) -> Response {
+pub(crate) fn unauthorized(refusal: Refusal) -> Response {
     let challenge = if refusal.invalid_token {
         let description = refusal.message.replace('"', "'");
         format!(

@@ -17,6 +17,7 @@ from typing import Any
 import langgraph.version
 
 from .connection import Connection
+from .custom_auth import CustomAuth, load_auth
 from .errors import RequestError
 from .loader import Registry, load_all
 from .reads import Reads
@@ -64,6 +65,7 @@ class Worker:
         self.runs = RunManager(conn, self.registry, max_runs)
         self.reads = Reads(conn, self.registry)
         self.lag = LoopLag()
+        self.custom_auth: CustomAuth | None = None
         for op, handler in {
             "init": self.init,
             "ping": self.ping,
@@ -75,6 +77,8 @@ class Worker:
             "graph.schemas": self.reads.graph_schemas,
             "graph.draw": self.reads.graph_draw,
             "graph.subgraphs": self.reads.graph_subgraphs,
+            "auth.authenticate": self.authenticate,
+            "auth.authorize": self.authorize,
         }.items():
             conn.on(op, handler)
 
@@ -88,7 +92,32 @@ class Worker:
         self.registry.failed.update(registry.failed)
         for graph_id in registry.graphs:
             self.registry.failed.pop(graph_id, None)
-        return {"graphs": report, "python": platform.python_version(), "langgraph": langgraph.version.__version__}
+        answer = {"graphs": report, "python": platform.python_version(), "langgraph": langgraph.version.__version__}
+        if body.get("auth"):
+            answer["auth"] = await self.load_auth(str(body["auth"]), project_dir)
+        return answer
+
+    async def load_auth(self, spec: str, project_dir: Path) -> dict[str, Any]:
+        """Loads `auth.path`'s Auth object; reports `{ok}` or `{ok: false, error, traceback}`."""
+        try:
+            auth = await asyncio.to_thread(load_auth, spec, project_dir)
+            self.custom_auth = CustomAuth(auth)
+            return {"ok": True}
+        except Exception as e:
+            import traceback
+
+            return {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+
+    def _auth(self) -> CustomAuth:
+        if self.custom_auth is None:
+            raise RequestError("not_found", "this worker has no custom auth loaded (auth.path)")
+        return self.custom_auth
+
+    async def authenticate(self, body: Any) -> dict[str, Any]:
+        return await self._auth().authenticate(body)
+
+    async def authorize(self, body: Any) -> dict[str, Any]:
+        return await self._auth().authorize(body)
 
     async def ping(self, _body: Any) -> dict[str, Any]:
         return {"active_runs": self.runs.active, "loop_lag_ms": round(self.lag.lag_ms, 3), "rss_bytes": rss_bytes()}

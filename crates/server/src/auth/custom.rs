@@ -1,0 +1,413 @@
+//! LangGraph's custom auth (`auth.path`: a Python `Auth` object), as LangGraph Platform
+//! applies it, with the handlers run by the Python workers:
+//!
+//! 1. `@auth.authenticate` names the caller (or refuses, with its status and detail);
+//! 2. the route's action ([`actions::of`]) goes to the most specific `@auth.on` handler with a
+//!    `value` made of the route's path parameters and its body (LangGraph's field names);
+//! 3. what the handler wrote into `value` replaces those fields of the request (the usual
+//!    pattern: a create handler adds `metadata.owner`; a store handler prefixes the namespace);
+//! 4. the filter it answered narrows what the request reaches: a search or count has it added
+//!    to its `metadata` filter, and a thread, assistant or cron named in the path must have
+//!    metadata that contains it (else 404, as for another user's).
+//!
+//! Resources stay scoped by user as always: the handlers narrow further, never widen.
+
+use axum::body::{to_bytes, Body};
+use axum::extract::{FromRequestParts, RawPathParams, Request};
+use axum::http::request::Parts;
+use axum::http::{StatusCode, Uri};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Map, Value};
+use spindle_execution::python::auth as python_auth;
+use spindle_storage::{ResourceId, Scope};
+use std::sync::Arc;
+
+use super::actions::{self, Action};
+use super::{unauthorized, AuthUser, Refusal};
+use crate::error::{ApiError, ErrorCode};
+use crate::state::AppState;
+
+/// The largest body read to build an action's value (the API's own limit is larger for runs
+/// only through their input; an auth handler needs no more).
+const BODY_LIMIT: usize = 32 * 1024 * 1024;
+
+/// The middleware under custom auth: `route` is the matched route's template (`None` for the
+/// docs, which need only authentication).
+pub async fn require(
+    state: &AppState,
+    route: Option<&str>,
+    request: Request,
+    next: Next,
+) -> Response {
+    match authorized(state, route, request).await {
+        Ok(request) => next.run(request).await,
+        Err(response) => response,
+    }
+}
+
+async fn authorized(
+    state: &AppState,
+    route: Option<&str>,
+    request: Request,
+) -> Result<Request, Response> {
+    let pool = state.workers.python().cloned().ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::Unavailable,
+            "the custom auth's Python workers are not running",
+        )
+        .into_response()
+    })?;
+    let (mut parts, body) = request.into_parts();
+    let path_params = path_params(&mut parts, state).await;
+    let user = authenticate(&pool, &parts, &path_params).await?;
+    let action = route.and_then(|route| actions::of(&parts.method, route));
+    let Some(action) = action else {
+        parts.extensions.insert(Arc::new(user));
+        return Ok(Request::from_parts(parts, body));
+    };
+    let bytes = to_bytes(body, BODY_LIMIT).await.map_err(|_| {
+        ApiError::new(ErrorCode::PayloadTooLarge, "the body is too large").into_response()
+    })?;
+    let mut body_json: Option<Value> = serde_json::from_slice(&bytes).ok();
+    let value = value_of(action, &path_params, &parts.uri, body_json.as_ref());
+    let ask = json!({
+        "resource": action.resource,
+        "action": action.action,
+        "user": user.to_json(),
+        "value": value,
+    });
+    let answer = python_auth::authorize(&pool, &ask)
+        .await
+        .map_err(|e| ApiError::new(ErrorCode::Unavailable, e.to_string()).into_response())?;
+    refused(&answer)?;
+    let changed = answer.get("value").cloned().unwrap_or(Value::Null);
+    let mut uri = parts.uri.clone();
+    let had_body = body_json.is_some();
+    // A request without a body (a GET) gets none: its route would not read it.
+    if had_body || parts.method != axum::http::Method::GET {
+        apply_changes(action, &value, &changed, &mut uri, &mut body_json);
+    } else if action.resource == "store" {
+        apply_changes(action, &value, &changed, &mut uri, &mut None);
+    }
+    if let Some(filters) = answer["filters"].as_object().filter(|f| !f.is_empty()) {
+        let wanted = containment(filters);
+        if let Some(route) = route {
+            narrow_search(route, &wanted, &mut body_json);
+            check_resource(state, &user.scope(), route, &path_params, &wanted).await?;
+        }
+    }
+    parts.uri = uri;
+    let body = match body_json {
+        Some(json) => {
+            // The body changed length; a JSON body is what the route reads either way.
+            parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+            if !had_body {
+                parts.headers.insert(
+                    axum::http::header::CONTENT_TYPE,
+                    axum::http::HeaderValue::from_static("application/json"),
+                );
+            }
+            Body::from(json.to_string())
+        }
+        None => Body::from(bytes),
+    };
+    parts.extensions.insert(Arc::new(user));
+    Ok(Request::from_parts(parts, body))
+}
+
+async fn path_params(parts: &mut Parts, state: &AppState) -> Map<String, Value> {
+    match RawPathParams::from_request_parts(parts, state).await {
+        Ok(params) => params
+            .iter()
+            .map(|(k, v)| (k.to_owned(), json!(v)))
+            .collect(),
+        Err(_) => Map::new(),
+    }
+}
+
+/// Who the `@auth.authenticate` handler says the caller is.
+async fn authenticate(
+    pool: &Arc<spindle_execution::python::pool::PythonPool>,
+    parts: &Parts,
+    path_params: &Map<String, Value>,
+) -> Result<AuthUser, Response> {
+    let headers: Vec<Value> = parts
+        .headers
+        .iter()
+        .filter_map(|(k, v)| Some(json!([k.as_str(), v.to_str().ok()?])))
+        .collect();
+    let ask = json!({
+        "method": parts.method.as_str(),
+        "path": parts.uri.path(),
+        "query": parts.uri.query().unwrap_or_default(),
+        "headers": headers,
+        "path_params": path_params,
+    });
+    let answer = python_auth::authenticate(pool, &ask)
+        .await
+        .map_err(|e| ApiError::new(ErrorCode::Unavailable, e.to_string()).into_response())?;
+    refused(&answer)?;
+    AuthUser::from_json(&answer["user"]).ok_or_else(|| {
+        ApiError::internal("the @auth.authenticate handler answered no identity").into_response()
+    })
+}
+
+/// A handler's refusal as the response LangGraph Platform gives: its status and detail.
+fn refused(answer: &Value) -> Result<(), Response> {
+    if answer["ok"].as_bool() == Some(true) {
+        return Ok(());
+    }
+    let status = answer["status"].as_u64().unwrap_or(500);
+    let detail = answer["detail"].as_str().unwrap_or("refused").to_owned();
+    Err(match status {
+        401 => unauthorized(Refusal {
+            message: detail,
+            invalid_token: false,
+        }),
+        403 => ApiError::new(ErrorCode::Forbidden, detail).into_response(),
+        404 => ApiError::not_found(detail).into_response(),
+        other => {
+            let code =
+                StatusCode::from_u16(other as u16).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            tracing::warn!(status = other, detail = %detail, "custom auth refused a request");
+            let body = json!({"error": code.canonical_reason().unwrap_or("error"), "message": detail, "details": {}});
+            (code, axum::Json(body)).into_response()
+        }
+    })
+}
+
+/// The store's wire names of a namespace for each action (LangGraph's value says `namespace`).
+fn store_namespace_field(action: Action) -> &'static str {
+    match action.action {
+        "search" => "namespace_prefix",
+        "list_namespaces" => "prefix",
+        _ => "namespace",
+    }
+}
+
+/// LangGraph's `value` for the action: the path's parameters and the body's fields (the store
+/// item read by `GET` takes its namespace and key from the query).
+fn value_of(
+    action: Action,
+    path_params: &Map<String, Value>,
+    uri: &Uri,
+    body: Option<&Value>,
+) -> Value {
+    let mut value = path_params.clone();
+    if let Some(Value::Object(fields)) = body {
+        for (k, v) in fields {
+            value.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+    }
+    if action.resource == "store" {
+        if let Some(ns) = value.remove(store_namespace_field(action)) {
+            value.insert("namespace".into(), ns);
+        }
+        for (k, v) in query_pairs(uri) {
+            let v = match k.as_str() {
+                "namespace" => json!(v.split('.').filter(|l| !l.is_empty()).collect::<Vec<_>>()),
+                _ => json!(v),
+            };
+            value.entry(k).or_insert(v);
+        }
+    }
+    Value::Object(value)
+}
+
+fn query_pairs(uri: &Uri) -> Vec<(String, String)> {
+    uri.query()
+        .map(|q| serde_html_form::from_str::<Vec<(String, String)>>(q).unwrap_or_default())
+        .unwrap_or_default()
+}
+
+/// Writes back what the handler changed in `value`: into the body's fields, or (a store item
+/// read by `GET`) into the query.
+fn apply_changes(
+    action: Action,
+    before: &Value,
+    after: &Value,
+    uri: &mut Uri,
+    body: &mut Option<Value>,
+) {
+    let Value::Object(after) = after else {
+        return;
+    };
+    for (key, new) in after {
+        if before.get(key) == Some(new) {
+            continue;
+        }
+        let field = if action.resource == "store" && key == "namespace" {
+            store_namespace_field(action)
+        } else {
+            key.as_str()
+        };
+        if action.resource == "store" && action.action == "get" {
+            set_query(uri, field, new);
+        } else {
+            let fields = body.get_or_insert_with(|| json!({}));
+            if let Value::Object(fields) = fields {
+                fields.insert(field.to_owned(), new.clone());
+            }
+        }
+    }
+}
+
+fn set_query(uri: &mut Uri, field: &str, value: &Value) {
+    let text = match value {
+        Value::Array(labels) => labels
+            .iter()
+            .filter_map(Value::as_str)
+            .collect::<Vec<_>>()
+            .join("."),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let mut pairs: Vec<(String, String)> = query_pairs(uri)
+        .into_iter()
+        .filter(|(k, _)| k != field)
+        .collect();
+    pairs.push((field.to_owned(), text));
+    let query = serde_html_form::to_string(&pairs).unwrap_or_default();
+    if let Ok(new) = format!("{}?{query}", uri.path()).parse() {
+        *uri = new;
+    }
+}
+
+/// LangGraph's filter operators as jsonb containment: `{k: v}` and `{k: {"$eq": v}}` are
+/// `{k: v}`; `{k: {"$contains": v}}` is `{k: [v]}` (a list holding `v`).
+fn containment(filters: &Map<String, Value>) -> Value {
+    let mut out = Map::new();
+    for (key, filter) in filters {
+        let wanted = match filter {
+            Value::Object(op) if op.contains_key("$eq") => op["$eq"].clone(),
+            Value::Object(op) if op.contains_key("$contains") => match &op["$contains"] {
+                Value::Array(items) => Value::Array(items.clone()),
+                item => json!([item]),
+            },
+            other => other.clone(),
+        };
+        out.insert(key.clone(), wanted);
+    }
+    Value::Object(out)
+}
+
+/// A search or count of threads, assistants or crons: the filter joins its `metadata`.
+fn narrow_search(route: &str, wanted: &Value, body: &mut Option<Value>) {
+    let searches = [
+        "/threads/search",
+        "/threads/count",
+        "/assistants/search",
+        "/assistants/count",
+        "/runs/crons/search",
+        "/runs/crons/count",
+    ];
+    if !searches.contains(&route) {
+        return;
+    }
+    let fields = body.get_or_insert_with(|| json!({}));
+    let Value::Object(fields) = fields else {
+        return;
+    };
+    let metadata = fields.entry("metadata").or_insert_with(|| json!({}));
+    if let (Value::Object(metadata), Value::Object(wanted)) = (metadata, wanted) {
+        for (k, v) in wanted {
+            metadata.insert(k.clone(), v.clone());
+        }
+    }
+}
+
+/// The thread, assistant or cron the path names must match the filter; one that does not is
+/// not found, as another user's is. One that does not exist is left to the route.
+async fn check_resource(
+    state: &AppState,
+    scope: &Scope,
+    route: &str,
+    path_params: &Map<String, Value>,
+    wanted: &Value,
+) -> Result<(), Response> {
+    let id = |name: &str| path_params.get(name).and_then(Value::as_str);
+    let metadata = if let Some(raw) = id("thread_id").filter(|_| route.contains("{thread_id}")) {
+        match raw.parse::<ResourceId>() {
+            Ok(thread_id) => state
+                .storage
+                .get_thread(scope, thread_id)
+                .await
+                .ok()
+                .map(|t| Value::Object(t.metadata)),
+            Err(_) => None,
+        }
+    } else if let Some(raw) = id("assistant_id") {
+        match raw.parse::<ResourceId>() {
+            Ok(assistant_id) => state
+                .storage
+                .get_assistant(scope, assistant_id)
+                .await
+                .ok()
+                .map(|a| Value::Object(a.fields.metadata)),
+            Err(_) => None,
+        }
+    } else if let Some(raw) = id("cron_id") {
+        match raw.parse() {
+            Ok(cron_id) => state
+                .storage
+                .get_cron(scope, cron_id)
+                .await
+                .ok()
+                .map(|c| Value::Object(c.fields.metadata)),
+            Err(_) => None,
+        }
+    } else {
+        None
+    };
+    match metadata {
+        Some(metadata) if !spindle_storage::json_contains(&metadata, wanted) => {
+            Err(ApiError::not_found("Not found").into_response())
+        }
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn langgraph_filters_become_containment() {
+        let filters = json!({"owner": "ann", "org": {"$eq": "acme"}, "tags": {"$contains": "x"}});
+        assert_eq!(
+            containment(filters.as_object().unwrap()),
+            json!({"owner": "ann", "org": "acme", "tags": ["x"]})
+        );
+    }
+
+    #[test]
+    fn a_handlers_changes_go_back_into_the_body_or_the_query() {
+        let put = Action {
+            resource: "store",
+            action: "put",
+        };
+        let uri: Uri = "/store/items".parse().unwrap();
+        let body = json!({"namespace": ["notes"], "key": "k", "value": {}});
+        let before = value_of(put, &Map::new(), &uri, Some(&body));
+        let mut after = before.clone();
+        after["namespace"] = json!(["ann", "notes"]);
+        let (mut uri2, mut body2) = (uri.clone(), Some(body));
+        apply_changes(put, &before, &after, &mut uri2, &mut body2);
+        assert_eq!(body2.unwrap()["namespace"], json!(["ann", "notes"]));
+
+        let get = Action {
+            resource: "store",
+            action: "get",
+        };
+        let mut uri: Uri = "/store/items?namespace=notes&key=k".parse().unwrap();
+        let before = value_of(get, &Map::new(), &uri, None);
+        assert_eq!(before["namespace"], json!(["notes"]));
+        let mut after = before.clone();
+        after["namespace"] = json!(["ann", "notes"]);
+        let mut none = None;
+        apply_changes(get, &before, &after, &mut uri, &mut none);
+        assert_eq!(uri.query(), Some("key=k&namespace=ann.notes"));
+        assert!(none.is_none());
+    }
+}
