@@ -585,6 +585,17 @@ def test_tokens_verified_with_a_public_key_file(tmp_path):
         assert "email" in assert_error_body(r, 401)["message"], describe(r)
 
 
+def test_docs_can_require_credentials(tmp_path):
+    config = {"graphs": {"chain": str(EXAMPLES / "chain.yaml")},
+              "auth": {"api_keys": [{"identity": "ann", "key_sha256": hashlib.sha256(b"k").hexdigest()}],
+                       "public_docs": False}}
+    with spindle(tmp_path, "serve", config) as srv:
+        for path in ["/docs/", "/openapi.json"]:
+            assert_error_body(httpx.get(srv.base_url + path), 401)
+            assert httpx.get(srv.base_url + path, headers={"x-api-key": "k"}).status_code == 200
+        assert httpx.get(srv.base_url + "/ok").status_code == 200
+
+
 def test_an_auth_section_with_a_mistake_stops_the_server_naming_it(tmp_path):
     config = {"graphs": {"chain": str(EXAMPLES / "chain.yaml")},
               "auth": {"api_keys": [{"identity": "ann", "key_env": "E2E_UNSET_KEY"}]}}
@@ -635,6 +646,13 @@ async def stamp_owner(ctx: Auth.types.AuthContext, value: dict):
 @auth.on.threads.delete
 async def keep_threads(ctx, value):
     raise Auth.exceptions.HTTPException(status_code=403, detail="threads are kept")
+
+
+@auth.on.threads.create_run
+async def no_runs_of_nope(ctx, value):
+    if value.get("assistant_id") == "nope":
+        raise Auth.exceptions.HTTPException(status_code=403, detail="no runs of nope")
+    return {"project": ctx.user.project}
 
 
 @auth.on.threads
@@ -712,6 +730,15 @@ def test_custom_auth_handlers_stamp_filter_and_refuse(custom_server):
         assert assert_error_body(r, 403)["message"] == "threads are kept", describe(r)
         r = ann.post("/runs/crons/search", json={})
         assert "crons.search is not allowed" in assert_error_body(r, 403)["message"], describe(r)
+        # A run, and a protocol command starting one, go through the create_run handler.
+        tid = mine["thread_id"]
+        r = ann.post(f"/threads/{tid}/runs", json={"assistant_id": "nope"})
+        assert assert_error_body(r, 403)["message"] == "no runs of nope", describe(r)
+        r = ann.post(f"/threads/{tid}/commands", json={"id": 1, "method": "run.start",
+                                                        "params": {"assistant_id": "nope"}})
+        assert r.json()["error"] == "permission_denied" and "no runs of nope" in r.json()["message"], describe(r)
+        r = ann.post(f"/threads/{tid}/commands", json={"id": 2, "method": "state.get", "params": {}})
+        assert r.json()["type"] == "success", describe(r)
         # Each user reaches only their own, as always.
         assert_error_body(ben.get(f"/threads/{mine['thread_id']}"), 404)
         # The graph sees the caller with the handler's extra fields.

@@ -28,6 +28,40 @@ use super::{unauthorized, AuthUser, Refusal};
 use crate::error::{ApiError, ErrorCode};
 use crate::state::AppState;
 
+/// Whether the `@auth.on` handler lets `user` do `action` with `value`, for what is not a
+/// route of its own (a protocol command): its changes and filters are not used, the refusal
+/// is `(status, detail)`.
+pub async fn allows(
+    state: &AppState,
+    user: &AuthUser,
+    action: Action,
+    value: Value,
+) -> Result<(), (u16, String)> {
+    let pool = state.workers.python().ok_or_else(|| {
+        (
+            503,
+            "the custom auth's Python workers are not running".to_owned(),
+        )
+    })?;
+    let ask = json!({
+        "resource": action.resource,
+        "action": action.action,
+        "user": user.to_json(),
+        "value": value,
+    });
+    let answer = python_auth::authorize(pool, &ask)
+        .await
+        .map_err(|e| (503, e.to_string()))?;
+    if answer["ok"].as_bool() == Some(true) {
+        return Ok(());
+    }
+    let status = answer["status"].as_u64().unwrap_or(500) as u16;
+    Err((
+        status,
+        answer["detail"].as_str().unwrap_or("refused").to_owned(),
+    ))
+}
+
 /// The largest body read to build an action's value (the API's own limit is larger for runs
 /// only through their input; an auth handler needs no more).
 const BODY_LIMIT: usize = 32 * 1024 * 1024;

@@ -207,13 +207,30 @@ impl Auth {
     }
 }
 
-/// Whether the server lets `caller` do `action`: always, unless permissions are enforced and
-/// none of the caller's grants it.
-pub fn permits(state: &AppState, caller: &AuthUser, action: actions::Action) -> bool {
-    match &state.auth {
-        Some(auth) if auth.enforce_permissions => actions::granted(action, &caller.permissions),
-        _ => true,
+/// Whether the server lets `caller` do `action` (with `value`, LangGraph's description of it)
+/// where no route of its own was checked (a protocol command): the caller's permissions when
+/// they are enforced, the custom auth's handler when there is one. A refusal says why.
+pub async fn allows(
+    state: &AppState,
+    caller: &AuthUser,
+    action: actions::Action,
+    value: Value,
+) -> Result<(), String> {
+    let Some(auth) = &state.auth else {
+        return Ok(());
+    };
+    if auth.enforce_permissions && !actions::granted(action, &caller.permissions) {
+        return Err(format!(
+            "Not allowed: this needs the permission {}:{}",
+            action.resource, action.action
+        ));
     }
+    if auth.custom {
+        return custom::allows(state, caller, action, value)
+            .await
+            .map_err(|(_, detail)| detail);
+    }
+    Ok(())
 }
 
 /// The token of `Authorization: Bearer <token>`.

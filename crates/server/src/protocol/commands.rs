@@ -111,14 +111,10 @@ pub async fn run(
 ) -> Result<Value, Failure> {
     let scope = &caller.scope();
     let action = crate::auth::actions::of_command(method);
-    if !crate::auth::permits(state, caller, action) {
-        return Err(fail(
-            "permission_denied",
-            format!(
-                "Not allowed: {method} needs the permission {}:{}",
-                action.resource, action.action
-            ),
-        ));
+    let mut value = params.clone();
+    value.insert("thread_id".into(), json!(thread_id.to_string()));
+    if let Err(why) = crate::auth::allows(state, caller, action, Value::Object(value)).await {
+        return Err(fail("permission_denied", format!("{method}: {why}")));
     }
     match method {
         "run.start" => run_start(state, caller, thread_id, params).await,
