@@ -28,6 +28,13 @@ use super::{unauthorized, AuthUser, Refusal};
 use crate::error::{ApiError, ErrorCode};
 use crate::state::AppState;
 
+/// A refusal on its way to the client (boxed: a response is large, the happy path small).
+type Denied = Box<Response>;
+
+fn deny(error: impl IntoResponse) -> Denied {
+    Box::new(error.into_response())
+}
+
 /// Whether the `@auth.on` handler lets `user` do `action` with `value`, for what is not a
 /// route of its own (a protocol command): its changes and filters are not used, the refusal
 /// is `(status, detail)`.
@@ -76,7 +83,7 @@ pub async fn require(
 ) -> Response {
     match authorized(state, route, request).await {
         Ok(request) => next.run(request).await,
-        Err(response) => response,
+        Err(denied) => *denied,
     }
 }
 
@@ -84,7 +91,7 @@ async fn authorized(
     state: &AppState,
     route: Option<&str>,
     request: Request,
-) -> Result<Request, Response> {
+) -> Result<Request, Denied> {
     let pool = state.workers.python().cloned().ok_or_else(|| {
         ApiError::new(
             ErrorCode::Unavailable,
@@ -101,7 +108,10 @@ async fn authorized(
         return Ok(Request::from_parts(parts, body));
     };
     let bytes = to_bytes(body, BODY_LIMIT).await.map_err(|_| {
-        ApiError::new(ErrorCode::PayloadTooLarge, "the body is too large").into_response()
+        deny(ApiError::new(
+            ErrorCode::PayloadTooLarge,
+            "the body is too large",
+        ))
     })?;
     let mut body_json: Option<Value> = serde_json::from_slice(&bytes).ok();
     let value = value_of(action, &path_params, &parts.uri, body_json.as_ref());
@@ -113,7 +123,7 @@ async fn authorized(
     });
     let answer = python_auth::authorize(&pool, &ask)
         .await
-        .map_err(|e| ApiError::new(ErrorCode::Unavailable, e.to_string()).into_response())?;
+        .map_err(|e| deny(ApiError::new(ErrorCode::Unavailable, e.to_string())))?;
     refused(&answer)?;
     let changed = answer.get("value").cloned().unwrap_or(Value::Null);
     let mut uri = parts.uri.clone();
@@ -165,7 +175,7 @@ async fn authenticate(
     pool: &Arc<spindle_execution::python::pool::PythonPool>,
     parts: &Parts,
     path_params: &Map<String, Value>,
-) -> Result<AuthUser, Response> {
+) -> Result<AuthUser, Denied> {
     let headers: Vec<Value> = parts
         .headers
         .iter()
@@ -180,21 +190,23 @@ async fn authenticate(
     });
     let answer = python_auth::authenticate(pool, &ask)
         .await
-        .map_err(|e| ApiError::new(ErrorCode::Unavailable, e.to_string()).into_response())?;
+        .map_err(|e| deny(ApiError::new(ErrorCode::Unavailable, e.to_string())))?;
     refused(&answer)?;
     AuthUser::from_json(&answer["user"]).ok_or_else(|| {
-        ApiError::internal("the @auth.authenticate handler answered no identity").into_response()
+        deny(ApiError::internal(
+            "the @auth.authenticate handler answered no identity",
+        ))
     })
 }
 
 /// A handler's refusal as the response LangGraph Platform gives: its status and detail.
-fn refused(answer: &Value) -> Result<(), Response> {
+fn refused(answer: &Value) -> Result<(), Denied> {
     if answer["ok"].as_bool() == Some(true) {
         return Ok(());
     }
     let status = answer["status"].as_u64().unwrap_or(500);
     let detail = answer["detail"].as_str().unwrap_or("refused").to_owned();
-    Err(match status {
+    Err(Box::new(match status {
         401 => unauthorized(Refusal {
             message: detail,
             invalid_token: false,
@@ -208,7 +220,7 @@ fn refused(answer: &Value) -> Result<(), Response> {
             let body = json!({"error": code.canonical_reason().unwrap_or("error"), "message": detail, "details": {}});
             (code, axum::Json(body)).into_response()
         }
-    })
+    }))
 }
 
 /// The store's wire names of a namespace for each action (LangGraph's value says `namespace`).
@@ -359,7 +371,7 @@ async fn check_resource(
     route: &str,
     path_params: &Map<String, Value>,
     wanted: &Value,
-) -> Result<(), Response> {
+) -> Result<(), Denied> {
     let id = |name: &str| path_params.get(name).and_then(Value::as_str);
     let metadata = if let Some(raw) = id("thread_id").filter(|_| route.contains("{thread_id}")) {
         match raw.parse::<ResourceId>() {
@@ -396,7 +408,7 @@ async fn check_resource(
     };
     match metadata {
         Some(metadata) if !spindle_storage::json_contains(&metadata, wanted) => {
-            Err(ApiError::not_found("Not found").into_response())
+            Err(deny(ApiError::not_found("Not found")))
         }
         _ => Ok(()),
     }
