@@ -9,6 +9,7 @@ pub mod cors;
 pub mod error;
 pub mod extract;
 mod guard;
+pub mod http_config;
 mod openapi;
 pub mod protocol;
 pub mod routes;
@@ -28,19 +29,22 @@ use tower_http::trace::TraceLayer;
 pub use state::AppState;
 pub use ttl::ThreadTtlConfig;
 
-/// The application: every route, the OpenAPI document at `/openapi.json` and its rendering at
-/// `/docs`.
+/// The application: every route (but the groups `http.disable_*` turns off), the OpenAPI
+/// document at `/openapi.json` and its rendering at `/docs` (unless `http.disable_meta`).
 pub fn app(state: AppState) -> Router {
-    let (mut router, api) = openapi::router().split_for_parts();
-    let mut docs = openapi::docs(api);
+    let http = &state.http;
+    let (mut router, api) = openapi::served(&http.disabled).split_for_parts();
+    let mut docs = (!http.disabled.meta).then(|| openapi::docs(api, http.disable_webhooks));
     if state.auth.is_some() {
         // Inside routing, so the middleware knows the route (its action) and unknown paths
         // stay 404s.
         router = router.route_layer(from_fn_with_state(state.clone(), auth::require));
-        docs = docs.route_layer(from_fn_with_state(state.clone(), auth::require_for_docs));
+        docs = docs.map(|docs| {
+            docs.route_layer(from_fn_with_state(state.clone(), auth::require_for_docs))
+        });
     }
     let router = router
-        .merge(docs)
+        .merge(docs.unwrap_or_default())
         .fallback(fallback)
         .layer(axum::middleware::from_fn(guard::guard));
     // Outside the guard: a preflight is answered here, whatever the route.
@@ -51,7 +55,7 @@ pub fn app(state: AppState) -> Router {
     router.layer(TraceLayer::new_for_http()).with_state(state)
 }
 
-async fn fallback(uri: axum::http::Uri) -> error::ApiError {
+pub(crate) async fn fallback(uri: axum::http::Uri) -> error::ApiError {
     error::ApiError::not_found(format!("No route for {}", uri.path()))
 }
 

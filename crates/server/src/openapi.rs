@@ -3,6 +3,9 @@
 //! Routes are registered through `utoipa_axum`'s `OpenApiRouter`, so a route cannot be served
 //! without appearing in the document.
 
+use axum::extract::Request;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::{json, Value};
@@ -16,6 +19,7 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_swagger_ui::{Config, SwaggerUi};
 
+use crate::http_config::Disabled;
 use crate::routes;
 use crate::state::AppState;
 
@@ -33,21 +37,73 @@ use crate::state::AppState;
 )]
 struct ApiDoc;
 
+/// Every route (the tests that check each route's properties list them from it).
+#[cfg(test)]
 pub fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::with_openapi(ApiDoc::openapi())
-        .merge(routes::system::router())
-        .merge(routes::assistants::router())
-        .merge(routes::threads::router())
-        .merge(routes::state::router())
-        .merge(routes::runs::router())
-        .merge(routes::streams::router())
-        .merge(routes::thread_events::router())
-        .merge(routes::crons::router())
-        .merge(routes::store::router())
+    served(&Disabled::default())
+}
+
+/// A route module's routes.
+type Group = fn() -> OpenApiRouter<AppState>;
+
+/// The routes of the groups not `disabled`, grouped as LangGraph Platform's `http.disable_*`
+/// group them: a thread's state, history and join stream go with threads; crons and the agent
+/// protocol's thread stream and commands (which start runs) go with runs. The document lists
+/// exactly these.
+pub fn served(disabled: &Disabled) -> OpenApiRouter<AppState> {
+    let groups: [(bool, Group); 8] = [
+        (disabled.assistants, routes::assistants::router),
+        (disabled.threads, routes::threads::router),
+        (disabled.threads, routes::state::router),
+        (disabled.threads, routes::streams::router),
+        (disabled.runs, routes::runs::router),
+        (disabled.runs, routes::crons::router),
+        (
+            disabled.runs || disabled.event_streaming,
+            routes::thread_events::router,
+        ),
+        (disabled.store, routes::store::router),
+    ];
+    let served = groups.into_iter().filter(|(off, _)| !off);
+    served.fold(
+        OpenApiRouter::with_openapi(ApiDoc::openapi()).merge(system(disabled.meta)),
+        |router, (_, group)| router.merge(group()),
+    )
+}
+
+/// The meta routes LangGraph's `disable_meta` removes, besides the documentation.
+const META_PATHS: [&str; 1] = ["/info"];
+
+/// Health checks and `/info`. `routes::system` serves them together; with `meta` off, `/info`
+/// is answered as an unknown path and left out of the document, while the health checks stay
+/// (as in the reference, where `/ok` outlives `disable_meta`: probes must keep working).
+fn system(meta_off: bool) -> OpenApiRouter<AppState> {
+    let mut router = routes::system::router();
+    if meta_off {
+        router = router.route_layer(axum::middleware::from_fn(hide_meta));
+        let paths = &mut router.get_openapi_mut().paths.paths;
+        for path in META_PATHS {
+            paths.remove(path);
+        }
+    }
+    router
+}
+
+async fn hide_meta(request: Request, next: Next) -> Response {
+    let path = request.uri().path();
+    match META_PATHS.contains(&path) {
+        true => crate::fallback(request.uri().clone()).await.into_response(),
+        false => next.run(request).await,
+    }
 }
 
 /// `/openapi.json` and `/docs` (Swagger UI, its assets compiled into the binary: no CDN).
-pub fn docs(mut api: OpenApiDoc) -> Router<AppState> {
+/// With `webhooks_off` (`http.disable_webhooks`) run bodies have no `webhook`, as in the
+/// reference's document: it would only be refused.
+pub fn docs(mut api: OpenApiDoc, webhooks_off: bool) -> Router<AppState> {
+    if webhooks_off {
+        remove_webhook_field(&mut api);
+    }
     document_media_type(&mut api);
     document_optional_bodies(&mut api);
     document_selected_fields(&mut api);
@@ -58,6 +114,15 @@ pub fn docs(mut api: OpenApiDoc) -> Router<AppState> {
     Router::new()
         .route("/openapi.json", get(move || async move { Json(json) }))
         .merge(SwaggerUi::new("/docs").config(Config::from("/openapi.json")))
+}
+
+/// Leaves `webhook` out of the run bodies' schema.
+fn remove_webhook_field(api: &mut OpenApiDoc) {
+    let schemas = api.components.as_mut().map(|c| &mut c.schemas);
+    if let Some(RefOr::T(Schema::Object(run))) = schemas.and_then(|s| s.get_mut("RunCreate")) {
+        run.properties.shift_remove("webhook");
+        run.required.retain(|field| field != "webhook");
+    }
 }
 
 /// Every operation that takes a body answers 415 to a body that is not JSON (see

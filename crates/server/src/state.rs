@@ -37,6 +37,8 @@ pub struct AppState {
     pub cors: Option<crate::cors::CorsLayer>,
     /// Who may call (`auth`); `None`: everyone, as the one local user.
     pub auth: Option<Arc<crate::auth::Auth>>,
+    /// Route groups turned off, headers copied into runs, webhooks off (`http`).
+    pub http: crate::http_config::HttpConfig,
 }
 
 impl AppState {
@@ -79,6 +81,7 @@ impl AppState {
             crons: Arc::new(Scheduler::default()),
             cors: None,
             auth: None,
+            http: Default::default(),
         }
     }
 }

@@ -136,3 +136,13 @@ pub struct DatabaseArgs {
     #[arg(long, env = "SPINDLE_DATABASE_URL")]
     pub database_url: Option<String>,
 }
+
+impl Cli {
+    /// The config file the command names (`--config` or `SPINDLE_CONFIG`), if any.
+    pub fn config_path(&self) -> Option<&std::path::Path> {
+        match &self.command {
+            Command::Dev(args) | Command::Serve(args) => args.database.config.as_deref(),
+            Command::Migrate(args) => args.config.as_deref(),
+        }
+    }
+}

@@ -10,9 +10,9 @@
 //! Graph paths are relative to the config file's folder. A graph is a graph file
 //! (`./graphs/echo.yaml`) or a LangGraph Python graph (`./src/agent/graph.py:graph`,
 //! `package.module:graph`), run by Python workers. `env` (a dotenv file, or a map) is loaded
-//! into the workers' environment. Keys that LangGraph's format has and Spindle does not use
-//! (`dependencies`, `python_version`, `dockerfile_lines`, ...) are ignored: the user installs
-//! the graphs' dependencies, as with `langgraph dev`.
+//! into the server's environment, which the workers inherit. Keys that LangGraph's format has
+//! and Spindle does not use (`dependencies`, `python_version`, `dockerfile_lines`, ...) are
+//! ignored: the user installs the graphs' dependencies, as with `langgraph dev`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -37,10 +37,12 @@ pub struct ConfigFile {
     /// Authentication settings (read by the auth layer).
     #[serde(default)]
     pub auth: Option<Value>,
-    /// HTTP settings (CORS, limits).
+    /// HTTP settings: LangGraph's keys (`cors`, `configurable_headers`, `disable_*`; see
+    /// `http_section`).
     #[serde(default)]
     pub http: Option<Value>,
-    /// Environment of the Python workers: a dotenv file (relative to the config file) or a map.
+    /// The server's environment (and so the Python workers'): a dotenv file (relative to the
+    /// config file) or a map, loaded at start-up under the variables already set (`env.rs`).
     #[serde(default)]
     pub env: Option<EnvSection>,
     /// LangGraph's `dependencies`: local folders among them (`"."`, `"./src"`) are put on the
@@ -227,6 +229,8 @@ impl LoadedConfig {
         let file: ConfigFile = serde_json::from_str(&text)
             .with_context(|| format!("config file {} is not valid", path.display()))?;
         check_keys(&file).with_context(|| format!("config file {}", path.display()))?;
+        crate::http_section::check_keys(file.http.as_ref())
+            .with_context(|| format!("config file {}", path.display()))?;
         if let Some(bad) = file.graphs.keys().find(|id| id.is_empty()) {
             bail!("config file {}: graph id {bad:?} is empty", path.display());
         }
@@ -246,6 +250,13 @@ impl LoadedConfig {
             .filter(|base| !base.as_os_str().is_empty())
             .unwrap_or_else(|| Path::new("."));
         std::path::absolute(base).unwrap_or_else(|_| base.to_path_buf())
+    }
+
+    /// The rest of `http`: route groups turned off, headers copied into runs, webhooks off.
+    pub fn http(&self) -> Result<spindle_server::http_config::HttpConfig> {
+        let file = self.display_name();
+        crate::http_section::settings(self.file.http.as_ref())
+            .with_context(|| format!("config file {file}"))
     }
 
     /// `http.cors`, when the file has one (LangGraph's keys; an unknown one is an error).
@@ -289,11 +300,16 @@ impl LoadedConfig {
             .map_or_else(|| "the config".to_owned(), |p| p.display().to_string())
     }
 
-    /// The Python workers' environment from `env`: the file's variables, or the map.
+    /// The variables of `env`: the file's, or the map. `env::load` puts them into the
+    /// process's environment at start-up.
+    /// A file that does not exist has none, as with LangGraph (python-dotenv reads it as
+    /// empty): a project's `"env": ".env"` whose variables are exported instead still starts
+    /// (`main` warns, see [`Self::missing_env_file`]).
     pub fn worker_env(&self) -> Result<BTreeMap<String, String>> {
         match &self.file.env {
             None => Ok(BTreeMap::new()),
             Some(EnvSection::Map(map)) => Ok(map.clone()),
+            Some(EnvSection::File(_)) if self.missing_env_file().is_some() => Ok(BTreeMap::new()),
             Some(EnvSection::File(file)) => {
                 let path = self.resolve(file);
                 let entries = dotenvy::from_path_iter(&path)
@@ -305,6 +321,15 @@ impl LoadedConfig {
                     .collect()
             }
         }
+    }
+
+    /// The env file `env` names, when it does not exist.
+    pub fn missing_env_file(&self) -> Option<PathBuf> {
+        let Some(EnvSection::File(file)) = &self.file.env else {
+            return None;
+        };
+        let path = self.resolve(file);
+        (!path.exists()).then_some(path)
     }
 
     /// The `PYTHONPATH` of the Python workers: the local folders of `dependencies` (those
@@ -425,12 +450,20 @@ mod tests {
             .unwrap();
         assert_eq!(env["C"], "3");
 
+        // A missing file has no variables, as in LangGraph; one that cannot be read is an
+        // error naming it.
         std::fs::write(&path, r#"{"graphs": {}, "env": "missing.env"}"#).unwrap();
+        let config = LoadedConfig::discover(Some(&path)).unwrap();
+        assert!(config.worker_env().unwrap().is_empty());
+        let missing = config.missing_env_file().unwrap();
+        assert!(missing.ends_with("missing.env"), "{}", missing.display());
+        std::fs::create_dir(dir.path().join("folder.env")).unwrap();
+        std::fs::write(&path, r#"{"graphs": {}, "env": "folder.env"}"#).unwrap();
         let err = LoadedConfig::discover(Some(&path))
             .unwrap()
             .worker_env()
             .unwrap_err();
-        assert!(format!("{err:#}").contains("missing.env"), "{err:#}");
+        assert!(format!("{err:#}").contains("folder.env"), "{err:#}");
     }
 
     #[test]

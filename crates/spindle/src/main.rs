@@ -2,7 +2,10 @@
 
 mod cli;
 mod config;
+mod database;
+mod env;
 mod graphs;
+mod http_section;
 mod python;
 mod reload;
 mod store;
@@ -14,7 +17,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use serde_json::Value;
 use spindle_execution::{WebhookConfig, WorkerConfig};
 use spindle_server::{AppState, ThreadTtlConfig};
 use spindle_storage::{ThreadTtl, TtlStrategy};
@@ -34,7 +36,14 @@ const DEFAULT_PORT: u16 = 2024;
 const DEFAULT_DATA_DIR: &str = ".spindle";
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    // First, while this is the process's only thread (see `env::load`).
+    let (cli, config, loaded_env) = match configure(Cli::parse()) {
+        Ok(configured) => configured,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
     let _telemetry = match telemetry::init() {
         Ok(telemetry) => telemetry,
         Err(err) => {
@@ -42,6 +51,12 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
+    if !loaded_env.is_empty() {
+        tracing::debug!(variables = ?loaded_env, "the config's env is loaded");
+    }
+    if let Some(path) = config.missing_env_file() {
+        tracing::warn!(file = %path.display(), "the config's env file does not exist: no variables are loaded from it");
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(err) => {
@@ -49,7 +64,7 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli)) {
+    match runtime.block_on(run(cli, config)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {err:#}");
@@ -58,11 +73,24 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> Result<()> {
+/// Reads the config file and loads its `env` into the environment, before anything reads
+/// the environment. When `env` sets `SPINDLE_*` variables the command line is read again, so
+/// they count as the environment's own (the config file stays the one already read).
+fn configure(cli: Cli) -> Result<(Cli, LoadedConfig, Vec<String>)> {
+    let config = LoadedConfig::discover(cli.config_path())?;
+    let loaded = env::load(&config)?;
+    let cli = match loaded.iter().any(|name| name.starts_with("SPINDLE_")) {
+        true => Cli::parse(),
+        false => cli,
+    };
+    Ok((cli, config, loaded))
+}
+
+async fn run(cli: Cli, config: LoadedConfig) -> Result<()> {
     match cli.command {
-        Command::Dev(args) => serve(args, Mode::Dev).await,
-        Command::Serve(args) => serve(args, Mode::Serve).await,
-        Command::Migrate(args) => migrate(args).await,
+        Command::Dev(args) => serve(args, Mode::Dev, config).await,
+        Command::Serve(args) => serve(args, Mode::Serve, config).await,
+        Command::Migrate(args) => migrate(args, config).await,
     }
 }
 
@@ -123,22 +151,20 @@ fn redact(url: &str) -> String {
     }
 }
 
-async fn serve(args: ServerArgs, mode: Mode) -> Result<()> {
+async fn serve(args: ServerArgs, mode: Mode, config: LoadedConfig) -> Result<()> {
     let started = Instant::now();
-    let config = LoadedConfig::discover(args.database.config.as_deref())?;
     if mode == Mode::Serve
         && args.database.database_url.is_none()
         && config.file.server.database_url.is_none()
     {
         tracing::warn!("no --database-url given: using an embedded SQLite database, which one process at a time can serve");
     }
-    warn_unused_sections(&config);
+    http_section::log_unused(config.file.http.as_ref());
+    let http = config.http()?;
     let auth = config.auth()?;
     let url = database_url(&args.database, &config)?;
     let (mut registry, python_graphs) = graphs::load(&config)?;
-    let storage = spindle_storage::connect(&url)
-        .await
-        .with_context(|| format!("cannot open the database {}", redact(&url)))?;
+    let storage = database::open(&url).await?;
     let store = store::store_config(&config)?;
     // LangGraph's custom auth runs in the Python workers too: they start for it alone.
     let python = match python_graphs.is_empty() && config.custom_auth().is_none() {
@@ -180,7 +206,10 @@ async fn serve(args: ServerArgs, mode: Mode) -> Result<()> {
         started.elapsed().as_millis()
     );
     println!("  API:      http://{addr}");
-    println!("  Docs:     http://{addr}/docs");
+    match http.disabled.meta {
+        true => println!("  Docs:     off (http.disable_meta)"),
+        false => println!("  Docs:     http://{addr}/docs"),
+    }
     println!(
         "  Database: {} ({})",
         redact(&url),
@@ -214,6 +243,7 @@ async fn serve(args: ServerArgs, mode: Mode) -> Result<()> {
     );
     state.thread_ttl = thread_ttl_config(&args, &config)?;
     state.cors = cors_layer(&config, mode)?;
+    state.http = http;
     if let Some(auth) = auth {
         tracing::info!(methods = %auth.describe(), "authentication is on");
         state.auth = Some(Arc::new(auth));
@@ -245,20 +275,6 @@ async fn serve(args: ServerArgs, mode: Mode) -> Result<()> {
     served?;
     tracing::info!("stopped");
     Ok(())
-}
-
-/// Sections that later versions read; say so rather than silently ignore them.
-fn warn_unused_sections(config: &LoadedConfig) {
-    let file = &config.file;
-    let http_keys = file.http.as_ref().and_then(Value::as_object);
-    for key in http_keys.into_iter().flat_map(|http| http.keys()) {
-        if key != "cors" {
-            tracing::warn!(
-                section = format!("http.{key}"),
-                "this config setting is not used by this version of Spindle yet"
-            );
-        }
-    }
 }
 
 /// Browsers' access: the config's `http.cors`, else in `dev` what `langgraph dev` allows
@@ -363,12 +379,9 @@ fn webhook_config(args: &ServerArgs, config: &LoadedConfig) -> WebhookConfig {
     }
 }
 
-async fn migrate(args: DatabaseArgs) -> Result<()> {
-    let config = LoadedConfig::discover(args.config.as_deref())?;
+async fn migrate(args: DatabaseArgs, config: LoadedConfig) -> Result<()> {
     let url = database_url(&args, &config)?;
-    let applied = spindle_storage::migrate(&url)
-        .await
-        .with_context(|| format!("cannot migrate the database {}", redact(&url)))?;
+    let applied = database::migrate(&url).await?;
     println!(
         "{}: applied {applied} migration(s); the schema is up to date",
         redact(&url)

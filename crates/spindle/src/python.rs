@@ -33,7 +33,9 @@ pub async fn start(
     registry: &mut GraphRegistry,
 ) -> Result<Arc<PythonPool>> {
     let project_dir = config.base_dir();
-    let mut env = config.worker_env()?;
+    // The config's `env` is in this process's environment already (`env::load`, under the
+    // variables set before it), which the workers inherit; only the path is added.
+    let mut env = BTreeMap::new();
     if let Some(path) = config.worker_python_path(&env) {
         env.insert("PYTHONPATH".into(), path);
     }

@@ -480,8 +480,14 @@ pub(crate) async fn start_run(
 ) -> ApiResult<StartedRun> {
     let scope = &caller.scope();
     let assistant = run_assistant(state, scope, &body.assistant_id).await?;
-    check_webhook(state, body, vec![json!("body"), json!("webhook")]).await?;
     let mut kwargs = body.kwargs();
+    if cron_firing.is_some() && state.http.disable_webhooks {
+        // A cron made before webhooks were turned off still fires; its webhook is not called,
+        // as the reference skips the call.
+        kwargs.remove(keys::WEBHOOK);
+    } else {
+        check_webhook(state, body, vec![json!("body"), json!("webhook")]).await?;
+    }
     // Who started the run, for its graph (`langgraph_auth_user`), kept with the run so that
     // any process executing it knows.
     kwargs.insert(keys::AUTH_USER.into(), caller.to_json());
@@ -517,8 +523,19 @@ pub(crate) async fn run_assistant(
     }
 }
 
-/// Refuses a webhook whose host resolves where webhooks may not go (422 at `loc`), before
-/// anything is stored.
+/// A run body with the request's headers that `http.configurable_headers` selects copied into
+/// its `config.configurable` (for runs created over HTTP only, as in the reference: crons'
+/// firings and protocol commands carry none).
+fn with_headers(state: &AppState, headers: &HeaderMap, mut body: RunCreate) -> RunCreate {
+    state
+        .http
+        .configurable_headers
+        .apply(headers, &mut body.config);
+    body
+}
+
+/// Refuses a webhook whose host resolves where webhooks may not go (422 at `loc`), or any
+/// webhook when `http.disable_webhooks` is set, before anything is stored.
 pub(crate) async fn check_webhook(
     state: &AppState,
     body: &RunCreate,
@@ -527,6 +544,11 @@ pub(crate) async fn check_webhook(
     let Some(url) = body.webhook.as_deref() else {
         return Ok(());
     };
+    if state.http.disable_webhooks {
+        let message = "webhooks are turned off on this server (http.disable_webhooks)";
+        let item = ValidationItem::new(loc, "webhooks_disabled", message).with_input(json!(url));
+        return Err(ApiError::validation(vec![item]));
+    }
     let Err(refusal) = state.webhooks.check(url).await else {
         return Ok(());
     };
@@ -831,8 +853,10 @@ async fn create_run(
     State(state): State<AppState>,
     caller: AuthUser,
     Path(thread_id): Path<String>,
+    headers: HeaderMap,
     ApiJson(body): ApiJson<RunCreate>,
 ) -> ApiResult<Response> {
+    let body = with_headers(&state, &headers, body);
     let thread_id = path_thread_id(&thread_id)?;
     let run = start_run(&state, &caller, thread_id, &body, Stateless::No, None)
         .await?
@@ -848,8 +872,10 @@ async fn stream_run(
     State(state): State<AppState>,
     caller: AuthUser,
     Path(thread_id): Path<String>,
+    headers: HeaderMap,
     ApiJson(body): ApiJson<RunCreate>,
 ) -> ApiResult<Response> {
+    let body = with_headers(&state, &headers, body);
     let scope = caller.scope();
     let thread_id = path_thread_id(&thread_id)?;
     let live = state.hub.subscribe(thread_id);
@@ -879,8 +905,10 @@ async fn wait_run(
     State(state): State<AppState>,
     caller: AuthUser,
     Path(thread_id): Path<String>,
+    headers: HeaderMap,
     ApiJson(body): ApiJson<RunCreate>,
 ) -> ApiResult<Response> {
+    let body = with_headers(&state, &headers, body);
     let scope = caller.scope();
     let thread_id = path_thread_id(&thread_id)?;
     let live = state.hub.subscribe(thread_id);
@@ -1143,8 +1171,10 @@ async fn start_stateless(
 async fn create_stateless_run(
     State(state): State<AppState>,
     caller: AuthUser,
+    headers: HeaderMap,
     ApiJson(body): ApiJson<RunCreate>,
 ) -> ApiResult<Response> {
+    let body = with_headers(&state, &headers, body);
     let (StartedRun { run, .. }, _) =
         start_stateless(&state, &caller, ResourceId::generate(), &body, true).await?;
     Ok((locations(&run), Json(RunOut::from(run))).into_response())
@@ -1156,8 +1186,10 @@ async fn create_stateless_run(
 async fn stream_stateless_run(
     State(state): State<AppState>,
     caller: AuthUser,
+    headers: HeaderMap,
     ApiJson(body): ApiJson<RunCreate>,
 ) -> ApiResult<Response> {
+    let body = with_headers(&state, &headers, body);
     let scope = caller.scope();
     let thread_id = ResourceId::generate();
     let live = state.hub.subscribe(thread_id);
@@ -1172,8 +1204,10 @@ async fn stream_stateless_run(
 async fn wait_stateless_run(
     State(state): State<AppState>,
     caller: AuthUser,
+    headers: HeaderMap,
     ApiJson(body): ApiJson<RunCreate>,
 ) -> ApiResult<Response> {
+    let body = with_headers(&state, &headers, body);
     let scope = caller.scope();
     let thread_id = ResourceId::generate();
     let live = state.hub.subscribe(thread_id);
@@ -1189,8 +1223,13 @@ async fn wait_stateless_run(
 async fn create_run_batch(
     State(state): State<AppState>,
     caller: AuthUser,
+    headers: HeaderMap,
     ApiJson(bodies): ApiJson<Vec<RunCreate>>,
 ) -> ApiResult<Json<Vec<RunOut>>> {
+    let bodies: Vec<RunCreate> = bodies
+        .into_iter()
+        .map(|body| with_headers(&state, &headers, body))
+        .collect();
     let scope = caller.scope();
     // Everything a run of the batch could be refused for is checked first (its assistant,
     // its webhook), so that a refused item leaves no run of the batch behind.
