@@ -36,6 +36,7 @@ import websockets
 from conftest import BACKENDS, WORKER_PYTHON, _session_server
 from e2e_util import assert_error_body, describe
 from test_cors import spindle
+from test_runs import WHOAMI_GRAPH  # answers the `configurable` its node was given
 from langgraph_sdk import get_client
 from langgraph_sdk.errors import NotFoundError
 
@@ -50,18 +51,8 @@ BOB_KEY = "bob-" + secrets.token_hex(16)
 JWT_SECRET = secrets.token_hex(32)
 ALICE_PERMISSIONS = ["threads:*", "assistants:*", "crons:*", "store:*", "reports:export"]
 
-# `whoami` answers the `configurable` its node was given.
-WHOAMI_GRAPH = """
-state:
-  seen: {type: object}
-nodes:
-  who: {kind: script, code: '#{ seen: config.configurable }'}
-edges:
-  - {from: __start__, to: who}
-  - {from: who, to: __end__}
-"""
 
-# The same for a LangGraph Python graph, reading the user by attribute and by key, as graphs
+# `whoami` (test_runs.py) for a LangGraph Python graph, reading the user by attribute and by key, as graphs
 # written for LangGraph Platform do.
 PYTHON_WHOAMI = '''
 from typing import TypedDict
