@@ -713,6 +713,9 @@ def test_custom_auth_handlers_stamp_filter_and_refuse(custom_server):
         assert mine["thread_id"] in [t["thread_id"] for t in found]
         assert all(t["metadata"]["project"] == "apollo" for t in found), found
         assert ann.post("/threads/count", json={}).json() == len(found)
+        # Asking for what the filter excludes finds nothing, even the thread that has it.
+        assert ann.post("/threads/search", json={"metadata": {"project": "artemis"}}).json() == []
+        assert ann.post("/threads/count", json={"metadata": {"project": "artemis"}}).json() == 0
         r = ann.get(f"/threads/{other['thread_id']}")
         assert_error_body(r, 404)
         assert ann.get(f"/threads/{mine['thread_id']}").status_code == 200

@@ -137,7 +137,7 @@ async fn authorized(
     if let Some(filters) = answer["filters"].as_object().filter(|f| !f.is_empty()) {
         let wanted = containment(filters);
         if let Some(route) = route {
-            narrow_search(route, &wanted, &mut body_json);
+            narrow_search(route, &wanted, &mut body_json)?;
             check_resource(state, &user.scope(), route, &path_params, &wanted).await?;
         }
     }
@@ -338,28 +338,47 @@ fn containment(filters: &Map<String, Value>) -> Value {
     Value::Object(out)
 }
 
-/// A search or count of threads, assistants or crons: the filter joins its `metadata`.
-fn narrow_search(route: &str, wanted: &Value, body: &mut Option<Value>) {
-    let searches = [
-        "/threads/search",
-        "/threads/count",
-        "/assistants/search",
-        "/assistants/count",
-        "/runs/crons/search",
-        "/runs/crons/count",
-    ];
-    if !searches.contains(&route) {
-        return;
-    }
+/// A search or count of threads, assistants or crons: the filter joins its `metadata` (both
+/// must hold). `Err` with the empty answer when they cannot both hold (the client asks for
+/// `owner: bob`, the filter for `owner: ann`).
+fn narrow_search(route: &str, wanted: &Value, body: &mut Option<Value>) -> Result<(), Denied> {
+    let empty = match route {
+        "/threads/search" | "/assistants/search" | "/runs/crons/search" => json!([]),
+        "/threads/count" | "/assistants/count" | "/runs/crons/count" => json!(0),
+        _ => return Ok(()),
+    };
     let fields = body.get_or_insert_with(|| json!({}));
     let Value::Object(fields) = fields else {
-        return;
+        return Ok(());
     };
-    let metadata = fields.entry("metadata").or_insert_with(|| json!({}));
-    if let (Value::Object(metadata), Value::Object(wanted)) = (metadata, wanted) {
-        for (k, v) in wanted {
-            metadata.insert(k.clone(), v.clone());
+    let asked = fields.remove("metadata").unwrap_or_else(|| json!({}));
+    match both(&asked, wanted) {
+        Some(metadata) => {
+            fields.insert("metadata".into(), metadata);
+            Ok(())
         }
+        None => Err(Box::new(axum::Json(empty).into_response())),
+    }
+}
+
+/// One containment filter that holds exactly when both `a` and `b` hold, if any does: maps
+/// merge key by key, lists add up, other values must be equal.
+fn both(a: &Value, b: &Value) -> Option<Value> {
+    match (a, b) {
+        (Value::Object(a), Value::Object(b)) => {
+            let mut out = a.clone();
+            for (key, bv) in b {
+                let merged = match a.get(key) {
+                    Some(av) => both(av, bv)?,
+                    None => bv.clone(),
+                };
+                out.insert(key.clone(), merged);
+            }
+            Some(Value::Object(out))
+        }
+        (Value::Array(a), Value::Array(b)) => Some(Value::Array([a.clone(), b.clone()].concat())),
+        (a, b) if a == b => Some(a.clone()),
+        _ => None,
     }
 }
 
@@ -425,6 +444,28 @@ mod tests {
             containment(filters.as_object().unwrap()),
             json!({"owner": "ann", "org": "acme", "tags": ["x"]})
         );
+    }
+
+    #[test]
+    fn a_search_must_meet_the_clients_filter_and_the_handlers() {
+        let wanted = json!({"owner": "ann", "tags": ["x"]});
+        let mut body = Some(json!({"metadata": {"topic": "moon", "tags": ["y"]}, "limit": 5}));
+        narrow_search("/threads/search", &wanted, &mut body).unwrap();
+        assert_eq!(
+            body.unwrap(),
+            json!({"limit": 5, "metadata": {"topic": "moon", "tags": ["y", "x"], "owner": "ann"}})
+        );
+        let mut none = None;
+        narrow_search("/threads/count", &wanted, &mut none).unwrap();
+        assert_eq!(none.unwrap()["metadata"], wanted);
+        // Asking for another owner's: nothing can match, and nothing is asked of the database.
+        let mut theirs = Some(json!({"metadata": {"owner": "bob"}}));
+        let answer = narrow_search("/threads/search", &wanted, &mut theirs).unwrap_err();
+        assert_eq!(answer.status(), StatusCode::OK);
+        // Other routes are left alone.
+        let mut other = Some(json!({"metadata": {"owner": "bob"}}));
+        narrow_search("/threads", &wanted, &mut other).unwrap();
+        assert_eq!(other.unwrap()["metadata"]["owner"], "bob");
     }
 
     #[test]
