@@ -110,7 +110,7 @@ def start_auth_server(request, enforce: bool):
     (folder / "spindle.json").write_text(json.dumps(auth_config(folder, enforce)))
     args = ["--config", str(folder / "spindle.json")]
     if WORKER_PYTHON:
-        args += ["--python", WORKER_PYTHON]
+        args += ["--python", WORKER_PYTHON, "--python-workers", "1"]
     env = {"E2E_ALICE_KEY": ALICE_KEY, "E2E_JWT_SECRET": JWT_SECRET}
     try:
         yield from _session_server(request.param, extra_args=args, env=env)
@@ -674,7 +674,8 @@ def custom_server(request):
     (folder / "whoami.yaml").write_text(WHOAMI_GRAPH)
     config = {"graphs": {"whoami": "./whoami.yaml"}, "auth": {"path": "./auth.py:auth"}}
     (folder / "spindle.json").write_text(json.dumps(config))
-    args = ["--config", str(folder / "spindle.json"), "--python", WORKER_PYTHON]
+    # One worker is enough here, and starts sooner on a busy machine.
+    args = ["--config", str(folder / "spindle.json"), "--python", WORKER_PYTHON, "--python-workers", "1"]
     try:
         yield from _session_server(request.param, extra_args=args)
     finally:
@@ -741,6 +742,12 @@ def test_custom_auth_handlers_stamp_filter_and_refuse(custom_server):
         assert seen["langgraph_auth_user"]["project"] == "apollo", seen
         assert seen["langgraph_auth_user"]["display_name"] == "Ann", seen
         assert seen["langgraph_auth_permissions"] == ["write"], seen
+        # A thread moved out of the filter takes its runs along, also when named by run id.
+        run_id = ann.get(f"/threads/{tid}/runs").json()[0]["run_id"]
+        assert ann.get(f"/runs/{run_id}/stream").status_code == 200
+        assert ann.patch(f"/threads/{tid}", json={"metadata": {"project": "artemis"}}).status_code == 200
+        assert_error_body(ann.get(f"/runs/{run_id}/stream"), 404)
+        assert_error_body(ann.get(f"/threads/{tid}/runs/{run_id}"), 404)
 
 
 def test_custom_auth_store_handlers_rewrite_namespaces(custom_server):

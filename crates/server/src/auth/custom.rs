@@ -382,8 +382,9 @@ fn both(a: &Value, b: &Value) -> Option<Value> {
     }
 }
 
-/// The thread, assistant or cron the path names must match the filter; one that does not is
-/// not found, as another user's is. One that does not exist is left to the route.
+/// The thread, assistant or cron the path names (a run's thread, for a run named alone) must
+/// match the filter; one that does not is not found, as another user's is. One that does not
+/// exist is left to the route.
 async fn check_resource(
     state: &AppState,
     scope: &Scope,
@@ -391,46 +392,51 @@ async fn check_resource(
     path_params: &Map<String, Value>,
     wanted: &Value,
 ) -> Result<(), Denied> {
-    let id = |name: &str| path_params.get(name).and_then(Value::as_str);
-    let metadata = if let Some(raw) = id("thread_id").filter(|_| route.contains("{thread_id}")) {
-        match raw.parse::<ResourceId>() {
-            Ok(thread_id) => state
-                .storage
-                .get_thread(scope, thread_id)
-                .await
-                .ok()
-                .map(|t| Value::Object(t.metadata)),
-            Err(_) => None,
-        }
-    } else if let Some(raw) = id("assistant_id") {
-        match raw.parse::<ResourceId>() {
-            Ok(assistant_id) => state
-                .storage
-                .get_assistant(scope, assistant_id)
-                .await
-                .ok()
-                .map(|a| Value::Object(a.fields.metadata)),
-            Err(_) => None,
-        }
-    } else if let Some(raw) = id("cron_id") {
-        match raw.parse() {
-            Ok(cron_id) => state
-                .storage
-                .get_cron(scope, cron_id)
-                .await
-                .ok()
-                .map(|c| Value::Object(c.fields.metadata)),
-            Err(_) => None,
-        }
-    } else {
-        None
-    };
-    match metadata {
+    match named_metadata(state, scope, route, path_params).await {
         Some(metadata) if !spindle_storage::json_contains(&metadata, wanted) => {
             Err(deny(ApiError::not_found("Not found")))
         }
         _ => Ok(()),
     }
+}
+
+/// The metadata of the resource the path names, when it exists for `scope`.
+async fn named_metadata(
+    state: &AppState,
+    scope: &Scope,
+    route: &str,
+    path_params: &Map<String, Value>,
+) -> Option<Value> {
+    let id = |name: &str| path_params.get(name).and_then(Value::as_str);
+    let storage = &state.storage;
+    let metadata = if route.contains("{thread_id}") {
+        let thread_id: ResourceId = id("thread_id")?.parse().ok()?;
+        storage.get_thread(scope, thread_id).await.ok()?.metadata
+    } else if route.contains("{run_id}") {
+        let run = storage
+            .find_run(scope, id("run_id")?.parse().ok()?)
+            .await
+            .ok()?;
+        storage
+            .get_thread(scope, run.thread_id)
+            .await
+            .ok()?
+            .metadata
+    } else if route.contains("{assistant_id}") {
+        let assistant_id: ResourceId = id("assistant_id")?.parse().ok()?;
+        storage
+            .get_assistant(scope, assistant_id)
+            .await
+            .ok()?
+            .fields
+            .metadata
+    } else if route.contains("{cron_id}") {
+        let cron_id = id("cron_id")?.parse().ok()?;
+        storage.get_cron(scope, cron_id).await.ok()?.fields.metadata
+    } else {
+        return None;
+    };
+    Some(Value::Object(metadata))
 }
 
 #[cfg(test)]
