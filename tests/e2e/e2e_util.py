@@ -7,8 +7,10 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import time
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -23,6 +25,27 @@ EXAMPLE_GRAPHS = ["echo", "chain", "approval", "agent", "fanout", "nested", "slo
 
 def default_assistant_id(graph_id: str) -> str:
     return str(uuid.uuid5(ASSISTANT_NAMESPACE, graph_id))
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """A request handler that logs nothing: the test's output stays Spindle's."""
+
+    def log_message(self, *args):
+        pass
+
+
+class LocalServer:
+    """A stand-in for another service (a model, a job runner, an identity provider): a stdlib
+    HTTP server on a free 127.0.0.1 port, serving `handler` on a thread of its own."""
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler]):
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.origin = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
 
 
 def wait_until(predicate, timeout: float = 10.0, what: str = "the condition") -> None:

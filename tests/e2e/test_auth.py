@@ -23,8 +23,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import harness
 import httpx
@@ -34,7 +32,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 import pytest
 import websockets
 from conftest import BACKENDS, WORKER_PYTHON, _session_server
-from e2e_util import assert_error_body, describe
+from e2e_util import LocalServer, QuietHandler, assert_error_body, describe
 from test_cors import spindle
 from test_runs import WHOAMI_GRAPH  # answers the `configurable` its node was given
 from langgraph_sdk import get_client
@@ -484,7 +482,7 @@ def test_permissions_refuse_actions_they_do_not_grant(enforcing_server):
 # --------------------------------------------------------------------------------------------
 
 
-class JwksServer:
+class JwksServer(LocalServer):
     """An identity provider's `/.well-known/jwks.json`, counting how often it is read."""
 
     def __init__(self):
@@ -492,7 +490,7 @@ class JwksServer:
         self.reads = 0
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_GET(self):
                 outer.reads += 1
                 body = json.dumps({"keys": outer.keys}).encode()
@@ -502,12 +500,8 @@ class JwksServer:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, *args):
-                pass
-
-        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.http.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.http.server_address[1]}/.well-known/jwks.json"
+        super().__init__(Handler)
+        self.url = f"{self.origin}/.well-known/jwks.json"
 
     def add(self, kid: str, private_key, alg: str) -> None:
         algorithm = jwt.get_algorithm_by_name(alg)
@@ -554,7 +548,7 @@ def test_tokens_verified_with_a_jwks_url_cached_and_read_again_for_a_new_key(tmp
                                   algorithm="HS256", headers={"kid": "r1"}))
             assert_error_body(r, 401)
     finally:
-        idp.http.shutdown()
+        idp.close()
 
 
 def test_tokens_verified_with_a_public_key_file(tmp_path):

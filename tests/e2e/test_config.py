@@ -12,16 +12,15 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import harness
 import httpx
 import pytest
+from e2e_util import LocalServer, QuietHandler
 from langgraph_sdk import get_client
 from test_cors import spindle
 from test_runs import WHOAMI_GRAPH
@@ -143,11 +142,11 @@ def test_without_the_setting_no_header_is_copied_and_unused_keys_are_named(tmp_p
 # ------------------------------------------------------------------------------------------
 
 
-class EchoModel:
+class EchoModel(LocalServer):
     """An OpenAI-compatible `/chat/completions` that answers `<model> <Authorization>`."""
 
     def __init__(self):
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
                 text = f"{body['model']} {self.headers.get('Authorization')}"
@@ -158,15 +157,8 @@ class EchoModel:
                                                   "finish_reason": "stop"}]}
                 self.wfile.write(f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode())
 
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
+        super().__init__(Handler)
+        self.url = f"{self.origin}/v1"
 
 
 MODEL_GRAPH = """

@@ -17,7 +17,7 @@ import uuid
 
 import httpx
 import pytest
-from e2e_util import assert_status, spindle_serving
+from e2e_util import LocalServer, QuietHandler, assert_status, spindle_serving
 from test_run_streams import StreamReader, parse_frames
 
 ALL_CHANNELS = ["values", "updates", "messages", "tools", "lifecycle", "input", "tasks",
@@ -668,14 +668,12 @@ async def test_official_client_over_websocket(client):
 # ------------------------------------------------------------------------------------------
 
 
-class CutOffModel:
+class CutOffModel(LocalServer):
     """An OpenAI-compatible `/chat/completions` that streams one token and then drops the
     connection, as a model server that crashes mid-answer does."""
 
     def __init__(self):
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self):
                 self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 self.send_response(200)
@@ -687,15 +685,8 @@ class CutOffModel:
                 self.wfile.flush()
                 self.close_connection = True
 
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
+        super().__init__(Handler)
+        self.url = f"{self.origin}/v1"
 
 
 @pytest.fixture(scope="module")
@@ -746,14 +737,12 @@ def test_message_cut_off_by_a_failed_model_ends_with_a_messages_error(cut_off_se
 JOB_PARTS = ["building...\n", "testing...\n", "done: 42 passed\n"]
 
 
-class ChunkedJobServer:
+class ChunkedJobServer(LocalServer):
     """An HTTP endpoint that answers in parts, 100 ms apart (chunked transfer encoding), as a
     job runner streaming its log does."""
 
     def __init__(self):
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             protocol_version = "HTTP/1.1"
 
             def do_GET(self):
@@ -769,15 +758,8 @@ class ChunkedJobServer:
                 self.wfile.write(b"0\r\n\r\n")
                 self.wfile.flush()
 
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
+        super().__init__(Handler)
+        self.url = self.origin
 
 
 @pytest.fixture(scope="module")

@@ -134,7 +134,7 @@ pub fn run_config(run: &Run, assistant: &Assistant) -> RunConfig {
     let user_id = run.user_id.clone().unwrap_or_default();
     let user = kwargs
         .get(keys::AUTH_USER)
-        .filter(|user| user["identity"] == json!(user_id))
+        .filter(|user| user["identity"].as_str() == Some(user_id.as_str()))
         .cloned()
         .unwrap_or_else(|| auth_user(&user_id));
     let permissions = user.get("permissions").cloned().unwrap_or(json!([]));

@@ -55,7 +55,7 @@ pub fn app(state: AppState) -> Router {
     router.layer(TraceLayer::new_for_http()).with_state(state)
 }
 
-pub(crate) async fn fallback(uri: axum::http::Uri) -> error::ApiError {
+async fn fallback(uri: axum::http::Uri) -> error::ApiError {
     error::ApiError::not_found(format!("No route for {}", uri.path()))
 }
 

@@ -3,9 +3,6 @@
 //! Routes are registered through `utoipa_axum`'s `OpenApiRouter`, so a route cannot be served
 //! without appearing in the document.
 
-use axum::extract::Request;
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::{json, Value};
@@ -51,7 +48,8 @@ type Group = fn() -> OpenApiRouter<AppState>;
 /// protocol's thread stream and commands (which start runs) go with runs. The document lists
 /// exactly these.
 pub fn served(disabled: &Disabled) -> OpenApiRouter<AppState> {
-    let groups: [(bool, Group); 8] = [
+    let groups: [(bool, Group); 9] = [
+        (disabled.meta, routes::system::meta_router),
         (disabled.assistants, routes::assistants::router),
         (disabled.threads, routes::threads::router),
         (disabled.threads, routes::state::router),
@@ -64,37 +62,14 @@ pub fn served(disabled: &Disabled) -> OpenApiRouter<AppState> {
         ),
         (disabled.store, routes::store::router),
     ];
+    // The health checks stay whatever is turned off (as in the reference, where `/ok`
+    // outlives `disable_meta`): probes must keep working.
+    let health = routes::system::health_router();
     let served = groups.into_iter().filter(|(off, _)| !off);
     served.fold(
-        OpenApiRouter::with_openapi(ApiDoc::openapi()).merge(system(disabled.meta)),
+        OpenApiRouter::with_openapi(ApiDoc::openapi()).merge(health),
         |router, (_, group)| router.merge(group()),
     )
-}
-
-/// The meta routes LangGraph's `disable_meta` removes, besides the documentation.
-const META_PATHS: [&str; 1] = ["/info"];
-
-/// Health checks and `/info`. `routes::system` serves them together; with `meta` off, `/info`
-/// is answered as an unknown path and left out of the document, while the health checks stay
-/// (as in the reference, where `/ok` outlives `disable_meta`: probes must keep working).
-fn system(meta_off: bool) -> OpenApiRouter<AppState> {
-    let mut router = routes::system::router();
-    if meta_off {
-        router = router.route_layer(axum::middleware::from_fn(hide_meta));
-        let paths = &mut router.get_openapi_mut().paths.paths;
-        for path in META_PATHS {
-            paths.remove(path);
-        }
-    }
-    router
-}
-
-async fn hide_meta(request: Request, next: Next) -> Response {
-    let path = request.uri().path();
-    match META_PATHS.contains(&path) {
-        true => crate::fallback(request.uri().clone()).await.into_response(),
-        false => next.run(request).await,
-    }
 }
 
 /// `/openapi.json` and `/docs` (Swagger UI, its assets compiled into the binary: no CDN).

@@ -272,7 +272,8 @@ impl LoadedConfig {
     }
 
     /// The `auth` section's authentication, when the file has one. Environment variables it
-    /// names (`key_env`, `secret_env`) are read from the process, else from the file's `env`.
+    /// names (`key_env`, `secret_env`) are read from the process, where `env::load` has put
+    /// the file's `env` at start-up.
     pub fn auth(&self) -> Result<Option<spindle_server::auth::Auth>> {
         let Some(section) = &self.file.auth else {
             return Ok(None);
@@ -280,8 +281,7 @@ impl LoadedConfig {
         let file = self.display_name();
         let config: spindle_server::auth::AuthConfig = serde_json::from_value(section.clone())
             .with_context(|| format!("config file {file}: auth is not valid"))?;
-        let env = self.worker_env()?;
-        let read = |name: &str| std::env::var(name).ok().or_else(|| env.get(name).cloned());
+        let read = |name: &str| std::env::var(name).ok();
         let auth = config
             .build(&self.base_dir(), &read)
             .with_context(|| format!("config file {file}: auth cannot be used"))?;
@@ -305,7 +305,7 @@ impl LoadedConfig {
     /// A file that does not exist has none, as with LangGraph (python-dotenv reads it as
     /// empty): a project's `"env": ".env"` whose variables are exported instead still starts
     /// (`main` warns, see [`Self::missing_env_file`]).
-    pub fn worker_env(&self) -> Result<BTreeMap<String, String>> {
+    pub fn env_variables(&self) -> Result<BTreeMap<String, String>> {
         match &self.file.env {
             None => Ok(BTreeMap::new()),
             Some(EnvSection::Map(map)) => Ok(map.clone()),
@@ -438,7 +438,7 @@ mod tests {
         std::fs::write(&path, r#"{"graphs": {}, "env": ".env"}"#).unwrap();
         let env = LoadedConfig::discover(Some(&path))
             .unwrap()
-            .worker_env()
+            .env_variables()
             .unwrap();
         assert_eq!(env["A"], "1");
         assert_eq!(env["B"], "two words");
@@ -446,7 +446,7 @@ mod tests {
         std::fs::write(&path, r#"{"graphs": {}, "env": {"C": "3"}}"#).unwrap();
         let env = LoadedConfig::discover(Some(&path))
             .unwrap()
-            .worker_env()
+            .env_variables()
             .unwrap();
         assert_eq!(env["C"], "3");
 
@@ -454,14 +454,14 @@ mod tests {
         // error naming it.
         std::fs::write(&path, r#"{"graphs": {}, "env": "missing.env"}"#).unwrap();
         let config = LoadedConfig::discover(Some(&path)).unwrap();
-        assert!(config.worker_env().unwrap().is_empty());
+        assert!(config.env_variables().unwrap().is_empty());
         let missing = config.missing_env_file().unwrap();
         assert!(missing.ends_with("missing.env"), "{}", missing.display());
         std::fs::create_dir(dir.path().join("folder.env")).unwrap();
         std::fs::write(&path, r#"{"graphs": {}, "env": "folder.env"}"#).unwrap();
         let err = LoadedConfig::discover(Some(&path))
             .unwrap()
-            .worker_env()
+            .env_variables()
             .unwrap_err();
         assert!(format!("{err:#}").contains("folder.env"), "{err:#}");
     }

@@ -20,7 +20,7 @@ use crate::config::LoadedConfig;
 /// synchronised with `setenv`), so this is called from `main` before the tokio runtime, the
 /// telemetry exporter or any worker starts a thread, and never again.
 pub fn load(config: &LoadedConfig) -> Result<Vec<String>> {
-    let missing = to_set(config.worker_env()?, |name| {
+    let missing = to_set(config.env_variables()?, |name| {
         std::env::var_os(name).is_some()
     })?;
     let names = missing.iter().map(|(name, _)| name.clone()).collect();

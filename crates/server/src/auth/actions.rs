@@ -8,8 +8,6 @@
 
 use axum::http::Method;
 
-use crate::error::{ApiError, ErrorCode};
-
 /// A route's resource and action, as a permission names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Action {
@@ -129,19 +127,16 @@ pub fn granted(action: Action, permissions: &[String]) -> bool {
     })
 }
 
-/// A 403 naming the permission missing, when the route's action is not granted. The check
-/// depends on the route alone, never on a resource, so it tells nothing of what exists.
-pub fn check(method: &Method, path: &str, permissions: &[String]) -> Result<(), ApiError> {
-    match of(method, path) {
-        Some(action) if !granted(action, permissions) => Err(ApiError::new(
-            ErrorCode::Forbidden,
-            format!(
-                "Not allowed: this needs the permission {}:{}",
-                action.resource, action.action
-            ),
-        )),
-        _ => Ok(()),
-    }
+/// Why `permissions` do not allow `action` (the permission it needs), or `None` when they do.
+/// The answer depends on the action alone, never on a resource, so it tells nothing of what
+/// exists.
+pub fn missing(action: Action, permissions: &[String]) -> Option<String> {
+    (!granted(action, permissions)).then(|| {
+        format!(
+            "Not allowed: this needs the permission {}:{}",
+            action.resource, action.action
+        )
+    })
 }
 
 #[cfg(test)]

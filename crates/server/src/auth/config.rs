@@ -167,7 +167,7 @@ impl AuthConfig {
         Ok(Auth {
             api_keys,
             jwt,
-            custom,
+            custom: self.path.clone(),
             public_docs: self.public_docs,
             enforce_permissions: self.enforce_permissions,
         })
@@ -187,15 +187,9 @@ impl AuthConfig {
                         "must be 64 hexadecimal digits (`printf %s \"$KEY\" | sha256sum`)",
                     )
                 })?,
-                (None, Some(var)) => match env(var).filter(|v| !v.trim().is_empty()) {
-                    Some(secret) => api_keys::digest(secret.trim()),
-                    None => {
-                        return Err(invalid(
-                            key("key_env"),
-                            format!("the environment variable {var} is not set"),
-                        ))
-                    }
-                },
+                (None, Some(var)) => {
+                    api_keys::digest(required_env(env, var, &key("key_env"))?.trim())
+                }
                 _ => {
                     return Err(invalid(
                         key("key_sha256"),
@@ -267,33 +261,26 @@ impl JwtConfig {
             ));
         }
         if let Some(var) = &self.secret_env {
-            let secret = env(var).filter(|s| !s.is_empty()).ok_or_else(|| {
-                invalid(
-                    "jwt.secret_env",
-                    format!("the environment variable {var} is not set"),
-                )
-            })?;
+            let secret = required_env(env, var, "jwt.secret_env")?;
             let key = DecodingKey::from_secret(secret.as_bytes());
             return Ok((Keys::Fixed(key), Some(AlgorithmFamily::Hmac)));
         }
-        if let Some(pem) = &self.public_key {
-            let key = public_key(pem.as_bytes()).ok_or_else(|| {
-                invalid(
-                    "jwt.public_key",
-                    "is not a PEM public key (RSA, EC or Ed25519)",
-                )
-            })?;
-            let family = key.family();
-            return Ok((Keys::Fixed(key), Some(family)));
-        }
-        if let Some(file) = &self.public_key_file {
-            let path = base_dir.join(file);
-            let pem = std::fs::read(&path)
-                .map_err(|e| invalid("jwt.public_key_file", format!("{}: {e}", path.display())))?;
+        let pem = match (&self.public_key, &self.public_key_file) {
+            (Some(pem), _) => Some(("jwt.public_key", "it".to_owned(), pem.clone().into_bytes())),
+            (None, Some(file)) => {
+                let path = base_dir.join(file);
+                let pem = std::fs::read(&path).map_err(|e| {
+                    invalid("jwt.public_key_file", format!("{}: {e}", path.display()))
+                })?;
+                Some(("jwt.public_key_file", path.display().to_string(), pem))
+            }
+            (None, None) => None,
+        };
+        if let Some((field, what, pem)) = pem {
             let key = public_key(&pem).ok_or_else(|| {
                 invalid(
-                    "jwt.public_key_file",
-                    format!("{} is not a PEM public key", path.display()),
+                    field,
+                    format!("{what} is not a PEM public key (RSA, EC or Ed25519)"),
                 )
             })?;
             let family = key.family();
@@ -340,6 +327,18 @@ impl JwtConfig {
         }
         Ok(out)
     }
+}
+
+/// The value of the environment variable `var` that the section's `field` names; unset or
+/// empty is an error naming both.
+fn required_env(
+    env: &dyn Fn(&str) -> Option<String>,
+    var: &str,
+    field: &str,
+) -> Result<String, AuthConfigError> {
+    env(var)
+        .filter(|value| !value.trim().is_empty())
+        .ok_or_else(|| invalid(field, format!("the environment variable {var} is not set")))
 }
 
 /// A PEM public key of whichever kind it is.

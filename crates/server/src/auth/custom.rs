@@ -20,6 +20,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Map, Value};
 use spindle_execution::python::auth as python_auth;
+use spindle_execution::python::pool::PythonPool;
+use spindle_execution::python::reads::ReadError;
 use spindle_storage::{ResourceId, Scope};
 use std::sync::Arc;
 
@@ -35,38 +37,92 @@ fn deny(error: impl IntoResponse) -> Denied {
     Box::new(error.into_response())
 }
 
-/// Whether the `@auth.on` handler lets `user` do `action` with `value`, for what is not a
-/// route of its own (a protocol command): its changes and filters are not used, the refusal
-/// is `(status, detail)`.
-pub async fn allows(
+/// Why the custom auth said no: a handler refused (with its status and detail, as LangGraph
+/// Platform answers them), or no worker could ask it.
+enum Refused {
+    Handler { status: u16, detail: String },
+    Unavailable(String),
+}
+
+impl Refused {
+    fn detail(self) -> String {
+        match self {
+            Refused::Handler { detail, .. } | Refused::Unavailable(detail) => detail,
+        }
+    }
+}
+
+impl From<Refused> for Denied {
+    fn from(refused: Refused) -> Self {
+        let (status, detail) = match refused {
+            Refused::Unavailable(why) => return deny(ApiError::new(ErrorCode::Unavailable, why)),
+            Refused::Handler { status, detail } => (status, detail),
+        };
+        Box::new(match status {
+            401 => unauthorized(Refusal {
+                message: detail,
+                invalid_token: false,
+            }),
+            403 => ApiError::new(ErrorCode::Forbidden, detail).into_response(),
+            404 => ApiError::not_found(detail).into_response(),
+            other => {
+                let code = StatusCode::from_u16(other).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                tracing::warn!(status = other, detail = %detail, "custom auth refused a request");
+                let body = json!({"error": code.canonical_reason().unwrap_or("error"), "message": detail, "details": {}});
+                (code, axum::Json(body)).into_response()
+            }
+        })
+    }
+}
+
+/// The workers that run the handlers.
+fn pool(state: &AppState) -> Result<&Arc<PythonPool>, Refused> {
+    state.workers.python().ok_or_else(|| {
+        Refused::Unavailable("the custom auth's Python workers are not running".to_owned())
+    })
+}
+
+/// A worker's answer (`{ok: true, ...}` or `{ok: false, status, detail}`), or why there is none.
+fn answered(answer: Result<Value, ReadError>) -> Result<Value, Refused> {
+    let answer = answer.map_err(|e| Refused::Unavailable(e.to_string()))?;
+    if answer["ok"].as_bool() == Some(true) {
+        return Ok(answer);
+    }
+    Err(Refused::Handler {
+        status: answer["status"].as_u64().unwrap_or(500) as u16,
+        detail: answer["detail"].as_str().unwrap_or("refused").to_owned(),
+    })
+}
+
+/// The `@auth.on` handler's answer for `user` doing `action` with `value`: `{filters, value}`.
+async fn ask_handler(
     state: &AppState,
     user: &AuthUser,
     action: Action,
-    value: Value,
-) -> Result<(), (u16, String)> {
-    let pool = state.workers.python().ok_or_else(|| {
-        (
-            503,
-            "the custom auth's Python workers are not running".to_owned(),
-        )
-    })?;
+    value: &Value,
+) -> Result<Value, Refused> {
     let ask = json!({
         "resource": action.resource,
         "action": action.action,
         "user": user.to_json(),
         "value": value,
     });
-    let answer = python_auth::authorize(pool, &ask)
+    answered(python_auth::authorize(pool(state)?, &ask).await)
+}
+
+/// Whether the `@auth.on` handler lets `user` do `action` with `value`, for what is not a
+/// route of its own (a protocol command): its changes and filters are not used; a refusal
+/// says why.
+pub async fn allows(
+    state: &AppState,
+    user: &AuthUser,
+    action: Action,
+    value: Value,
+) -> Result<(), String> {
+    ask_handler(state, user, action, &value)
         .await
-        .map_err(|e| (503, e.to_string()))?;
-    if answer["ok"].as_bool() == Some(true) {
-        return Ok(());
-    }
-    let status = answer["status"].as_u64().unwrap_or(500) as u16;
-    Err((
-        status,
-        answer["detail"].as_str().unwrap_or("refused").to_owned(),
-    ))
+        .map(drop)
+        .map_err(Refused::detail)
 }
 
 /// The largest body read to build an action's value (the API's own limit is larger for runs
@@ -92,16 +148,9 @@ async fn authorized(
     route: Option<&str>,
     request: Request,
 ) -> Result<Request, Denied> {
-    let pool = state.workers.python().cloned().ok_or_else(|| {
-        ApiError::new(
-            ErrorCode::Unavailable,
-            "the custom auth's Python workers are not running",
-        )
-        .into_response()
-    })?;
     let (mut parts, body) = request.into_parts();
     let path_params = path_params(&mut parts, state).await;
-    let user = authenticate(&pool, &parts, &path_params).await?;
+    let user = authenticate(state, &parts, &path_params).await?;
     let action = route.and_then(|route| actions::of(&parts.method, route));
     let Some(action) = action else {
         parts.extensions.insert(Arc::new(user));
@@ -114,34 +163,21 @@ async fn authorized(
         ))
     })?;
     let mut body_json: Option<Value> = serde_json::from_slice(&bytes).ok();
-    let value = value_of(action, &path_params, &parts.uri, body_json.as_ref());
-    let ask = json!({
-        "resource": action.resource,
-        "action": action.action,
-        "user": user.to_json(),
-        "value": value,
-    });
-    let answer = python_auth::authorize(&pool, &ask)
-        .await
-        .map_err(|e| deny(ApiError::new(ErrorCode::Unavailable, e.to_string())))?;
-    refused(&answer)?;
-    let changed = answer.get("value").cloned().unwrap_or(Value::Null);
-    let mut uri = parts.uri.clone();
     let had_body = body_json.is_some();
+    let value = value_of(action, &path_params, &parts.uri, body_json.as_ref());
+    let answer = ask_handler(state, &user, action, &value).await?;
+    let changed = answer.get("value").cloned().unwrap_or(Value::Null);
     // A request without a body (a GET) gets none: its route would not read it.
-    if had_body || parts.method != axum::http::Method::GET {
-        apply_changes(action, &value, &changed, &mut uri, &mut body_json);
-    } else if action.resource == "store" {
-        apply_changes(action, &value, &changed, &mut uri, &mut None);
-    }
+    let body_target =
+        (had_body || parts.method != axum::http::Method::GET).then_some(&mut body_json);
+    apply_changes(action, &value, &changed, &mut parts.uri, body_target);
     if let Some(filters) = answer["filters"].as_object().filter(|f| !f.is_empty()) {
         let wanted = containment(filters);
         if let Some(route) = route {
-            narrow_search(route, &wanted, &mut body_json)?;
+            narrow_search(action, route, &wanted, &mut body_json)?;
             check_resource(state, &user.scope(), route, &path_params, &wanted).await?;
         }
     }
-    parts.uri = uri;
     let body = match body_json {
         Some(json) => {
             // The body changed length; a JSON body is what the route reads either way.
@@ -172,7 +208,7 @@ async fn path_params(parts: &mut Parts, state: &AppState) -> Map<String, Value> 
 
 /// Who the `@auth.authenticate` handler says the caller is.
 async fn authenticate(
-    pool: &Arc<spindle_execution::python::pool::PythonPool>,
+    state: &AppState,
     parts: &Parts,
     path_params: &Map<String, Value>,
 ) -> Result<AuthUser, Denied> {
@@ -188,39 +224,12 @@ async fn authenticate(
         "headers": headers,
         "path_params": path_params,
     });
-    let answer = python_auth::authenticate(pool, &ask)
-        .await
-        .map_err(|e| deny(ApiError::new(ErrorCode::Unavailable, e.to_string())))?;
-    refused(&answer)?;
+    let answer = answered(python_auth::authenticate(pool(state)?, &ask).await)?;
     AuthUser::from_json(&answer["user"]).ok_or_else(|| {
         deny(ApiError::internal(
             "the @auth.authenticate handler answered no identity",
         ))
     })
-}
-
-/// A handler's refusal as the response LangGraph Platform gives: its status and detail.
-fn refused(answer: &Value) -> Result<(), Denied> {
-    if answer["ok"].as_bool() == Some(true) {
-        return Ok(());
-    }
-    let status = answer["status"].as_u64().unwrap_or(500);
-    let detail = answer["detail"].as_str().unwrap_or("refused").to_owned();
-    Err(Box::new(match status {
-        401 => unauthorized(Refusal {
-            message: detail,
-            invalid_token: false,
-        }),
-        403 => ApiError::new(ErrorCode::Forbidden, detail).into_response(),
-        404 => ApiError::not_found(detail).into_response(),
-        other => {
-            let code =
-                StatusCode::from_u16(other as u16).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            tracing::warn!(status = other, detail = %detail, "custom auth refused a request");
-            let body = json!({"error": code.canonical_reason().unwrap_or("error"), "message": detail, "details": {}});
-            (code, axum::Json(body)).into_response()
-        }
-    }))
 }
 
 /// The store's wire names of a namespace for each action (LangGraph's value says `namespace`).
@@ -267,14 +276,14 @@ fn query_pairs(uri: &Uri) -> Vec<(String, String)> {
         .unwrap_or_default()
 }
 
-/// Writes back what the handler changed in `value`: into the body's fields, or (a store item
-/// read by `GET`) into the query.
+/// Writes back what the handler changed in `value`: into the body's fields (`body`: `None`
+/// for a request that has none and gets none), or (a store item read by `GET`) into the query.
 fn apply_changes(
     action: Action,
     before: &Value,
     after: &Value,
     uri: &mut Uri,
-    body: &mut Option<Value>,
+    mut body: Option<&mut Option<Value>>,
 ) {
     let Value::Object(after) = after else {
         return;
@@ -290,9 +299,8 @@ fn apply_changes(
         };
         if action.resource == "store" && action.action == "get" {
             set_query(uri, field, new);
-        } else {
-            let fields = body.get_or_insert_with(|| json!({}));
-            if let Value::Object(fields) = fields {
+        } else if let Some(body) = body.as_deref_mut() {
+            if let Value::Object(fields) = body.get_or_insert_with(|| json!({})) {
                 fields.insert(field.to_owned(), new.clone());
             }
         }
@@ -341,11 +349,20 @@ fn containment(filters: &Map<String, Value>) -> Value {
 /// A search or count of threads, assistants or crons: the filter joins its `metadata` (both
 /// must hold). `Err` with the empty answer when they cannot both hold (the client asks for
 /// `owner: bob`, the filter for `owner: ann`).
-fn narrow_search(route: &str, wanted: &Value, body: &mut Option<Value>) -> Result<(), Denied> {
-    let empty = match route {
-        "/threads/search" | "/assistants/search" | "/runs/crons/search" => json!([]),
-        "/threads/count" | "/assistants/count" | "/runs/crons/count" => json!(0),
-        _ => return Ok(()),
+fn narrow_search(
+    action: Action,
+    route: &str,
+    wanted: &Value,
+    body: &mut Option<Value>,
+) -> Result<(), Denied> {
+    // The store's searches filter items by value, not metadata: their handlers narrow them
+    // through the namespace instead.
+    if action.action != "search" || action.resource == "store" {
+        return Ok(());
+    }
+    let empty = match route.ends_with("/count") {
+        true => json!(0),
+        false => json!([]),
     };
     let fields = body.get_or_insert_with(|| json!({}));
     let Value::Object(fields) = fields else {
@@ -357,7 +374,7 @@ fn narrow_search(route: &str, wanted: &Value, body: &mut Option<Value>) -> Resul
             fields.insert("metadata".into(), metadata);
             Ok(())
         }
-        None => Err(Box::new(axum::Json(empty).into_response())),
+        None => Err(deny(axum::Json(empty))),
     }
 }
 
@@ -456,21 +473,29 @@ mod tests {
     fn a_search_must_meet_the_clients_filter_and_the_handlers() {
         let wanted = json!({"owner": "ann", "tags": ["x"]});
         let mut body = Some(json!({"metadata": {"topic": "moon", "tags": ["y"]}, "limit": 5}));
-        narrow_search("/threads/search", &wanted, &mut body).unwrap();
+        let search = Action {
+            resource: "threads",
+            action: "search",
+        };
+        narrow_search(search, "/threads/search", &wanted, &mut body).unwrap();
         assert_eq!(
             body.unwrap(),
             json!({"limit": 5, "metadata": {"topic": "moon", "tags": ["y", "x"], "owner": "ann"}})
         );
         let mut none = None;
-        narrow_search("/threads/count", &wanted, &mut none).unwrap();
+        narrow_search(search, "/threads/count", &wanted, &mut none).unwrap();
         assert_eq!(none.unwrap()["metadata"], wanted);
         // Asking for another owner's: nothing can match, and nothing is asked of the database.
         let mut theirs = Some(json!({"metadata": {"owner": "bob"}}));
-        let answer = narrow_search("/threads/search", &wanted, &mut theirs).unwrap_err();
+        let answer = narrow_search(search, "/threads/search", &wanted, &mut theirs).unwrap_err();
         assert_eq!(answer.status(), StatusCode::OK);
         // Other routes are left alone.
         let mut other = Some(json!({"metadata": {"owner": "bob"}}));
-        narrow_search("/threads", &wanted, &mut other).unwrap();
+        let create = Action {
+            resource: "threads",
+            action: "create",
+        };
+        narrow_search(create, "/threads", &wanted, &mut other).unwrap();
         assert_eq!(other.unwrap()["metadata"]["owner"], "bob");
     }
 
@@ -486,7 +511,7 @@ mod tests {
         let mut after = before.clone();
         after["namespace"] = json!(["ann", "notes"]);
         let (mut uri2, mut body2) = (uri.clone(), Some(body));
-        apply_changes(put, &before, &after, &mut uri2, &mut body2);
+        apply_changes(put, &before, &after, &mut uri2, Some(&mut body2));
         assert_eq!(body2.unwrap()["namespace"], json!(["ann", "notes"]));
 
         let get = Action {
@@ -498,9 +523,7 @@ mod tests {
         assert_eq!(before["namespace"], json!(["notes"]));
         let mut after = before.clone();
         after["namespace"] = json!(["ann", "notes"]);
-        let mut none = None;
-        apply_changes(get, &before, &after, &mut uri, &mut none);
+        apply_changes(get, &before, &after, &mut uri, None);
         assert_eq!(uri.query(), Some("key=k&namespace=ann.notes"));
-        assert!(none.is_none());
     }
 }

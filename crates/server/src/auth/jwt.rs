@@ -25,7 +25,9 @@ pub struct ClaimNames {
 
 pub struct JwtVerifier {
     keys: Keys,
-    validation: Validation,
+    /// One per accepted algorithm, accepting that one only: jsonwebtoken wants every
+    /// algorithm of a validation to be of the key's family, and a JWKS mixes RSA and EC keys.
+    validations: Vec<Validation>,
     claims: ClaimNames,
 }
 
@@ -35,10 +37,20 @@ pub enum Keys {
 }
 
 impl JwtVerifier {
+    /// A verifier of tokens that `validation` accepts (its algorithms, claims and leeway).
     pub fn new(keys: Keys, validation: Validation, claims: ClaimNames) -> Self {
+        let validations = validation
+            .algorithms
+            .iter()
+            .map(|alg| {
+                let mut one = validation.clone();
+                one.algorithms = vec![*alg];
+                one
+            })
+            .collect();
         Self {
             keys,
-            validation,
+            validations,
             claims,
         }
     }
@@ -46,21 +58,16 @@ impl JwtVerifier {
     /// The user a valid token names, or why the token is not valid (said to the client).
     pub async fn verify(&self, token: &str) -> Result<AuthUser, String> {
         let header = decode_header(token).map_err(|_| "Invalid token: not a JWT".to_owned())?;
-        if !self.validation.algorithms.contains(&header.alg) {
-            return Err(format!(
-                "Invalid token: algorithm {:?} is not accepted",
-                header.alg
-            ));
-        }
-        // The token's own algorithm only: jsonwebtoken wants every accepted algorithm to be of
-        // the key's family, and a JWKS mixes RSA and EC keys.
-        let mut validation = self.validation.clone();
-        validation.algorithms = vec![header.alg];
+        let validation = self
+            .validations
+            .iter()
+            .find(|v| v.algorithms[0] == header.alg)
+            .ok_or_else(|| format!("Invalid token: algorithm {:?} is not accepted", header.alg))?;
         let claims = match &self.keys {
-            Keys::Fixed(key) => decode::<Map<String, Value>>(token, key, &validation),
+            Keys::Fixed(key) => decode::<Map<String, Value>>(token, key, validation),
             Keys::Jwks(jwks) => {
                 let key = jwks.key_for(header.kid.as_deref()).await?;
-                decode::<Map<String, Value>>(token, &key, &validation)
+                decode::<Map<String, Value>>(token, &key, validation)
             }
         }
         .map_err(|e| describe(e.kind()))?
@@ -298,19 +305,12 @@ mod tests {
         }
         // Within the clock skew, an expired token still passes.
         assert!(v.verify(&with("exp", json!(now() - 2))).await.is_ok());
-        let forged = encode(
-            &Header::new(Algorithm::HS256),
-            &good,
-            &EncodingKey::from_secret(b"guess"),
-        )
-        .unwrap();
+        let signed = |alg, secret: &[u8]| {
+            encode(&Header::new(alg), &good, &EncodingKey::from_secret(secret)).unwrap()
+        };
+        let forged = signed(Algorithm::HS256, b"guess");
         assert!(v.verify(&forged).await.unwrap_err().contains("signature"));
-        let other_alg = encode(
-            &Header::new(Algorithm::HS512),
-            &good,
-            &EncodingKey::from_secret(b"s3cret"),
-        )
-        .unwrap();
+        let other_alg = signed(Algorithm::HS512, b"s3cret");
         assert!(v.verify(&other_alg).await.unwrap_err().contains("HS512"));
         assert!(v.verify("not.a.jwt").await.is_err());
     }

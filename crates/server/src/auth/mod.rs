@@ -132,8 +132,9 @@ impl<S: Send + Sync> FromRequestParts<S> for AuthUser {
 pub struct Auth {
     api_keys: api_keys::ApiKeys,
     jwt: Option<jwt::JwtVerifier>,
-    /// LangGraph's custom auth (`auth.path`): the Python workers' handlers decide.
-    custom: bool,
+    /// LangGraph's custom auth (`auth.path`, `./auth.py:auth`): the Python workers load it,
+    /// and its handlers decide.
+    custom: Option<String>,
     /// Whether `/docs` and `/openapi.json` answer without credentials.
     pub public_docs: bool,
     /// Whether a caller's permissions must grant each route's action.
@@ -176,10 +177,15 @@ impl Auth {
         if self.jwt.is_some() {
             ways.push("jwt".to_owned());
         }
-        if self.custom {
+        if self.custom.is_some() {
             ways.push("custom (Python)".to_owned());
         }
         ways.join(", ")
+    }
+
+    /// `auth.path`, the custom auth the Python workers must load.
+    pub fn custom_path(&self) -> Option<&str> {
+        self.custom.as_deref()
     }
 
     /// The user the request's credentials name. An API key is read from `x-api-key`, or from
@@ -207,30 +213,40 @@ impl Auth {
     }
 }
 
-/// Whether the server lets `caller` do `action` (with `value`, LangGraph's description of it)
-/// where no route of its own was checked (a protocol command): the caller's permissions when
-/// they are enforced, the custom auth's handler when there is one. A refusal says why.
+/// Whether the server lets `caller` do `action` where no route of its own was checked (a
+/// protocol command): the caller's permissions when they are enforced, the custom auth's
+/// handler when there is one, asked with `value` (LangGraph's description of the action, made
+/// only then). A refusal says why.
 pub async fn allows(
     state: &AppState,
     caller: &AuthUser,
     action: actions::Action,
-    value: Value,
+    value: impl FnOnce() -> Value,
 ) -> Result<(), String> {
     let Some(auth) = &state.auth else {
         return Ok(());
     };
-    if auth.enforce_permissions && !actions::granted(action, &caller.permissions) {
-        return Err(format!(
-            "Not allowed: this needs the permission {}:{}",
-            action.resource, action.action
-        ));
+    if let Some(why) = missing_permission(auth, action, caller) {
+        return Err(why);
     }
-    if auth.custom {
-        return custom::allows(state, caller, action, value)
-            .await
-            .map_err(|(_, detail)| detail);
+    if auth.custom.is_some() {
+        return custom::allows(state, caller, action, value()).await;
     }
     Ok(())
+}
+
+/// The permission `caller` lacks for `action`, when permissions are enforced.
+fn missing_permission(auth: &Auth, action: actions::Action, caller: &AuthUser) -> Option<String> {
+    auth.enforce_permissions
+        .then(|| actions::missing(action, &caller.permissions))
+        .flatten()
+}
+
+/// The 403 of a route whose action `caller`'s permissions do not grant, when they are
+/// enforced: the check every route passes, whichever way the caller was authenticated.
+fn forbidden(auth: &Auth, action: Option<actions::Action>, caller: &AuthUser) -> Option<Response> {
+    let why = missing_permission(auth, action?, caller)?;
+    Some(ApiError::new(ErrorCode::Forbidden, why).into_response())
 }
 
 /// The token of `Authorization: Bearer <token>`.
@@ -259,19 +275,16 @@ pub async fn require(State(state): State<AppState>, mut request: Request, next: 
     if path.as_deref().is_some_and(|p| OPEN_PATHS.contains(&p)) {
         return next.run(request).await;
     }
-    if auth.custom {
+    if auth.custom.is_some() {
         return custom::require(&state, path.as_deref(), request, next).await;
     }
     let user = match auth.authenticate(request.headers()).await {
         Ok(user) => user,
         Err(refusal) => return unauthorized(refusal),
     };
-    if auth.enforce_permissions {
-        if let Some(path) = &path {
-            if let Err(refused) = actions::check(request.method(), path, &user.permissions) {
-                return refused.into_response();
-            }
-        }
+    let action = path.and_then(|path| actions::of(request.method(), &path));
+    if let Some(refused) = forbidden(&auth, action, &user) {
+        return refused;
     }
     request.extensions_mut().insert(Arc::new(user));
     next.run(request).await
@@ -284,7 +297,7 @@ pub async fn require_for_docs(
     next: Next,
 ) -> Response {
     match &state.auth {
-        Some(auth) if !auth.public_docs && auth.custom => {
+        Some(auth) if !auth.public_docs && auth.custom.is_some() => {
             custom::require(&state, None, request, next).await
         }
         Some(auth) if !auth.public_docs => match auth.authenticate(request.headers()).await {

@@ -111,9 +111,12 @@ pub async fn run(
 ) -> Result<Value, Failure> {
     let scope = &caller.scope();
     let action = crate::auth::actions::of_command(method);
-    let mut value = params.clone();
-    value.insert("thread_id".into(), json!(thread_id.to_string()));
-    if let Err(why) = crate::auth::allows(state, caller, action, Value::Object(value)).await {
+    let value = || {
+        let mut value = params.clone();
+        value.insert("thread_id".into(), json!(thread_id.to_string()));
+        Value::Object(value)
+    };
+    if let Err(why) = crate::auth::allows(state, caller, action, value).await {
         return Err(fail("permission_denied", format!("{method}: {why}")));
     }
     match method {

@@ -31,6 +31,7 @@ use crate::state::{AppState, Caller};
 use crate::wire::{
     page, path_thread_id, path_uuid, select_fields, validate_page, JsonObject, SortOrderWire,
 };
+use spindle_execution::execute::keys;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -637,12 +638,10 @@ async fn count_crons(
     Ok(Json(state.storage.count_crons(&scope, filter).await?))
 }
 
-/// The payload's record of the user a cron's firings run as: its owner, as the last request
-/// that wrote the cron authenticated them (identity, display name, permissions).
-const CRON_USER: &str = "langgraph_auth_user";
-
+/// Keeps in the payload the user a cron's firings run as (under the key a run keeps it):
+/// its owner, as the last request that wrote the cron authenticated them.
 fn keep_creator(payload: &mut JsonObject, caller: &AuthUser) {
-    payload.insert(CRON_USER.into(), caller.to_json());
+    payload.insert(keys::AUTH_USER.into(), caller.to_json());
 }
 
 /// The user a cron's firings run as: the one its payload keeps, else (a cron made before
@@ -651,7 +650,7 @@ fn cron_user(cron: &Cron) -> AuthUser {
     let owner = cron.user_id.clone().unwrap_or_default();
     cron.fields
         .payload
-        .get(CRON_USER)
+        .get(keys::AUTH_USER)
         .and_then(AuthUser::from_json)
         .filter(|user| user.identity == owner)
         .unwrap_or_else(|| AuthUser::authenticated(owner, None, Vec::new()))

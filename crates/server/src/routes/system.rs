@@ -12,13 +12,18 @@ use utoipa_axum::routes;
 use crate::error::ErrorBody;
 use crate::state::AppState;
 
-pub fn router() -> OpenApiRouter<AppState> {
+/// The health checks: always served, and open to callers without credentials.
+pub fn health_router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(ok))
         .routes(routes!(health))
         .routes(routes!(live))
         .routes(routes!(ready))
-        .routes(routes!(info))
+}
+
+/// `/info`, which LangGraph's `http.disable_meta` turns off with the documentation.
+pub fn meta_router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(info))
 }
 
 #[derive(Serialize, ToSchema)]

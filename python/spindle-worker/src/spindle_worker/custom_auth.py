@@ -18,11 +18,8 @@ answers are plain maps: `{ok: true, ...}` or `{ok: false, status, detail}`.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import inspect
 import logging
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,6 +29,7 @@ from langgraph_sdk import Auth
 
 from .auth import AuthUser
 from .errors import RequestError
+from .loader import resolve
 
 log = logging.getLogger("spindle_worker.auth")
 
@@ -42,20 +40,7 @@ SUPPORTED = {"request", "headers", "authorization", "method", "path", "query_par
 
 def load_auth(spec: str, project_dir: Path) -> Auth:
     """The `Auth` object at `./file.py:name` or `package.module:name`."""
-    if ":" not in spec:
-        raise ValueError(f"auth path {spec!r} must be './file.py:name' or 'module:name'")
-    module_name, name = spec.rsplit(":", 1)
-    if "/" in module_name or module_name.endswith(".py"):
-        path = (project_dir / module_name).resolve()
-        modspec = importlib.util.spec_from_file_location(f"spindle_auth_{abs(hash(path))}", path)
-        if modspec is None or modspec.loader is None:
-            raise ValueError(f"cannot load the auth file {path}")
-        module = importlib.util.module_from_spec(modspec)
-        sys.modules[modspec.name] = module
-        modspec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(module_name)
-    auth = getattr(module, name, None)
+    auth = resolve(spec, project_dir)
     if not isinstance(auth, Auth):
         raise ValueError(f"{spec} is not a langgraph_sdk Auth object (got {type(auth).__name__})")
     if auth._authenticate_handler is None:

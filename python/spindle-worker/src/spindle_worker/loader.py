@@ -67,7 +67,7 @@ class Registry:
 def _import_file(path: Path) -> Any:
     """Load a module from a file, as langgraph-api does, with its folder importable."""
     if not path.is_file():
-        raise FileNotFoundError(f"graph file {str(path)!r} does not exist")
+        raise FileNotFoundError(f"file {str(path)!r} does not exist")
     folder = str(path.parent)
     if folder not in sys.path:
         # Sibling modules (`from utils import x`) import as they do under `langgraph dev`.
@@ -86,12 +86,12 @@ def _import_file(path: Path) -> Any:
     return module
 
 
-def _resolve(spec: str, project_dir: Path) -> Any:
+def resolve(spec: str, project_dir: Path) -> Any:
+    """The variable a spec names (a graph, or the custom auth's `Auth`), its module imported as
+    langgraph-api imports it."""
     target, sep, variable = spec.rpartition(":")
     if not sep or not target or not variable:
-        raise ValueError(
-            f"invalid graph spec {spec!r}: expected './path/file.py:variable' or 'package.module:variable'"
-        )
+        raise ValueError(f"invalid spec {spec!r}: expected './path/file.py:variable' or 'package.module:variable'")
     if "/" in target or target.endswith(".py"):
         module = _import_file((project_dir / target).resolve())
     else:
@@ -105,7 +105,7 @@ def _resolve(spec: str, project_dir: Path) -> Any:
 
 
 def load_graph(graph_id: str, spec: str, project_dir: Path) -> LoadedGraph:
-    value = _resolve(spec, project_dir)
+    value = resolve(spec, project_dir)
     if isinstance(value, Pregel):
         return LoadedGraph(graph_id, "compiled", value)
     if isinstance(value, StateGraph):

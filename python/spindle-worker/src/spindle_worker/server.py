@@ -11,6 +11,7 @@ import resource
 import socket
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -104,8 +105,6 @@ class Worker:
             self.custom_auth = CustomAuth(auth)
             return {"ok": True}
         except Exception as e:
-            import traceback
-
             return {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
 
     def _auth(self) -> CustomAuth:
