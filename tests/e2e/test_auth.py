@@ -753,3 +753,21 @@ def test_custom_auth_store_handlers_rewrite_namespaces(custom_server):
         assert item["namespace"] == ["ann", *ns], item
         found = ann.post("/store/items/search", json={"namespace_prefix": ns}).json()["items"]
         assert [i["namespace"] for i in found] == [["ann", *ns]], found
+
+
+def test_custom_auth_users_permissions_are_enforced_when_asked(tmp_path):
+    """`enforce_permissions` holds under custom auth too: the permissions the handler answers
+    must grant each route's action, as they must an API key's."""
+    if not WORKER_PYTHON:
+        if os.environ.get("SPINDLE_TEST_REQUIRE_PYTHON") == "1":
+            pytest.fail("SPINDLE_TEST_REQUIRE_PYTHON=1 but SPINDLE_TEST_PYTHON is not set")
+        pytest.skip("SPINDLE_TEST_PYTHON is not set")
+    (tmp_path / "auth.py").write_text(CUSTOM_AUTH)
+    config = {"graphs": {"chain": str(EXAMPLES / "chain.yaml")},
+              "auth": {"path": "./auth.py:auth", "enforce_permissions": True},
+              "server": {"python": WORKER_PYTHON, "python_workers": 1}}
+    with spindle(tmp_path, "serve", config) as srv, custom_client(srv, "tok-ann") as ann:
+        # Ann's handler-given permissions are ["write"]: no `threads:search`.
+        r = ann.post("/threads/search", json={})
+        assert "threads:search" in assert_error_body(r, 403)["message"], describe(r)
+        assert ann.get("/ok").status_code == 200

@@ -26,7 +26,7 @@ use spindle_storage::{ResourceId, Scope};
 use std::sync::Arc;
 
 use super::actions::{self, Action};
-use super::{unauthorized, AuthUser, Refusal};
+use super::{forbidden, unauthorized, Auth, AuthUser, Refusal};
 use crate::error::{ApiError, ErrorCode};
 use crate::state::AppState;
 
@@ -133,11 +133,12 @@ const BODY_LIMIT: usize = 32 * 1024 * 1024;
 /// docs, which need only authentication).
 pub async fn require(
     state: &AppState,
+    auth: &Auth,
     route: Option<&str>,
     request: Request,
     next: Next,
 ) -> Response {
-    match authorized(state, route, request).await {
+    match authorized(state, auth, route, request).await {
         Ok(request) => next.run(request).await,
         Err(denied) => *denied,
     }
@@ -145,6 +146,7 @@ pub async fn require(
 
 async fn authorized(
     state: &AppState,
+    auth: &Auth,
     route: Option<&str>,
     request: Request,
 ) -> Result<Request, Denied> {
@@ -152,6 +154,9 @@ async fn authorized(
     let path_params = path_params(&mut parts, state).await;
     let user = authenticate(state, &parts, &path_params).await?;
     let action = route.and_then(|route| actions::of(&parts.method, route));
+    if let Some(refused) = forbidden(auth, action, &user) {
+        return Err(Box::new(refused));
+    }
     let Some(action) = action else {
         parts.extensions.insert(Arc::new(user));
         return Ok(Request::from_parts(parts, body));

@@ -244,7 +244,11 @@ fn missing_permission(auth: &Auth, action: actions::Action, caller: &AuthUser) -
 
 /// The 403 of a route whose action `caller`'s permissions do not grant, when they are
 /// enforced: the check every route passes, whichever way the caller was authenticated.
-fn forbidden(auth: &Auth, action: Option<actions::Action>, caller: &AuthUser) -> Option<Response> {
+pub(super) fn forbidden(
+    auth: &Auth,
+    action: Option<actions::Action>,
+    caller: &AuthUser,
+) -> Option<Response> {
     let why = missing_permission(auth, action?, caller)?;
     Some(ApiError::new(ErrorCode::Forbidden, why).into_response())
 }
@@ -276,7 +280,7 @@ pub async fn require(State(state): State<AppState>, mut request: Request, next: 
         return next.run(request).await;
     }
     if auth.custom.is_some() {
-        return custom::require(&state, path.as_deref(), request, next).await;
+        return custom::require(&state, &auth, path.as_deref(), request, next).await;
     }
     let user = match auth.authenticate(request.headers()).await {
         Ok(user) => user,
@@ -298,7 +302,7 @@ pub async fn require_for_docs(
 ) -> Response {
     match &state.auth {
         Some(auth) if !auth.public_docs && auth.custom.is_some() => {
-            custom::require(&state, None, request, next).await
+            custom::require(&state, auth, None, request, next).await
         }
         Some(auth) if !auth.public_docs => match auth.authenticate(request.headers()).await {
             Ok(_) => next.run(request).await,
