@@ -102,13 +102,35 @@ pub fn next_run(cron: &Cron, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
 #[derive(Default)]
 pub struct Scheduler {
     wake: Notify,
+    /// Whether crons changed by other processes are announced ([`crate::wakeups`]): the
+    /// scheduler then sleeps until the earliest due time instead of looking every [`POLL`].
+    announced: std::sync::atomic::AtomicBool,
 }
 
 impl Scheduler {
     pub fn wake(&self) {
         self.wake.notify_one();
     }
+
+    pub fn set_announced(&self) {
+        self.announced
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The longest sleep between two looks at the crons.
+    fn longest_wait(&self) -> Duration {
+        if self.announced.load(std::sync::atomic::Ordering::Relaxed) {
+            // Only a firing whose scheduler died (taken over after its lease) is not
+            // announced.
+            FIRING_LEASE_CHECK
+        } else {
+            POLL
+        }
+    }
 }
+
+/// How often an announced scheduler looks anyway, for firings left by a dead scheduler.
+const FIRING_LEASE_CHECK: Duration = Duration::from_secs(30);
 
 /// What a due cron does: creates its run, and answers the run's id or why there is none.
 #[async_trait::async_trait]
@@ -129,8 +151,11 @@ pub async fn run_scheduler(
                 fire_due(storage.as_ref(), firer.as_ref()).await;
                 continue;
             }
-            Ok(Some(due)) => (due - Utc::now()).to_std().unwrap_or_default().min(POLL),
-            Ok(None) => POLL,
+            Ok(Some(due)) => (due - Utc::now())
+                .to_std()
+                .unwrap_or_default()
+                .min(scheduler.longest_wait()),
+            Ok(None) => scheduler.longest_wait(),
             Err(err) => {
                 tracing::warn!(error = %err, "cannot read when crons are due; retrying");
                 POLL

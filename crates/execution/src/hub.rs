@@ -30,6 +30,9 @@ pub enum HubMessage {
         status: RunStatus,
         ended: Option<Arc<EndedRun>>,
     },
+    /// The thread's log holds events up to `seq`, committed (by any process; see
+    /// [`crate::wakeups`]). A stream behind it reads the log.
+    Logged { seq: i64 },
 }
 
 /// A run as its end left it, with the thread's state written in the same transaction.
@@ -43,6 +46,9 @@ pub struct EndedRun {
 #[derive(Default)]
 pub struct EventHub {
     threads: Mutex<HashMap<ResourceId, broadcast::Sender<HubMessage>>>,
+    /// Whether every commit to a thread's log is announced here ([`HubMessage::Logged`]), so
+    /// streams need not poll the log for what other processes write.
+    announced: std::sync::atomic::AtomicBool,
 }
 
 impl EventHub {
@@ -59,6 +65,25 @@ impl EventHub {
             hub: self.clone(),
             thread_id,
             receiver,
+        }
+    }
+
+    /// From now on every commit to a thread's log is announced ([`crate::wakeups`]).
+    pub fn set_announced(&self) {
+        self.announced
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether commits to the log are announced: if not, streams poll it.
+    pub fn announced(&self) -> bool {
+        self.announced.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sends `message` to every thread followed now (a resync after lost announcements).
+    pub fn publish_all(&self, message: HubMessage) {
+        let threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
+        for sender in threads.values() {
+            let _ = sender.send(message.clone());
         }
     }
 
@@ -104,6 +129,11 @@ pub struct Subscription {
 }
 
 impl Subscription {
+    /// Whether commits to the thread's log are announced ([`EventHub::announced`]).
+    pub fn announced(&self) -> bool {
+        self.hub.announced()
+    }
+
     pub async fn recv(&mut self) -> Result<HubMessage, broadcast::error::RecvError> {
         self.receiver.recv().await
     }

@@ -21,6 +21,7 @@ pub mod store;
 pub mod threads;
 pub mod trace;
 pub mod v2_events;
+pub mod wakeups;
 pub mod webhook;
 pub mod worker;
 

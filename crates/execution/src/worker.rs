@@ -83,6 +83,11 @@ pub struct RunWorkers {
     config: WorkerConfig,
     worker_id: String,
     wake: Notify,
+    /// Whether every new claimable run is announced ([`crate::wakeups`]): idle loops then
+    /// sleep until woken, and one task (`watch_due`) wakes them for what only time brings.
+    announced: std::sync::atomic::AtomicBool,
+    /// Wakes `watch_due` to look again when the next due time may have moved.
+    due_changed: Notify,
     /// One permit per run this process may execute at once, taken by the claim loops and by
     /// runs claimed at their creation alike.
     slots: Arc<Semaphore>,
@@ -109,6 +114,8 @@ impl RunWorkers {
             config,
             worker_id: format!("{}-{}", std::process::id(), Uuid::new_v4().simple()),
             wake: Notify::new(),
+            announced: std::sync::atomic::AtomicBool::new(false),
+            due_changed: Notify::new(),
             executing: Mutex::new(HashMap::new()),
             python: OnceLock::new(),
         }
@@ -146,6 +153,56 @@ impl RunWorkers {
     /// A run was created: wake a sleeping worker.
     pub fn wake(&self) {
         self.wake.notify_one();
+        self.due_changed.notify_one();
+    }
+
+    /// From now on every run that becomes claimable other than by time is announced
+    /// ([`RunWorkers::wake`]), so idle loops stop polling; a task wakes them at the times a
+    /// lease may run out or a delayed run comes due.
+    pub fn set_announced(self: &Arc<Self>, shutdown: CancellationToken) {
+        if !self
+            .announced
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            tokio::spawn(self.clone().watch_due(shutdown));
+        }
+    }
+
+    fn announced(&self) -> bool {
+        self.announced.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Wakes a loop whenever a run may become claimable by time alone (a lease running out,
+    /// a delayed run coming due), sleeping in between: with nothing active it reads nothing
+    /// until a run is announced.
+    async fn watch_due(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            let wait = match self.storage.next_claimable_at().await {
+                // Claimable now: a loop is woken, and loops finishing a run look anyway; so
+                // while every slot is busy this looks again only at the poll interval.
+                Ok(Some(at)) if at <= Utc::now() => {
+                    self.wake.notify_one();
+                    Some(self.config.poll_interval)
+                }
+                Ok(Some(at)) => Some((at - Utc::now()).to_std().unwrap_or_default()),
+                Ok(None) => None,
+                Err(err) => {
+                    tracing::warn!(error = %err, "cannot read when runs come due; retrying");
+                    Some(self.config.poll_interval)
+                }
+            };
+            let timer = async {
+                match wait {
+                    Some(wait) => tokio::time::sleep(wait).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = timer => self.wake.notify_one(),
+                () = self.due_changed.notified() => {}
+                () = shutdown.cancelled() => return,
+            }
+        }
     }
 
     /// A free slot, if there is one, to offer a run being created: a run that can start now
@@ -170,6 +227,14 @@ impl RunWorkers {
             workers.execute(claimed, Some(assistant)).await;
             drop(slot);
         });
+    }
+
+    /// Whether the run is executing in this process now.
+    pub fn is_executing(&self, run_id: Uuid) -> bool {
+        self.executing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&run_id)
     }
 
     /// Cancels runs executing in this process now (other processes see the database flag at
@@ -232,11 +297,18 @@ impl RunWorkers {
     }
 
     /// Waits for a created run's wake-up, the next poll (runs of other processes, delayed
-    /// runs coming due, leases running out) or the shutdown.
+    /// runs coming due, leases running out; unless those are announced) or the shutdown.
     async fn idle(&self, shutdown: &CancellationToken) {
+        let poll = async {
+            if self.announced() {
+                std::future::pending::<()>().await
+            } else {
+                tokio::time::sleep(self.config.poll_interval).await
+            }
+        };
         tokio::select! {
             () = self.wake.notified() => {}
-            () = tokio::time::sleep(self.config.poll_interval) => {}
+            () = poll => {}
             () = shutdown.cancelled() => {}
         }
     }

@@ -67,6 +67,16 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let stop_workers = tokio_util::sync::CancellationToken::new();
+    // Before the workers start: from their first idle moment they rely on announcements.
+    if let Some(wakeups) = state.storage.wakeups() {
+        tokio::spawn(spindle_execution::wakeups::deliver(
+            wakeups,
+            state.hub.clone(),
+            state.workers.clone(),
+            state.crons.clone(),
+            stop_workers.clone(),
+        ));
+    }
     state.workers.start(stop_workers.clone());
     tokio::spawn(ttl::sweep_threads(
         state.storage.clone(),

@@ -14,6 +14,8 @@ mod id;
 mod json_filter;
 pub use json_filter::contains as json_contains;
 pub mod model;
+mod pg_notify;
+mod pg_writer;
 pub mod postgres;
 mod rows;
 pub mod runs;
@@ -209,6 +211,27 @@ pub trait Storage: AssistantStore + ThreadStore + RunStore + ItemStore + CronSto
     fn queues_logged_saves(&self) -> bool {
         false
     }
+    /// What other processes on this database commit that this one may wait for, as it
+    /// happens (PostgreSQL's `LISTEN`/`NOTIFY`); `None` where one process has the database
+    /// to itself (SQLite). Called once, at start-up: a second caller gets `None`.
+    fn wakeups(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<Wakeup>> {
+        None
+    }
+}
+
+/// Something another process committed (see [`Storage::wakeups`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Wakeup {
+    /// The thread's event log grew to `seq`.
+    Logged { thread_id: ResourceId, seq: i64 },
+    /// A run may be claimable: one was created pending, or its thread's active run ended.
+    RunsQueued,
+    /// A running run is to be cancelled (its flag is set).
+    Cancel { run_id: uuid::Uuid },
+    /// Crons were created, changed or deleted.
+    CronsChanged,
+    /// Notifications may have been lost (the listening connection dropped): look again.
+    Resync,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

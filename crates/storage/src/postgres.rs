@@ -11,7 +11,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::Utc;
 use serde_json::Value;
-use spindle_graph::checkpoint::{CheckpointError, Checkpointer};
+use spindle_graph::checkpoint::{CheckpointError, Checkpointer, WriteReceipt};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::types::Json;
 use sqlx::{PgConnection, Postgres, QueryBuilder};
@@ -20,6 +20,7 @@ use uuid::Uuid;
 use crate::checkpoints::{copy_checkpoints_pg, PostgresCheckpointer};
 use crate::error::conflict_if_taken;
 use crate::model::*;
+use crate::pg_writer::PgWriter;
 use crate::rows::{
     AssistantRow, AssistantVersionRow, ThreadRow, ASSISTANT_COLUMNS, THREAD_COLUMNS,
     VERSION_COLUMNS,
@@ -36,6 +37,11 @@ pub struct PostgresStorage {
     /// The schema pgvector is installed in, if it is (settled on first use; see
     /// `store::postgres`).
     pub(crate) pgvector: tokio::sync::OnceCell<Option<String>>,
+    /// Runs' saves, event batches and ends, grouped into shared transactions.
+    pub(crate) writer: PgWriter,
+    /// Whether [`Storage::wakeups`] started the listener (only the server listens; tests and
+    /// `migrate` do not hold a connection for it).
+    listening: std::sync::atomic::AtomicBool,
 }
 
 async fn pool(url: &str) -> StorageResult<PgPool> {
@@ -57,8 +63,10 @@ impl PostgresStorage {
 
     fn new(pool: PgPool) -> Self {
         Self {
+            writer: PgWriter::start(pool.clone()),
             pool,
             pgvector: tokio::sync::OnceCell::new(),
+            listening: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -585,11 +593,16 @@ impl ThreadStore for PostgresStorage {
     }
 
     async fn delete_thread(&self, scope: &Scope, id: ResourceId) -> StorageResult<()> {
+        // Streams of the thread, in any process, are woken to find it gone.
         let done = sqlx::query(
-            "DELETE FROM threads WHERE thread_id = $1 AND (user_id = $2 OR user_id IS NULL)",
+            "WITH gone AS (DELETE FROM threads WHERE thread_id = $1 \
+             AND (user_id = $2 OR user_id IS NULL) RETURNING thread_id) \
+             SELECT pg_notify($3, thread_id || ' ' || $4) FROM gone",
         )
         .bind(id)
         .bind(&scope.user_id)
+        .bind(crate::pg_notify::LOG)
+        .bind(i64::MAX.to_string())
         .execute(&self.pool)
         .await?;
         if done.rows_affected() == 0 {
@@ -674,6 +687,27 @@ impl Storage for PostgresStorage {
     }
 
     async fn save_logged(&self, save: LoggedSave) -> Result<(), CheckpointError> {
-        crate::checkpoints::save_logged_pg(&self.pool, &save).await
+        Ok(self.writer.save(save).await?)
+    }
+
+    fn queue_logged(&self, save: LoggedSave) -> Result<WriteReceipt, Box<LoggedSave>> {
+        let saved = self.writer.save(save);
+        Ok(Box::pin(async move { Ok(saved.await?) }))
+    }
+
+    fn queues_logged_saves(&self) -> bool {
+        true
+    }
+
+    fn wakeups(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<crate::Wakeup>> {
+        if self
+            .listening
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return None;
+        }
+        let (wakeup, wakeups) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(crate::pg_notify::listen(self.pool.clone(), wakeup));
+        Some(wakeups)
     }
 }

@@ -703,8 +703,9 @@ struct Ended {
 }
 
 /// Waits on `live` until the run ends. The database is asked at the start unless the
-/// subscription predates the run, and every 500 ms: the run may execute in another process,
-/// and a lagging subscription may have dropped the end.
+/// subscription predates the run, and again when the run may have ended unseen: it may
+/// execute in another process (whose commits to the thread's log are announced, or else
+/// every 500 ms), and a lagging subscription may have dropped the end.
 async fn wait_on(
     state: &AppState,
     scope: &Scope,
@@ -727,18 +728,28 @@ async fn wait_on(
             }
         }
         ask = true;
-        let announced = async {
+        let announced = live.announced();
+        let ending = async {
             loop {
                 match live.recv().await {
                     Ok(HubMessage::RunEnded { run_id, ended, .. }) if run_id == run.run_id => {
                         return ended
+                    }
+                    // A run executing here announces its end itself.
+                    Ok(HubMessage::Logged { .. }) if !state.workers.is_executing(run.run_id) => {
+                        return None
                     }
                     Ok(_) => {}
                     Err(_) => return None,
                 }
             }
         };
-        if let Ok(Some(ended)) = tokio::time::timeout(Duration::from_millis(500), announced).await {
+        let ended = if announced {
+            Ok(ending.await)
+        } else {
+            tokio::time::timeout(Duration::from_millis(500), ending).await
+        };
+        if let Ok(Some(ended)) = ended {
             let values = crate::runs::final_values(
                 ended.thread_values.as_ref(),
                 &ended.thread_interrupts,

@@ -25,7 +25,8 @@ use crate::protocol::is_lifecycle;
 use crate::sse;
 use spindle_execution::hub::{EventHub, HubMessage, Subscription};
 
-/// How often a stream re-reads the log in case the run executes in another process.
+/// How often a stream re-reads the log in case the run executes in another process, where
+/// commits to the log are not announced (see `spindle_execution::wakeups`).
 const POLL: Duration = Duration::from_millis(250);
 /// Events read from the log per query.
 const PAGE: i64 = 500;
@@ -259,7 +260,9 @@ async fn pump(
     let mut heartbeat = tokio::time::interval(keepalive);
     heartbeat.tick().await;
     // Not `interval`, whose first tick is at once: that read the log twice on every start.
-    let mut poll = tokio::time::interval_at(tokio::time::Instant::now() + POLL, POLL);
+    // Where commits are announced, an idle stream reads nothing until one is.
+    let mut poll = (!live.announced())
+        .then(|| tokio::time::interval_at(tokio::time::Instant::now() + POLL, POLL));
     // Whether the stream has sent every event of its run: its subscription predates the run
     // and no live event was passed over since (a gap or a lag). A run's end announced on the
     // hub comes after all of its events (the worker publishes each before it ends the run),
@@ -302,6 +305,9 @@ async fn pump(
                         return true;
                     }
                     Ok(HubMessage::RunEnded { .. }) => break,
+                    // Committed beyond what the stream has sent (by another process, or
+                    // after a gap in what this one streamed live).
+                    Ok(HubMessage::Logged { seq }) if seq > at.seq => break,
                     Ok(_) => {}
                     // Fell behind or the hub went away: the log has everything.
                     Err(RecvError::Lagged(_)) | Err(RecvError::Closed) => {
@@ -314,10 +320,20 @@ async fn pump(
                         return false;
                     }
                 }
-                _ = poll.tick() => break,
+                _ = tick(&mut poll) => break,
                 () = tx.closed() => return false,
             }
         }
+    }
+}
+
+/// The next tick of the poll, or never without one.
+async fn tick(poll: &mut Option<tokio::time::Interval>) {
+    match poll {
+        Some(poll) => {
+            poll.tick().await;
+        }
+        None => std::future::pending().await,
     }
 }
 

@@ -33,8 +33,11 @@ pub(crate) use postgres::copy_checkpoints as copy_checkpoints_pg;
 pub(crate) use postgres::delete_run_checkpoints as delete_run_checkpoints_pg;
 pub(crate) use postgres::delete_unreached_blobs as delete_unreached_blobs_pg;
 pub(crate) use postgres::insert_checkpoint as insert_checkpoint_pg;
-pub(crate) use postgres::save_logged as save_logged_pg;
+pub(crate) use postgres::store_logged as store_logged_pg;
 pub use postgres::PostgresCheckpointer;
+pub(crate) use postgres::{
+    insert_checkpoints as insert_checkpoints_pg, insert_writes_of as insert_writes_of_pg, WritesOf,
+};
 pub(crate) use sqlite::checkpoint_stored as checkpoint_stored_sqlite;
 pub(crate) use sqlite::copy_checkpoints as copy_checkpoints_sqlite;
 pub(crate) use sqlite::delete_checkpoints as delete_checkpoints_sqlite;
@@ -163,7 +166,20 @@ fn backend(error: impl std::fmt::Display) -> CheckpointError {
 /// A write that did not commit, as the engine's error.
 impl From<crate::StorageError> for CheckpointError {
     fn from(error: crate::StorageError) -> Self {
-        backend(error)
+        match error {
+            // A checkpoint's own failure, passed through a write queue: told once, as it was.
+            crate::StorageError::Checkpoint(message) => CheckpointError::Backend(message),
+            error => backend(error),
+        }
+    }
+}
+
+/// A checkpoint's failure as the storage's error, with its message as it was (see the
+/// conversion back above).
+pub(crate) fn as_storage_error(error: CheckpointError) -> crate::StorageError {
+    match error {
+        CheckpointError::Backend(message) => crate::StorageError::Checkpoint(message),
+        error => crate::StorageError::Checkpoint(error.to_string()),
     }
 }
 

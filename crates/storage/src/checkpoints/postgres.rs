@@ -222,6 +222,197 @@ pub(crate) async fn insert_checkpoint(
     Ok(())
 }
 
+/// Saves several checkpoints with their blobs in one statement (a writer's group, see
+/// `pg_writer`), each as [`insert_checkpoint`] saves one; that holds while no two are the
+/// same checkpoint, which the caller sees to. Refused whole when any one's run is gone (the
+/// caller then saves them one at a time, which tells which).
+pub(crate) async fn insert_checkpoints(
+    conn: &mut PgConnection,
+    puts: &[Put<'_>],
+) -> Result<(), CheckpointError> {
+    let mut threads = Vec::with_capacity(puts.len());
+    let mut namespaces = Vec::with_capacity(puts.len());
+    let mut ids = Vec::with_capacity(puts.len());
+    let mut parents = Vec::with_capacity(puts.len());
+    let mut checkpoints = Vec::with_capacity(puts.len());
+    let mut metadata = Vec::with_capacity(puts.len());
+    let mut saved_by_runs = Vec::with_capacity(puts.len());
+    let (mut blob_of, mut channels, mut versions, mut bases, mut values) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (n, put) in (1i64..).zip(puts) {
+        let stored = stored_checkpoint(put.checkpoint);
+        threads.push(put.thread_id);
+        namespaces.push(put.checkpoint_ns);
+        ids.push(stored.id.clone());
+        parents.push(put.parent_id);
+        checkpoints.push(serde_json::to_string(&stored).map_err(backend)?);
+        metadata.push(jsonb_safe(put.metadata).to_string());
+        saved_by_runs.push(saved_by(put.metadata));
+        for blob in encode_blobs(put.blobs)? {
+            blob_of.push(n);
+            channels.push(blob.channel);
+            versions.push(blob.version);
+            bases.push(blob.base);
+            values.push(blob.value);
+        }
+    }
+    let saved = sqlx::query(
+        "WITH input AS ( \
+             SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
+                                  $6::text[], $7::uuid[]) \
+             WITH ORDINALITY AS u(thread_id, ns, id, parent, cp, md, saved_by, n) \
+         ), live AS ( \
+             SELECT run_id FROM runs WHERE run_id IN (SELECT saved_by FROM input) FOR KEY SHARE \
+         ), ok AS ( \
+             SELECT * FROM input WHERE saved_by IS NULL OR saved_by IN (SELECT run_id FROM live) \
+         ), new_blobs AS ( \
+             INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, base, value) \
+             SELECT ok.thread_id, ok.ns, b.ch, b.v, b.base, b.val \
+             FROM UNNEST($8::int8[], $9::text[], $10::int8[], $11::int8[], $12::bytea[]) \
+                  AS b(n, ch, v, base, val) \
+             JOIN ok ON ok.n = b.n \
+             ON CONFLICT DO NOTHING \
+         ), stale_writes AS ( \
+             DELETE FROM checkpoint_writes w USING ok \
+             WHERE w.thread_id = ok.thread_id AND w.checkpoint_ns = ok.ns \
+               AND w.checkpoint_id = ok.id \
+               AND EXISTS (SELECT 1 FROM checkpoints c WHERE c.thread_id = ok.thread_id \
+                           AND c.checkpoint_ns = ok.ns AND c.checkpoint_id = ok.id) \
+         ) \
+         INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, \
+                                  checkpoint, metadata) \
+         SELECT thread_id, ns, id, parent, cp::jsonb, md::jsonb FROM ok \
+         ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET \
+             parent_checkpoint_id = EXCLUDED.parent_checkpoint_id, \
+             checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata",
+    )
+    .bind(threads)
+    .bind(namespaces)
+    .bind(&ids)
+    .bind(parents)
+    .bind(checkpoints)
+    .bind(metadata)
+    .bind(&saved_by_runs)
+    .bind(blob_of)
+    .bind(channels)
+    .bind(versions)
+    .bind(bases)
+    .bind(values)
+    .execute(conn)
+    .await
+    .map_err(backend)?;
+    if saved.rows_affected() != puts.len() as u64 {
+        return Err(CheckpointError::Backend(format!(
+            "{} of {} checkpoints were not saved: their runs were deleted",
+            puts.len() as u64 - saved.rows_affected(),
+            puts.len()
+        )));
+    }
+    Ok(())
+}
+
+/// The pending writes of a checkpoint, for [`insert_writes_of`].
+pub(crate) struct WritesOf<'a> {
+    pub thread_id: &'a str,
+    pub checkpoint_ns: &'a str,
+    pub checkpoint_id: &'a str,
+    pub writes: &'a [PendingWrite],
+}
+
+/// Saves the pending writes of several checkpoints in two statements (a writer's group, see
+/// `pg_writer`), each batch as [`insert_writes`] saves one, in order: batches of one checkpoint
+/// are numbered one after the other. That holds while no batch replaces writes of a
+/// checkpoint an earlier batch here wrote to, which the caller sees to.
+pub(crate) async fn insert_writes_of(
+    conn: &mut PgConnection,
+    batches: &[WritesOf<'_>],
+) -> Result<(), CheckpointError> {
+    let (mut keys_thread, mut keys_ns, mut keys_id) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut r_thread, mut r_ns, mut r_id, mut r_task, mut r_channel) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut thread, mut ns, mut id, mut task, mut channel, mut value) = (
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+    );
+    for batch in batches {
+        let plan = plan_writes(batch.writes);
+        keys_thread.push(batch.thread_id);
+        keys_ns.push(batch.checkpoint_ns);
+        keys_id.push(batch.checkpoint_id);
+        for (t, c) in plan.replace {
+            r_thread.push(batch.thread_id);
+            r_ns.push(batch.checkpoint_ns);
+            r_id.push(batch.checkpoint_id);
+            r_task.push(t);
+            r_channel.push(c);
+        }
+        for write in plan.insert {
+            thread.push(batch.thread_id);
+            ns.push(batch.checkpoint_ns);
+            id.push(batch.checkpoint_id);
+            task.push(write.task_id.as_str());
+            channel.push(write.channel.as_str());
+            value.push(encode_write(write)?);
+        }
+    }
+    // As in `insert_writes`: the checkpoints' rows serialise concurrent savers of one step
+    // (in a fixed order, so two groups cannot wait for each other).
+    sqlx::query(
+        "SELECT 1 FROM checkpoints WHERE (thread_id, checkpoint_ns, checkpoint_id) IN ( \
+             SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[])) \
+         ORDER BY thread_id, checkpoint_ns, checkpoint_id FOR UPDATE",
+    )
+    .bind(&keys_thread)
+    .bind(&keys_ns)
+    .bind(&keys_id)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(backend)?;
+    sqlx::query(
+        "WITH replaced AS ( \
+             DELETE FROM checkpoint_writes w \
+             USING UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) \
+                   AS r(t, ns, c, task, ch) \
+             WHERE w.thread_id = r.t AND w.checkpoint_ns = r.ns AND w.checkpoint_id = r.c \
+               AND w.task_id = r.task AND w.channel = r.ch \
+         ), input AS ( \
+             SELECT * FROM UNNEST($6::text[], $7::text[], $8::text[], $9::text[], $10::text[], \
+                                  $11::bytea[]) WITH ORDINALITY AS u(t, ns, c, task, ch, val, n) \
+         ), top AS ( \
+             SELECT k.t, k.ns, k.c, COALESCE(MAX(w.idx), -1) AS idx \
+             FROM (SELECT DISTINCT t, ns, c FROM input) k \
+             LEFT JOIN checkpoint_writes w ON w.thread_id = k.t AND w.checkpoint_ns = k.ns \
+                  AND w.checkpoint_id = k.c \
+             GROUP BY k.t, k.ns, k.c \
+         ) \
+         INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, idx, task_id, \
+                                        channel, value) \
+         SELECT i.t, i.ns, i.c, top.idx + ROW_NUMBER() OVER (PARTITION BY i.t, i.ns, i.c \
+                                                             ORDER BY i.n), \
+                i.task, i.ch, i.val \
+         FROM input i JOIN top ON top.t = i.t AND top.ns = i.ns AND top.c = i.c",
+    )
+    .bind(r_thread)
+    .bind(r_ns)
+    .bind(r_id)
+    .bind(r_task)
+    .bind(r_channel)
+    .bind(thread)
+    .bind(ns)
+    .bind(id)
+    .bind(task)
+    .bind(channel)
+    .bind(value)
+    .execute(&mut *conn)
+    .await
+    .map_err(backend)?;
+    Ok(())
+}
+
 /// Copies every checkpoint, blob and pending write of thread `from` to thread `to`, in SQL
 /// (on the caller's transaction). Checkpoint ids stay as they are, as LangGraph's copy keeps
 /// them; delta chains stay valid since blobs keep their versions and bases.
@@ -374,11 +565,13 @@ async fn insert_writes(
     Ok(())
 }
 
-/// Stores a run's save and the events it carries in one transaction, the events first
-/// ([`LoggedSave`]).
-pub(crate) async fn save_logged(pool: &PgPool, save: &LoggedSave) -> Result<(), CheckpointError> {
-    let mut tx = pool.begin().await.map_err(backend)?;
-    insert_events(&mut tx, &save.events).await?;
+/// Stores a run's save and the events it carries, the events first ([`LoggedSave`]), on the
+/// caller's transaction (the writer's group, `pg_writer`).
+pub(crate) async fn store_logged(
+    conn: &mut PgConnection,
+    save: &LoggedSave,
+) -> Result<(), CheckpointError> {
+    insert_events(conn, &save.events).await?;
     match &save.write {
         QueuedWrite::Checkpoint {
             thread_id,
@@ -396,16 +589,15 @@ pub(crate) async fn save_logged(pool: &PgPool, save: &LoggedSave) -> Result<(), 
                 parent_id: parent_id.as_deref(),
                 blobs,
             };
-            insert_checkpoint(&mut tx, &put, saved_by(metadata)).await?;
+            insert_checkpoint(conn, &put, saved_by(metadata)).await
         }
         QueuedWrite::Writes {
             thread_id,
             checkpoint_ns,
             checkpoint_id,
             writes,
-        } => insert_writes(&mut tx, thread_id, checkpoint_ns, checkpoint_id, writes).await?,
+        } => insert_writes(conn, thread_id, checkpoint_ns, checkpoint_id, writes).await,
     }
-    tx.commit().await.map_err(backend)
 }
 
 #[async_trait]

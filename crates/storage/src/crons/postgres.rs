@@ -1,6 +1,7 @@
 //! [`CronStore`] on PostgreSQL: claims take due rows with `FOR UPDATE SKIP LOCKED`, so the
 //! schedulers of several processes never take the same due time.
 
+use crate::pg_notify::{notify, CRONS};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -83,6 +84,8 @@ impl CronStore for PostgresStorage {
         let cron = fetch(&mut tx, scope, new.cron_id)
             .await?
             .ok_or(StorageError::NotFound("cron"))?;
+        // Every process's scheduler sleeps until its earliest due cron: this may be earlier.
+        notify(&mut tx, CRONS, [String::new()]).await?;
         tx.commit().await?;
         Ok(cron)
     }
@@ -124,6 +127,7 @@ impl CronStore for PostgresStorage {
         let cron = fetch(&mut tx, scope, id)
             .await?
             .ok_or(StorageError::NotFound("cron"))?;
+        notify(&mut tx, CRONS, [String::new()]).await?;
         tx.commit().await?;
         Ok(cron)
     }

@@ -416,6 +416,11 @@ pub trait RunStore: Send + Sync {
     /// worker looks before it takes a slot to claim with: a slot held for a claim that finds
     /// nothing is one a run being created cannot start in at once.
     async fn has_claimable_run(&self) -> StorageResult<bool>;
+    /// When a run could next become claimable by time alone: the earliest lease of a running
+    /// run, or due time of a pending run whose thread runs nothing (past when one is claimable
+    /// now); `None` when no run is active. A process told of every other change
+    /// ([`crate::Storage::wakeups`]) sleeps until then instead of polling.
+    async fn next_claimable_at(&self) -> StorageResult<Option<DateTime<Utc>>>;
     /// Extends the lease; returns the run as it now is (to see a cancel request), or `None`
     /// when the worker no longer holds it.
     async fn renew_lease(
@@ -467,6 +472,10 @@ pub trait RunStore: Send + Sync {
 }
 
 pub(crate) mod postgres;
+pub(crate) use postgres::{
+    end_run as end_run_pg, insert_event_refs as insert_event_refs_pg,
+    insert_events as insert_events_pg, EndPrepared,
+};
 pub(crate) mod sqlite;
 
 /// How many runs with an expired lease one claim ends (past `max_attempts`) before it gives up
@@ -581,7 +590,9 @@ impl<Id: crate::rows::IntoUuid> TryFrom<RunRow<Id>> for Run {
 
 /// `(thread_id, lowest seq, highest seq)` of each thread a batch of events is for, so each
 /// thread's counter is checked and moved once per batch.
-fn seq_ranges(events: &[LoggedEvent]) -> Vec<(ResourceId, i64, i64)> {
+fn seq_ranges<'a>(
+    events: impl IntoIterator<Item = &'a LoggedEvent>,
+) -> Vec<(ResourceId, i64, i64)> {
     let mut ranges: Vec<(ResourceId, i64, i64)> = Vec::new();
     for event in events {
         match ranges.iter_mut().find(|(t, _, _)| *t == event.thread_id) {

@@ -16,13 +16,14 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::types::Json;
-use sqlx::{PgConnection, Postgres, QueryBuilder, Transaction};
+use sqlx::{FromRow, PgConnection, Postgres, QueryBuilder, Row, Transaction};
 use uuid::Uuid;
 
 use super::*;
 use crate::checkpoints::delete_run_checkpoints_pg as delete_run_checkpoints;
 use crate::crons::firing_made;
 use crate::error::conflict_if_taken;
+use crate::pg_notify::{notify, notify_logged, CANCEL, RUNS};
 use crate::postgres::PostgresStorage;
 use crate::StorageError;
 
@@ -42,16 +43,6 @@ async fn thread_visible(
         .bind(&scope.user_id)
         .fetch_optional(conn)
         .await?;
-    Ok(found.is_some())
-}
-
-/// Locks the thread's row; false when it no longer exists.
-async fn lock_thread(conn: &mut PgConnection, thread_id: ResourceId) -> StorageResult<bool> {
-    let found: Option<i32> =
-        sqlx::query_scalar("SELECT 1 FROM threads WHERE thread_id = $1 FOR NO KEY UPDATE")
-            .bind(thread_id)
-            .fetch_optional(conn)
-            .await?;
     Ok(found.is_some())
 }
 
@@ -128,6 +119,7 @@ async fn stop_runs(
                 for run_id in &pending {
                     log_run_end(conn, thread_id, *run_id, RunStatus::Interrupted, now).await?;
                 }
+                notify_logged(conn, thread_id).await?;
             }
             CancelAction::Rollback => {
                 sqlx::query("DELETE FROM runs WHERE run_id = ANY($1)")
@@ -149,6 +141,8 @@ async fn stop_runs(
         .bind(&running)
         .execute(&mut *conn)
         .await?;
+        // Their workers, in whichever process, stop now rather than at their next renewal.
+        notify(conn, CANCEL, running.iter().map(Uuid::to_string)).await?;
     }
     Ok(active.iter().map(|(id, _)| *id).collect())
 }
@@ -284,6 +278,15 @@ pub(crate) async fn insert_events(
     conn: &mut PgConnection,
     events: &[LoggedEvent],
 ) -> StorageResult<()> {
+    let events: Vec<&LoggedEvent> = events.iter().collect();
+    insert_event_refs(conn, &events).await
+}
+
+/// [`insert_events`] of events gathered from several writes.
+pub(crate) async fn insert_event_refs(
+    conn: &mut PgConnection,
+    events: &[&LoggedEvent],
+) -> StorageResult<()> {
     if events.is_empty() {
         return Ok(());
     }
@@ -321,21 +324,32 @@ pub(crate) async fn insert_events(
     advance_event_seq(conn, events).await
 }
 
-/// Moves each thread's event counter past a batch just inserted; a batch that does not
-/// continue the counter reuses a seq (`Conflict`).
-async fn advance_event_seq(conn: &mut PgConnection, events: &[LoggedEvent]) -> StorageResult<()> {
-    for (thread_id, low, high) in seq_ranges(events) {
-        let moved = sqlx::query(
-            "UPDATE threads SET event_seq = $2 WHERE thread_id = $1 AND event_seq < $3",
-        )
-        .bind(thread_id)
-        .bind(high)
-        .bind(low)
-        .execute(&mut *conn)
-        .await?;
-        if moved.rows_affected() == 0 {
-            return Err(seq_taken(thread_id));
-        }
+/// Moves each thread's event counter past a batch just inserted, in one statement; a batch
+/// that does not continue a thread's counter reuses a seq (`Conflict`).
+async fn advance_event_seq(conn: &mut PgConnection, events: &[&LoggedEvent]) -> StorageResult<()> {
+    let ranges = seq_ranges(events.iter().copied());
+    let threads: Vec<ResourceId> = ranges.iter().map(|(thread, _, _)| *thread).collect();
+    let lows: Vec<i64> = ranges.iter().map(|(_, low, _)| *low).collect();
+    let highs: Vec<i64> = ranges.iter().map(|(_, _, high)| *high).collect();
+    let moved = sqlx::query(
+        "UPDATE threads t SET event_seq = u.high \
+         FROM UNNEST($1::text[], $2::int8[], $3::int8[]) AS u(id, low, high) \
+         WHERE t.thread_id = u.id AND t.event_seq < u.low",
+    )
+    .bind(&threads)
+    .bind(lows)
+    .bind(highs)
+    .execute(&mut *conn)
+    .await?;
+    if moved.rows_affected() != ranges.len() as u64 {
+        return Err(match threads.as_slice() {
+            [thread] => seq_taken(*thread),
+            _ => StorageError::Conflict(format!(
+                "{} of {} threads have logged events at or after those seqs",
+                ranges.len() as u64 - moved.rows_affected(),
+                ranges.len()
+            )),
+        });
     }
     Ok(())
 }
@@ -469,6 +483,102 @@ async fn claimed(conn: &mut PgConnection, row: RunRow<Uuid>) -> StorageResult<Cl
     })
 }
 
+/// What a writer's group already did for a run's end, earlier in its transaction.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct EndPrepared {
+    /// The end's own events ([`RunEnd::events`]) are inserted.
+    pub events_logged: bool,
+    /// Its [`RunEnd::after_checkpoint`] was saved.
+    pub checkpoint_saved: bool,
+}
+
+/// Ends a run as its worker reports it (see [`RunStore::finish_run`]), on the caller's
+/// transaction (the writer's group, `pg_writer`): the run's row, its end event and its
+/// thread's columns in one statement.
+pub(crate) async fn end_run(
+    conn: &mut PgConnection,
+    thread_id: ResourceId,
+    run_id: Uuid,
+    worker_id: &str,
+    end: &RunEnd,
+    prepared: EndPrepared,
+) -> StorageResult<Option<Run>> {
+    // The thread's row and the run's, held for the rest of the transaction.
+    let held: Option<Option<String>> = sqlx::query_scalar(
+        "SELECT r.cancel FROM threads t JOIN runs r ON r.thread_id = t.thread_id \
+         WHERE t.thread_id = $1 AND r.run_id = $2 AND r.status = 'running' \
+         AND r.lease_owner = $3 FOR NO KEY UPDATE OF t, r",
+    )
+    .bind(thread_id)
+    .bind(run_id)
+    .bind(worker_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let cancel = held.ok_or(StorageError::NotFound("run"))?;
+    if let Some(checkpoint_id) = end
+        .after_checkpoint
+        .as_ref()
+        .filter(|_| !prepared.checkpoint_saved)
+    {
+        require_checkpoint(&mut *conn, thread_id, checkpoint_id).await?;
+    }
+    let now = Utc::now();
+    if cancel.as_deref() == Some(CancelAction::Rollback.as_str()) {
+        // Its saves all committed before this transaction (`after_checkpoint` was
+        // checked, and the engine waits for a cancelled run's saves), so deleting them
+        // here leaves none behind. The thread keeps the values and interrupts it had
+        // before the run, as the reference does.
+        roll_back(&mut *conn, thread_id, run_id).await?;
+        release_thread(&mut *conn, thread_id, ThreadStatus::Idle, None, now).await?;
+        return Ok(None);
+    }
+    if !prepared.events_logged {
+        insert_events(&mut *conn, &end.events).await?;
+    }
+    // The thread stays busy while another of its runs is active; its error is the run's only
+    // when it ends `error`.
+    let sql = format!(
+        "WITH r AS ( \
+             UPDATE runs SET status = $3, error = $4, lease_expires_at = NULL, \
+             updated_at = $5, ended_at = $5, output = $6 WHERE run_id = $2 \
+             RETURNING {RUN_COLUMNS} \
+         ), a AS ( \
+             SELECT EXISTS (SELECT 1 FROM runs WHERE thread_id = $1 AND run_id <> $2 \
+                            AND status IN ('pending', 'running')) AS busy \
+         ), t AS ( \
+             UPDATE threads SET event_seq = event_seq + 1, \
+                 status = CASE WHEN a.busy THEN 'busy' ELSE $7 END, state_values = $6, \
+                 interrupts = $8, error = CASE WHEN NOT a.busy AND $7 = 'error' THEN $4 END, \
+                 state_updated_at = $5, updated_at = $5 \
+             FROM a WHERE thread_id = $1 RETURNING event_seq, a.busy \
+         ), e AS ( \
+             INSERT INTO run_events (thread_id, seq, run_id, event, data, created_at) \
+             SELECT $1, t.event_seq, $2, $9, $10, $5 FROM t \
+         ) \
+         SELECT r.*, t.busy FROM r, t"
+    );
+    let end_event =
+        serde_json::json!({"run_id": run_id.to_string(), "status": end.status.as_str()});
+    let row = sqlx::query(&sql)
+        .bind(thread_id)
+        .bind(run_id)
+        .bind(end.status.as_str())
+        .bind(end.error.as_ref().map(Json))
+        .bind(now)
+        .bind(end.thread_values.as_ref().map(Json))
+        .bind(end.thread_status.as_str())
+        .bind(Json(&end.thread_interrupts))
+        .bind(RUN_END_EVENT)
+        .bind(Json(&end_event))
+        .fetch_one(&mut *conn)
+        .await?;
+    if row.try_get::<bool, _>("busy")? {
+        // A run queued behind this one can start now.
+        notify(&mut *conn, RUNS, [String::new()]).await?;
+    }
+    Ok(Some(Run::try_from(RunRow::<Uuid>::from_row(&row)?)?))
+}
+
 impl PostgresStorage {
     /// A run the caller can see, by id, and of `thread_id` when given.
     async fn select_run(
@@ -594,7 +704,11 @@ impl RunStore for PostgresStorage {
             .await?;
             let claimed = match start.status {
                 RunStatus::Running => Some(claim_start(&mut tx, new.thread_id).await?),
-                _ => None,
+                // Workers of every process may claim it (its creator's too).
+                _ => {
+                    notify(&mut tx, RUNS, [String::new()]).await?;
+                    None
+                }
             };
             Ok(CreatedRun {
                 run: row.try_into()?,
@@ -750,6 +864,7 @@ impl RunStore for PostgresStorage {
                     return Ok(Some(claimed));
                 }
                 end_abandoned(&mut tx, &run, now).await?;
+                notify_logged(&mut tx, run.thread_id).await?;
             }
 
             let claim_sql = format!(
@@ -817,6 +932,16 @@ impl RunStore for PostgresStorage {
         .await?)
     }
 
+    async fn next_claimable_at(&self) -> StorageResult<Option<DateTime<Utc>>> {
+        Ok(sqlx::query_scalar(
+            "SELECT LEAST((SELECT MIN(lease_expires_at) FROM runs WHERE status = 'running'), \
+             (SELECT MIN(run_after) FROM runs r WHERE status = 'pending' AND NOT EXISTS ( \
+                 SELECT 1 FROM runs o WHERE o.thread_id = r.thread_id AND o.status = 'running')))",
+        )
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
     async fn renew_lease(
         &self,
         run_id: Uuid,
@@ -848,83 +973,20 @@ impl RunStore for PostgresStorage {
                 end.status.as_str()
             )));
         }
-        let mut tx = self.pool.begin().await?;
-        let result = async {
-            // The thread's row first (see the lock order in the module docs).
-            let thread_id: Option<ResourceId> =
-                sqlx::query_scalar("SELECT thread_id FROM runs WHERE run_id = $1")
-                    .bind(run_id)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-            let thread_id = thread_id.ok_or(StorageError::NotFound("run"))?;
-            if !lock_thread(&mut tx, thread_id).await? {
-                return Err(StorageError::NotFound("run"));
-            }
-            let held: Option<Option<String>> = sqlx::query_scalar(
-                "SELECT cancel FROM runs WHERE run_id = $1 AND status = 'running' \
-                 AND lease_owner = $2 FOR NO KEY UPDATE",
-            )
-            .bind(run_id)
-            .bind(worker_id)
-            .fetch_optional(&mut *tx)
-            .await?;
-            let cancel = held.ok_or(StorageError::NotFound("run"))?;
-            if let Some(checkpoint_id) = &end.after_checkpoint {
-                require_checkpoint(&mut tx, thread_id, checkpoint_id).await?;
-            }
-            let now = Utc::now();
-            if cancel.as_deref() == Some(CancelAction::Rollback.as_str()) {
-                // Its saves all committed before this transaction (`after_checkpoint` was
-                // checked, and the engine waits for a cancelled run's saves), so deleting them
-                // here leaves none behind. The thread keeps the values and interrupts it had
-                // before the run, as the reference does.
-                roll_back(&mut tx, thread_id, run_id).await?;
-                release_thread(&mut tx, thread_id, ThreadStatus::Idle, None, now).await?;
-                return Ok(None);
-            }
-            let sql = format!(
-                "UPDATE runs SET status = $2, error = $3, lease_expires_at = NULL, \
-                 updated_at = $4, ended_at = $4, output = $5 WHERE run_id = $1 \
-                 RETURNING {RUN_COLUMNS}"
-            );
-            let row: RunRow<Uuid> = sqlx::query_as(&sql)
+        // The end goes to its thread's writer, behind the run's saves queued before it.
+        let thread_id: Option<ResourceId> =
+            sqlx::query_scalar("SELECT thread_id FROM runs WHERE run_id = $1")
                 .bind(run_id)
-                .bind(end.status.as_str())
-                .bind(end.error.as_ref().map(Json))
-                .bind(now)
-                .bind(end.thread_values.as_ref().map(Json))
-                .fetch_one(&mut *tx)
+                .fetch_optional(&self.pool)
                 .await?;
-            insert_events(&mut tx, &end.events).await?;
-            log_run_end(&mut tx, thread_id, run_id, end.status, now).await?;
-            let ended = Some(Run::try_from(row)?);
-            let status = thread_status_after(&mut tx, thread_id, end.thread_status).await?;
-            let error = end.error.as_ref().filter(|_| status == ThreadStatus::Error);
-            sqlx::query(
-                "UPDATE threads SET status = $2, state_values = $3, interrupts = $4, error = $5, \
-                 state_updated_at = $6, updated_at = $6 WHERE thread_id = $1",
-            )
-            .bind(thread_id)
-            .bind(status.as_str())
-            .bind(end.thread_values.as_ref().map(Json))
-            .bind(Json(&end.thread_interrupts))
-            .bind(error.map(Json))
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
-            Ok(ended)
-        }
-        .await;
-        settle(tx, result).await
+        let thread_id = thread_id.ok_or(StorageError::NotFound("run"))?;
+        self.writer
+            .end(thread_id, run_id, worker_id.to_owned(), end)
+            .await
     }
 
     async fn append_events(&self, events: &[LoggedEvent]) -> StorageResult<()> {
-        if events.is_empty() {
-            return Ok(());
-        }
-        let mut tx = self.pool.begin().await?;
-        let result = insert_events(&mut tx, events).await;
-        settle(tx, result).await
+        self.writer.events(events.to_vec()).await
     }
 
     async fn read_events(

@@ -707,6 +707,12 @@ const CLAIMABLE_RUN_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM runs WHERE stat
      AND run_after <= ?1 AND NOT EXISTS (SELECT 1 FROM runs o WHERE o.thread_id = r.thread_id \
      AND o.status = 'running'))";
 
+/// See [`RunStore::next_claimable_at`] (`MIN` over both skips a side without rows).
+const NEXT_CLAIMABLE_AT: &str = "SELECT MIN(t) AS due FROM ( \
+     SELECT MIN(lease_expires_at) AS t FROM runs WHERE status = 'running' UNION ALL \
+     SELECT MIN(run_after) FROM runs r WHERE status = 'pending' AND NOT EXISTS ( \
+         SELECT 1 FROM runs o WHERE o.thread_id = r.thread_id AND o.status = 'running'))";
+
 /// A run's end, encoded on the caller's thread.
 struct EncodedEnd {
     status: RunStatus,
@@ -972,6 +978,14 @@ impl RunStore for SqliteStorage {
             Ok(conn
                 .prepare_cached(CLAIMABLE_RUN_EXISTS)?
                 .query_row([now], |r| r.get(0))?)
+        })
+    }
+
+    async fn next_claimable_at(&self) -> StorageResult<Option<DateTime<Utc>>> {
+        self.readers.read(|conn| {
+            Ok(conn
+                .prepare_cached(NEXT_CLAIMABLE_AT)?
+                .query_row([], |r| r.opt_ts("due"))?)
         })
     }
 

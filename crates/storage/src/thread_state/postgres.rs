@@ -125,8 +125,9 @@ pub(crate) async fn log_event(
     .bind(&event.event)
     .bind(event.data.to_string())
     .bind(now)
-    .execute(conn)
+    .execute(&mut *conn)
     .await?;
+    crate::pg_notify::notify(&mut *conn, crate::pg_notify::LOG, [format!("{id} {seq}")]).await?;
     Ok(LoggedEvent {
         thread_id: id,
         seq,

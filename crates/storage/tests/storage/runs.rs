@@ -1782,3 +1782,118 @@ async fn a_runs_end_stores_its_output() {
     })
     .await;
 }
+
+/// Pending writes of a checkpoint, as a task of a step saves them.
+fn writes_of(thread: ResourceId, checkpoint: &str, task: &str, channels: &[&str]) -> LoggedSave {
+    LoggedSave {
+        write: spindle_graph::checkpoint::QueuedWrite::Writes {
+            thread_id: thread.to_string(),
+            checkpoint_ns: String::new(),
+            checkpoint_id: checkpoint.to_owned(),
+            writes: channels
+                .iter()
+                .map(|channel| spindle_graph::checkpoint::PendingWrite {
+                    task_id: task.to_owned(),
+                    channel: (*channel).to_owned(),
+                    value: json!(format!("{task}:{channel}")),
+                })
+                .collect(),
+        },
+        events: Vec::new(),
+    }
+}
+
+/// Saves queued by several runs at once are stored as if one after the other, whatever the
+/// backend groups them into: each with its events, pending writes of one checkpoint numbered
+/// in the order they came (two tasks of one step), a task's special write replacing its
+/// earlier one, a checkpoint saved again dropping its earlier writes. A save whose run is
+/// gone fails alone: the others queued with it are stored.
+#[tokio::test]
+async fn saves_queued_together_are_stored_as_if_one_after_the_other() {
+    for_each_backend(|db| async move {
+        let s = db.storage();
+        let alice = fresh_user();
+        let (a, b) = (thread_of(s, &alice).await, thread_of(s, &alice).await);
+        let run_a = run_on(s, &alice, a, MultitaskStrategy::Enqueue).await;
+        let run_b = run_on(s, &alice, b, MultitaskStrategy::Enqueue).await;
+        let seq_a = claim(s, "w").await.unwrap().last_seq;
+        let seq_b = claim(s, "w").await.unwrap().last_seq;
+        let (c1, c2, cb) = (
+            new_checkpoint_id(),
+            new_checkpoint_id(),
+            new_checkpoint_id(),
+        );
+        let gone = Uuid::new_v4();
+        // On a thread of its own: a backend may store a thread's queued saves all or none.
+        let c = thread_of(s, &alice).await;
+        let mut of_gone_run = checkpoint_write(c, &new_checkpoint_id());
+        if let spindle_graph::checkpoint::QueuedWrite::Checkpoint { metadata, .. } =
+            &mut of_gone_run
+        {
+            *metadata = json!({"step": 2, "run_id": gone.to_string()});
+        }
+        let saves = vec![
+            LoggedSave {
+                write: checkpoint_write(a, &c1),
+                events: vec![event(a, run_a.run_id, seq_a + 1)],
+            },
+            writes_of(a, &c1, "t1", &["x", "__error__"]),
+            writes_of(a, &c1, "t2", &["y"]),
+            writes_of(a, &c1, "t1", &["__error__"]),
+            LoggedSave {
+                write: checkpoint_write(b, &cb),
+                events: vec![event(b, run_b.run_id, seq_b + 1)],
+            },
+            LoggedSave {
+                write: of_gone_run,
+                events: Vec::new(),
+            },
+            LoggedSave {
+                write: checkpoint_write(a, &c2),
+                events: vec![
+                    event(a, run_a.run_id, seq_a + 2),
+                    event(a, run_a.run_id, seq_a + 3),
+                ],
+            },
+            writes_of(a, &c2, "t3", &["z"]),
+            // Saved again: its writes go (a checkpoint saved again starts with none).
+            LoggedSave {
+                write: checkpoint_write(a, &c2),
+                events: Vec::new(),
+            },
+            writes_of(a, &c2, "t4", &["w"]),
+        ];
+        let receipts: Vec<_> = saves
+            .into_iter()
+            .map(|save| s.queue_logged(save).expect("both backends queue saves"))
+            .collect();
+        let mut outcomes = Vec::new();
+        for receipt in receipts {
+            outcomes.push(receipt.await.is_ok());
+        }
+        let expected = [true, true, true, true, true, false, true, true, true, true];
+        assert_eq!(outcomes, expected, "only the save of the deleted run fails");
+
+        let logged = s.read_events(a, seq_a, None, 100).await.unwrap();
+        assert_eq!(seqs(&logged), vec![seq_a + 1, seq_a + 2, seq_a + 3]);
+        assert_eq!(s.last_event_seq(b).await.unwrap(), seq_b + 1);
+        let writes = |id: String| async move {
+            let tuple = s.checkpointer().get_tuple(a.as_str(), "", Some(&id)).await;
+            tuple
+                .unwrap()
+                .expect("checkpoint stored")
+                .pending_writes
+                .into_iter()
+                .map(|w| format!("{}:{}", w.task_id, w.channel))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            writes(c1.clone()).await,
+            vec!["t1:x", "t2:y", "t1:__error__"],
+            "in the order saved, the special write replaced and last"
+        );
+        assert_eq!(writes(c2.clone()).await, vec!["t4:w"]);
+        assert!(checkpoint_stored(s, b, &cb).await);
+    })
+    .await;
+}

@@ -1,0 +1,198 @@
+//! Wake-ups across processes on one PostgreSQL database, by `LISTEN`/`NOTIFY`.
+//!
+//! A process waits for what other processes commit (a run's events, a run to claim, a cancel,
+//! a cron change) without polling: whoever commits it notifies, and each process's one
+//! listening connection turns the notifications into [`Wakeup`]s. A notification is sent when
+//! its transaction commits, never before, so a woken reader finds what it was woken for.
+//! Notifications sent while the listener was disconnected are lost; it then says
+//! [`Wakeup::Resync`], and whoever waits looks again once.
+
+use sqlx::postgres::{PgListener, PgPool};
+use sqlx::PgConnection;
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+use crate::{ResourceId, StorageResult, Wakeup};
+
+/// A thread's log grew: payload `thread_id seq` lines, the thread's last logged seq.
+pub(crate) const LOG: &str = "spindle_log";
+/// A run may be claimable now (created pending, or its thread's active run ended).
+pub(crate) const RUNS: &str = "spindle_runs";
+/// Cancels of running runs: payload run ids, one per line.
+pub(crate) const CANCEL: &str = "spindle_cancel";
+/// Crons were created, changed or deleted.
+pub(crate) const CRONS: &str = "spindle_crons";
+
+/// Most bytes of one payload (PostgreSQL's limit is 8000).
+const PAYLOAD_MAX: usize = 7900;
+
+/// Sends `lines` on `channel`, in as few notifications as the payload limit allows. Inside a
+/// transaction they are delivered at its commit.
+pub(crate) async fn notify(
+    conn: &mut PgConnection,
+    channel: &str,
+    lines: impl IntoIterator<Item = String>,
+) -> StorageResult<()> {
+    for payload in payloads(lines) {
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(channel)
+            .bind(payload)
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Tells other processes that the thread's log grew to its current `event_seq` (in the
+/// caller's transaction, delivered at its commit).
+pub(crate) async fn notify_logged(
+    conn: &mut PgConnection,
+    thread_id: ResourceId,
+) -> StorageResult<()> {
+    sqlx::query(
+        "SELECT pg_notify($1, thread_id || ' ' || event_seq) FROM threads WHERE thread_id = $2",
+    )
+    .bind(LOG)
+    .bind(thread_id)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Lines joined into payloads under the limit (a line longer than it goes alone).
+fn payloads(lines: impl IntoIterator<Item = String>) -> Vec<String> {
+    let mut payloads = Vec::new();
+    let mut current = String::new();
+    for line in lines {
+        if !current.is_empty() && current.len() + 1 + line.len() > PAYLOAD_MAX {
+            payloads.push(std::mem::take(&mut current));
+        }
+        if !current.is_empty() {
+            current.push('\n');
+        }
+        current.push_str(&line);
+    }
+    if !current.is_empty() {
+        payloads.push(current);
+    }
+    payloads
+}
+
+/// Listens on every channel and sends what arrives as [`Wakeup`]s, until `wakeups` is closed.
+pub(crate) async fn listen(pool: PgPool, wakeups: mpsc::UnboundedSender<Wakeup>) {
+    let mut listener = loop {
+        match connect(&pool).await {
+            Ok(listener) => break listener,
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for other processes' notifications; retrying");
+                if wait_or_closed(&wakeups).await {
+                    return;
+                }
+            }
+        }
+    };
+    loop {
+        let received = tokio::select! {
+            received = listener.try_recv() => received,
+            () = wakeups.closed() => return,
+        };
+        let sent = match received {
+            Ok(Some(notification)) => parse(notification.channel(), notification.payload())
+                .into_iter()
+                .all(|wakeup| wakeups.send(wakeup).is_ok()),
+            // The connection was lost (sqlx reconnects on the next call): what was sent
+            // meanwhile is lost, so whoever waits looks again.
+            Ok(None) => {
+                tracing::warn!("the notification connection to PostgreSQL was lost; reconnecting");
+                wakeups.send(Wakeup::Resync).is_ok()
+            }
+            Err(error) => {
+                tracing::warn!(%error, "listening for notifications failed; retrying");
+                if wait_or_closed(&wakeups).await {
+                    return;
+                }
+                wakeups.send(Wakeup::Resync).is_ok()
+            }
+        };
+        if !sent {
+            return;
+        }
+    }
+}
+
+async fn connect(pool: &PgPool) -> sqlx::Result<PgListener> {
+    let mut listener = PgListener::connect_with(pool).await?;
+    listener.listen_all([LOG, RUNS, CANCEL, CRONS]).await?;
+    Ok(listener)
+}
+
+/// Waits a second before a retry; true when nobody listens any more.
+async fn wait_or_closed(wakeups: &mpsc::UnboundedSender<Wakeup>) -> bool {
+    tokio::select! {
+        () = tokio::time::sleep(std::time::Duration::from_secs(1)) => false,
+        () = wakeups.closed() => true,
+    }
+}
+
+/// A notification's wake-ups; malformed lines are skipped (nothing else sends on these
+/// channels, but a stray `NOTIFY` must not stop the listener).
+fn parse(channel: &str, payload: &str) -> Vec<Wakeup> {
+    match channel {
+        LOG => payload
+            .lines()
+            .filter_map(|line| {
+                let (thread, seq) = line.split_once(' ')?;
+                Some(Wakeup::Logged {
+                    thread_id: thread.parse().ok()?,
+                    seq: seq.parse().ok()?,
+                })
+            })
+            .collect(),
+        RUNS => vec![Wakeup::RunsQueued],
+        CANCEL => payload
+            .lines()
+            .filter_map(|line| Uuid::parse_str(line).ok())
+            .map(|run_id| Wakeup::Cancel { run_id })
+            .collect(),
+        CRONS => vec![Wakeup::CronsChanged],
+        _ => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payloads_stay_under_the_limit_and_keep_every_line() {
+        let lines: Vec<String> = (0..1000).map(|i| format!("thread-{i} {i}")).collect();
+        let payloads = payloads(lines.clone());
+        assert!(payloads.len() > 1);
+        assert!(payloads.iter().all(|p| p.len() <= PAYLOAD_MAX));
+        let back: Vec<String> = payloads
+            .iter()
+            .flat_map(|p| p.lines().map(str::to_owned))
+            .collect();
+        assert_eq!(back, lines);
+    }
+
+    #[test]
+    fn notifications_parse_into_wake_ups() {
+        let thread = ResourceId::generate();
+        let run = Uuid::new_v4();
+        assert_eq!(
+            parse(LOG, &format!("{thread} 7\nnot a line\n{thread} x")),
+            vec![Wakeup::Logged {
+                thread_id: thread,
+                seq: 7
+            }]
+        );
+        assert_eq!(parse(RUNS, ""), vec![Wakeup::RunsQueued]);
+        assert_eq!(
+            parse(CANCEL, &format!("{run}\nnope")),
+            vec![Wakeup::Cancel { run_id: run }]
+        );
+        assert_eq!(parse(CRONS, ""), vec![Wakeup::CronsChanged]);
+        assert!(parse("other", "x").is_empty());
+    }
+}

@@ -1,0 +1,500 @@
+//! The writes of runs in progress on PostgreSQL, grouped into shared transactions.
+//!
+//! A run writes at every step (its saves with the events before them), between steps (event
+//! batches) and at its end. One transaction each cost a `BEGIN`, a `COMMIT` and a WAL flush
+//! per write, and PostgreSQL's own CPU went mostly to that bookkeeping. Here, as SQLite's
+//! writer does (`sqlite_writer`), writes queue; each of a few writer tasks takes everything
+//! queued for it and applies it in one transaction, in queue order, and answers every caller
+//! after the `COMMIT`. A thread's writes always go to the same writer (by a hash of its id),
+//! so they are applied in the order they were queued, which the event log's seqs and a save's
+//! history rely on; writers of different threads run side by side on their own connections.
+//!
+//! A group that fails (one write's statement failed, or the commit) is rolled back whole and
+//! its writes applied again one transaction each, so only the faulty one fails; a save after
+//! a failed save of the same thread then fails too: a checkpoint is never stored without the
+//! history it continues.
+
+use std::collections::HashSet;
+use std::hash::{Hash, Hasher};
+
+use spindle_graph::checkpoint::QueuedWrite;
+use sqlx::postgres::PgPool;
+use sqlx::{Connection, PgConnection};
+use tokio::sync::{mpsc, oneshot};
+use uuid::Uuid;
+
+use crate::checkpoints::{
+    as_storage_error, insert_checkpoints_pg, insert_writes_of_pg, store_logged_pg, Put, WritesOf,
+};
+use crate::pg_notify;
+use crate::runs::{end_run_pg, insert_event_refs_pg, insert_events_pg, EndPrepared};
+use crate::{LoggedEvent, LoggedSave, ResourceId, Run, RunEnd, StorageError, StorageResult};
+
+/// Writer tasks, each with its own connection (a connection applies one statement at a time;
+/// several let PostgreSQL's cores share the work).
+const WRITERS: usize = 4;
+/// Most writes one transaction applies: a bound on the locks it holds and on how long its
+/// first caller waits.
+const MAX_GROUP: usize = 256;
+
+/// A write of a run in progress.
+pub(crate) enum Write {
+    /// A save with the events before it ([`LoggedSave`]).
+    Save(LoggedSave),
+    /// Events of a run's log ([`crate::RunStore::append_events`]).
+    Events(Vec<LoggedEvent>),
+    /// A run's end ([`crate::RunStore::finish_run`]).
+    End {
+        thread_id: ResourceId,
+        run_id: Uuid,
+        worker_id: String,
+        end: Box<RunEnd>,
+    },
+}
+
+/// What a write answers.
+pub(crate) enum Written {
+    Done,
+    Ended(Option<Box<Run>>),
+}
+
+struct Job {
+    write: Write,
+    /// The thread the write is for, which picks its writer.
+    thread: String,
+    reply: oneshot::Sender<StorageResult<Written>>,
+}
+
+/// The queues of the writer tasks.
+pub(crate) struct PgWriter {
+    queues: Vec<mpsc::UnboundedSender<Job>>,
+}
+
+impl PgWriter {
+    /// Starts the writer tasks on the current runtime; they stop when the writer is dropped.
+    pub(crate) fn start(pool: PgPool) -> Self {
+        let queues = (0..WRITERS)
+            .map(|_| {
+                let (queue, jobs) = mpsc::unbounded_channel();
+                tokio::spawn(write_groups(pool.clone(), jobs));
+                queue
+            })
+            .collect();
+        Self { queues }
+    }
+
+    /// Queues `write` (before this returns, so writes queued one after the other by one
+    /// caller are applied in that order); the future resolves once it is committed.
+    pub(crate) fn submit(
+        &self,
+        thread: String,
+        write: Write,
+    ) -> impl std::future::Future<Output = StorageResult<Written>> + Send + 'static {
+        let (reply, answer) = oneshot::channel();
+        let queue = &self.queues[writer_of(&thread)];
+        let queued = queue.send(Job {
+            write,
+            thread,
+            reply,
+        });
+        async move {
+            queued.map_err(|_| gone())?;
+            answer.await.map_err(|_| gone())?
+        }
+    }
+
+    /// Queues a save with its events.
+    pub(crate) fn save(
+        &self,
+        save: LoggedSave,
+    ) -> impl std::future::Future<Output = StorageResult<()>> + Send + 'static {
+        let thread = saved_thread(&save.write).to_owned();
+        let done = self.submit(thread, Write::Save(save));
+        async move { done.await.map(|_| ()) }
+    }
+
+    /// Queues events for their thread's log.
+    pub(crate) async fn events(&self, events: Vec<LoggedEvent>) -> StorageResult<()> {
+        let Some(first) = events.first() else {
+            return Ok(());
+        };
+        let thread = first.thread_id.to_string();
+        self.submit(thread, Write::Events(events)).await.map(|_| ())
+    }
+
+    /// Queues a run's end, behind the writes queued for its thread before it.
+    pub(crate) async fn end(
+        &self,
+        thread_id: ResourceId,
+        run_id: Uuid,
+        worker_id: String,
+        end: RunEnd,
+    ) -> StorageResult<Option<Run>> {
+        let thread = thread_id.to_string();
+        let write = Write::End {
+            thread_id,
+            run_id,
+            worker_id,
+            end: Box::new(end),
+        };
+        match self.submit(thread, write).await? {
+            Written::Ended(run) => Ok(run.map(|run| *run)),
+            Written::Done => Ok(None),
+        }
+    }
+}
+
+fn gone() -> StorageError {
+    StorageError::Commit("the PostgreSQL writer stopped".to_owned())
+}
+
+fn writer_of(thread: &str) -> usize {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    thread.hash(&mut hasher);
+    (hasher.finish() % WRITERS as u64) as usize
+}
+
+fn saved_thread(write: &QueuedWrite) -> &str {
+    match write {
+        QueuedWrite::Checkpoint { thread_id, .. } | QueuedWrite::Writes { thread_id, .. } => {
+            thread_id
+        }
+    }
+}
+
+/// One writer task: takes what is queued, applies it as one group, answers, again.
+async fn write_groups(pool: PgPool, mut jobs: mpsc::UnboundedReceiver<Job>) {
+    let mut group = Vec::with_capacity(MAX_GROUP);
+    while jobs.recv_many(&mut group, MAX_GROUP).await > 0 {
+        let results = match pool.acquire().await {
+            Ok(mut conn) => apply(&mut conn, &group).await,
+            Err(error) => group
+                .iter()
+                .map(|_| Err(StorageError::Commit(error.to_string())))
+                .collect(),
+        };
+        for (job, result) in group.drain(..).zip(results) {
+            // The caller may have stopped waiting; its write stands.
+            let _ = job.reply.send(result);
+        }
+    }
+}
+
+/// Applies a group in one transaction; when that fails, each write in its own.
+async fn apply(conn: &mut PgConnection, group: &[Job]) -> Vec<StorageResult<Written>> {
+    if group.len() > 1 {
+        if let Ok(results) = apply_together(conn, group).await {
+            return results;
+        }
+    }
+    let mut failed_threads = HashSet::new();
+    let mut results = Vec::with_capacity(group.len());
+    for job in group {
+        let result = if matches!(job.write, Write::Save(_)) && failed_threads.contains(&job.thread)
+        {
+            Err(StorageError::Checkpoint(
+                "an earlier save of this thread failed; this one continues it and is not stored"
+                    .to_owned(),
+            ))
+        } else {
+            apply_alone(conn, &job.write).await
+        };
+        if result.is_err() && matches!(job.write, Write::Save(_)) {
+            failed_threads.insert(job.thread.clone());
+        }
+        results.push(result);
+    }
+    results
+}
+
+/// The whole group in one transaction, or an error (rolled back) if any write failed.
+async fn apply_together(
+    conn: &mut PgConnection,
+    group: &[Job],
+) -> StorageResult<Vec<StorageResult<Written>>> {
+    let mut tx = conn.begin().await?;
+    let applied = match Batch::of(group) {
+        Some(batch) => batch.apply(&mut tx).await,
+        None => apply_in_order(&mut tx, group).await,
+    };
+    match applied {
+        Ok(results) => {
+            notify_logged(&mut tx, group.iter().map(|job| &job.write)).await?;
+            tx.commit().await?;
+            Ok(results)
+        }
+        Err(error) => {
+            tx.rollback().await?;
+            Err(error)
+        }
+    }
+}
+
+/// The group's writes one after the other (on one transaction), each with its own
+/// statements.
+async fn apply_in_order(
+    conn: &mut PgConnection,
+    group: &[Job],
+) -> StorageResult<Vec<StorageResult<Written>>> {
+    let mut results = Vec::with_capacity(group.len());
+    for job in group {
+        results.push(Ok(apply_one(conn, &job.write).await?));
+    }
+    Ok(results)
+}
+
+/// A group's writes as a few statements over all of them: every event in one insert, the
+/// checkpoints and pending writes in rounds (one insert each), then the ends one by one.
+/// This equals applying them in order, given the conditions [`Batch::of`] checks.
+struct Batch<'a> {
+    events: Vec<&'a LoggedEvent>,
+    rounds: Vec<Round<'a>>,
+    /// Each end with what the batch did for it before.
+    ends: Vec<(&'a Write, EndPrepared)>,
+    /// Where each write's answer comes from: an end's index in `ends`, or none (done).
+    answers: Vec<Option<usize>>,
+}
+
+/// Saves no two of which touch the same checkpoint in a way that their order would tell.
+#[derive(Default)]
+struct Round<'a> {
+    checkpoints: Vec<Put<'a>>,
+    writes: Vec<WritesOf<'a>>,
+    /// The checkpoints (thread, namespace, id) this round saves or writes to.
+    touched: HashSet<(&'a str, &'a str, &'a str)>,
+}
+
+impl<'a> Batch<'a> {
+    /// The group as a batch; `None` when a thread's end comes before another write of that
+    /// thread (its events and saves would then go in before the end, out of order).
+    fn of(group: &'a [Job]) -> Option<Self> {
+        let mut batch = Batch {
+            events: Vec::new(),
+            rounds: vec![Round::default()],
+            ends: Vec::new(),
+            answers: Vec::with_capacity(group.len()),
+        };
+        let mut ended: HashSet<&str> = HashSet::new();
+        for job in group {
+            if ended.contains(job.thread.as_str()) {
+                return None;
+            }
+            match &job.write {
+                Write::Save(save) => {
+                    batch.events.extend(&save.events);
+                    batch.add_save(&save.write);
+                    batch.answers.push(None);
+                }
+                Write::Events(events) => {
+                    batch.events.extend(events);
+                    batch.answers.push(None);
+                }
+                Write::End { end, .. } => {
+                    batch.events.extend(&end.events);
+                    let checkpoint_saved = end.after_checkpoint.as_deref().is_some_and(|id| {
+                        let key = (job.thread.as_str(), "", id);
+                        batch.rounds.iter().any(|round| round.saves(key))
+                    });
+                    let prepared = EndPrepared {
+                        events_logged: true,
+                        checkpoint_saved,
+                    };
+                    batch.answers.push(Some(batch.ends.len()));
+                    batch.ends.push((&job.write, prepared));
+                    ended.insert(job.thread.as_str());
+                }
+            }
+        }
+        Some(batch)
+    }
+
+    /// Adds a save to the last round, or to a new one where it would touch a checkpoint
+    /// that round already did in a way that needs the order: a checkpoint saved twice (a
+    /// save again replaces its writes), or writes replacing ones of a checkpoint the round
+    /// wrote to.
+    fn add_save(&mut self, write: &'a QueuedWrite) {
+        let (key, ordered) = match write {
+            QueuedWrite::Checkpoint {
+                thread_id,
+                checkpoint_ns,
+                checkpoint,
+                ..
+            } => (
+                (
+                    thread_id.as_str(),
+                    checkpoint_ns.as_str(),
+                    checkpoint.id.as_str(),
+                ),
+                true,
+            ),
+            QueuedWrite::Writes {
+                thread_id,
+                checkpoint_ns,
+                checkpoint_id,
+                writes,
+            } => (
+                (
+                    thread_id.as_str(),
+                    checkpoint_ns.as_str(),
+                    checkpoint_id.as_str(),
+                ),
+                writes.iter().any(|w| w.channel.starts_with("__")),
+            ),
+        };
+        let last = self.rounds.last().expect("a batch has a round");
+        if ordered && last.touched.contains(&key) {
+            self.rounds.push(Round::default());
+        }
+        let round = self.rounds.last_mut().expect("a batch has a round");
+        round.touched.insert(key);
+        match write {
+            QueuedWrite::Checkpoint {
+                thread_id,
+                checkpoint_ns,
+                checkpoint,
+                metadata,
+                parent_id,
+                blobs,
+            } => round.checkpoints.push(Put {
+                thread_id,
+                checkpoint_ns,
+                checkpoint,
+                metadata,
+                parent_id: parent_id.as_deref(),
+                blobs,
+            }),
+            QueuedWrite::Writes {
+                thread_id,
+                checkpoint_ns,
+                checkpoint_id,
+                writes,
+            } => round.writes.push(WritesOf {
+                thread_id,
+                checkpoint_ns,
+                checkpoint_id,
+                writes,
+            }),
+        }
+    }
+
+    async fn apply(self, conn: &mut PgConnection) -> StorageResult<Vec<StorageResult<Written>>> {
+        insert_event_refs_pg(conn, &self.events).await?;
+        for round in &self.rounds {
+            if !round.checkpoints.is_empty() {
+                insert_checkpoints_pg(conn, &round.checkpoints)
+                    .await
+                    .map_err(as_storage_error)?;
+            }
+            if !round.writes.is_empty() {
+                insert_writes_of_pg(conn, &round.writes)
+                    .await
+                    .map_err(as_storage_error)?;
+            }
+        }
+        let mut ended = Vec::with_capacity(self.ends.len());
+        for (write, prepared) in &self.ends {
+            ended.push(Some(end_write(conn, write, *prepared).await?));
+        }
+        Ok(self
+            .answers
+            .into_iter()
+            .map(|answer| {
+                Ok(match answer {
+                    Some(i) => ended[i].take().unwrap_or(Written::Done),
+                    None => Written::Done,
+                })
+            })
+            .collect())
+    }
+}
+
+impl Round<'_> {
+    /// Whether the round saves that checkpoint.
+    fn saves(&self, (thread, ns, id): (&str, &str, &str)) -> bool {
+        self.checkpoints.iter().any(|put| {
+            put.thread_id == thread && put.checkpoint_ns == ns && put.checkpoint.id == id
+        })
+    }
+}
+
+/// Tells other processes (and this one's listener) how far the logs the writes grew reach,
+/// at the commit: one notification per thread, each with the thread's last seq.
+async fn notify_logged<'a>(
+    conn: &mut PgConnection,
+    writes: impl Iterator<Item = &'a Write>,
+) -> StorageResult<()> {
+    let mut threads: Vec<&str> = writes
+        .filter_map(|write| match write {
+            Write::Save(save) if !save.events.is_empty() => Some(saved_thread(&save.write)),
+            Write::Save(_) => None,
+            Write::Events(events) => events.first().map(|e| e.thread_id.as_str()),
+            Write::End { thread_id, .. } => Some(thread_id.as_str()),
+        })
+        .collect();
+    threads.sort_unstable();
+    threads.dedup();
+    if threads.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "SELECT pg_notify($1, thread_id || ' ' || event_seq) FROM threads \
+         WHERE thread_id = ANY($2)",
+    )
+    .bind(pg_notify::LOG)
+    .bind(threads)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// One write in a transaction of its own.
+async fn apply_alone(conn: &mut PgConnection, write: &Write) -> StorageResult<Written> {
+    let mut tx = conn.begin().await?;
+    match apply_one(&mut tx, write).await {
+        Ok(written) => {
+            notify_logged(&mut tx, std::iter::once(write)).await?;
+            tx.commit().await?;
+            Ok(written)
+        }
+        Err(error) => {
+            if let Err(rollback) = tx.rollback().await {
+                tracing::warn!(%rollback, "rolling back a failed write");
+            }
+            Err(error)
+        }
+    }
+}
+
+async fn apply_one(conn: &mut PgConnection, write: &Write) -> StorageResult<Written> {
+    match write {
+        Write::Save(save) => {
+            store_logged_pg(conn, save)
+                .await
+                .map_err(as_storage_error)?;
+            Ok(Written::Done)
+        }
+        Write::Events(events) => {
+            insert_events_pg(conn, events).await?;
+            Ok(Written::Done)
+        }
+        Write::End { .. } => end_write(conn, write, EndPrepared::default()).await,
+    }
+}
+
+async fn end_write(
+    conn: &mut PgConnection,
+    write: &Write,
+    prepared: EndPrepared,
+) -> StorageResult<Written> {
+    let Write::End {
+        thread_id,
+        run_id,
+        worker_id,
+        end,
+    } = write
+    else {
+        return Ok(Written::Done);
+    };
+    let ended = end_run_pg(conn, *thread_id, *run_id, worker_id, end, prepared).await?;
+    Ok(Written::Ended(ended.map(Box::new)))
+}
