@@ -1,9 +1,10 @@
-"""The benchmark: Spindle and the reference server under the same load, side by side.
+"""The benchmark: Spindle, the reference server and Aegra under the same load, side by side.
 
 Run it through `bench/run`, which prepares bench/.venv first. It builds the release binaries,
-starts `spindle dev` (or `spindle serve` on PostgreSQL) and `langgraph dev` serving the Python
-twins in bench/reference, drives each in turn with the native load generator and the official
-Python client, and writes the table to bench/RESULTS.md. Both servers are stopped at the end,
+starts `spindle dev` (or one or more `spindle serve` on PostgreSQL), `langgraph dev` serving the
+Python twins in bench/reference and, on PostgreSQL, Aegra serving the same twins from a venv of
+its own (bench/.venv-aegra), drives each in turn with the native load generator and the official
+Python client, and writes the table to bench/RESULTS.md. Every server is stopped at the end,
 also on Ctrl-C or failure.
 """
 import argparse
@@ -27,6 +28,8 @@ import servers
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
+# Aegra's venv: its dependencies (FastAPI, psycopg, ...) are not the reference server's.
+AEGRA_VENV = BENCH / ".venv-aegra"
 # Processes that mean someone else is compiling on the machine while we measure.
 COMPILERS = {"rustc", "cargo", "cc1", "cc1plus", "ld", "ld.lld", "clang"}
 
@@ -38,17 +41,27 @@ def parse_args(argv):
     p.add_argument("--clients", default="1,16,64", help="concurrent clients, comma-separated [1,16,64]")
     p.add_argument("--repeat", type=int, default=3, help="repetitions for Spindle; medians are reported [3]")
     p.add_argument("--scenarios", default="wait,stream", help="wait, stream or both [wait,stream]")
-    p.add_argument("--ref-duration", type=float, help="seconds measured per reference cell [--duration]")
+    p.add_argument("--ref-duration", type=float,
+                   help="seconds measured per cell of the reference and Aegra [--duration]")
     p.add_argument("--ref-warmup", type=float, default=2.0,
-                   help="warm-up for the reference, whose runs take about a second [2]")
-    p.add_argument("--ref-clients", help="client counts for the reference [--clients]")
-    p.add_argument("--ref-repeat", type=int, default=1, help="repetitions for the reference [1]")
-    p.add_argument("--skip-reference", action="store_true", help="measure Spindle only")
+                   help="warm-up for the reference and Aegra, whose runs take up to a second [2]")
+    p.add_argument("--ref-clients", help="client counts for the reference and Aegra [--clients]")
+    p.add_argument("--ref-repeat", type=int, default=1, help="repetitions for the reference and Aegra [1]")
+    p.add_argument("--skip-reference", action="store_true", help="do not measure the reference")
+    aegra = p.add_mutually_exclusive_group()
+    aegra.add_argument("--aegra", action="store_true", default=None,
+                       help="also measure Aegra, on a database of its own on --postgres-url, with the "
+                            "--ref-* settings [on with --backend postgres]")
+    aegra.add_argument("--skip-aegra", dest="aegra", action="store_false", help="do not measure Aegra")
     p.add_argument("--skip-python", action="store_true", help="only the native load generator")
     p.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
     p.add_argument("--postgres-url", default="postgres://postgres@127.0.0.1:5432/postgres",
-                   help="a PostgreSQL database to create the benchmark's fresh database from")
-    p.add_argument("--no-build", action="store_true", help="use the binaries already in target/release")
+                   help="a PostgreSQL database to create the benchmark's fresh databases from")
+    p.add_argument("--processes", type=int, default=1,
+                   help="`spindle serve` processes on the one database, each on its port, the clients "
+                        "spread over them (--backend postgres only) [1]")
+    p.add_argument("--no-build", action="store_true",
+                   help="build nothing: use --spindle-bin and --loadgen-bin as they are")
     p.add_argument("--spindle-bin", type=Path, help="the spindle binary [target/release/spindle]")
     p.add_argument("--loadgen-bin", type=Path, help="the load generator [target/release/spindle-loadgen]")
     p.add_argument("--graphs", choices=["files", "python"], default="files",
@@ -60,6 +73,13 @@ def parse_args(argv):
     p.add_argument("--expect", default='{"n": 4}', help="what a waited-on run must answer, as JSON")
     p.add_argument("--output", type=Path, default=BENCH / "RESULTS.md", help="[bench/RESULTS.md]")
     args = p.parse_args(argv)
+    if args.processes < 1:
+        p.error("--processes must be at least 1")
+    if args.processes > 1 and args.backend != "postgres":
+        p.error(f"--processes {args.processes} needs --backend postgres: processes of `spindle dev` "
+                "cannot share one SQLite database, so Spindle runs as one process on SQLite")
+    if args.aegra is None:
+        args.aegra = args.backend == "postgres"
     args.clients = [int(c) for c in args.clients.split(",")]
     args.ref_clients = [int(c) for c in args.ref_clients.split(",")] if args.ref_clients else args.clients
     args.ref_duration = args.ref_duration or args.duration
@@ -72,7 +92,7 @@ def parse_args(argv):
 @dataclasses.dataclass
 class Plan:
     """How one server is measured."""
-    kind: str  # "spindle" or "reference"
+    kind: str  # "spindle", "reference" or "aegra"
     repeat: int
     clients: list
     duration: float
@@ -80,9 +100,11 @@ class Plan:
 
 
 def plans(args) -> list:
+    """Spindle with its own settings; the two Python servers, whose runs take a hundred times
+    longer, with the --ref-* ones (one repetition after a longer warm-up by default)."""
     out = [Plan("spindle", args.repeat, args.clients, args.duration, args.warmup)]
-    if not args.skip_reference:
-        out.append(Plan("reference", args.ref_repeat, args.ref_clients, args.ref_duration, args.ref_warmup))
+    slow = [kind for kind, on in (("reference", not args.skip_reference), ("aegra", args.aegra)) if on]
+    out += [Plan(kind, args.ref_repeat, args.ref_clients, args.ref_duration, args.ref_warmup) for kind in slow]
     return out
 
 
@@ -126,28 +148,90 @@ def compiling_now() -> bool:
     return False
 
 
+def ensure_venv(venv: Path, requirements: Path) -> None:
+    """Makes `venv` hold `requirements`, as bench/run does for bench/.venv: created the first
+    time, installed again only when the file changed since (a copy of it is kept as a stamp)."""
+    stamp = venv / ".installed-requirements.txt"
+    if stamp.exists() and stamp.read_bytes() == requirements.read_bytes():
+        return
+    log(f"==> preparing {venv} (pip install -r {requirements.relative_to(ROOT)})")
+    if not (venv / "bin" / "python").exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
+                    "--disable-pip-version-check", "-r", str(requirements)], check=True)
+    shutil.copyfile(requirements, stamp)
+
+
 def children_cpu() -> float:
     """CPU seconds used by our finished children: the load generators (servers are still running)."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
 
 
+def cpu_sample(server) -> dict:
+    """The CPU seconds the server (all its processes) and the local PostgreSQL used so far."""
+    return {"at": time.monotonic(), "server": server.cpu_seconds(), "postgres": servers.postgres_cpu()}
+
+
+def cpu_use(server, before: dict, after: dict) -> dict:
+    """CPU between two samples, in % of one core: the server's; PostgreSQL's, when the server
+    keeps its data there (None otherwise, or when PostgreSQL is not on this machine); and the
+    part of it spent by live backends of other databases, which is someone else's load."""
+    span = after["at"] - before["at"]
+    out = {"cpu_pct": 100 * (after["server"] - before["server"]) / span,
+           "pg_cpu_pct": None, "pg_other_cpu_pct": None}
+    pg0, pg1 = before["postgres"], after["postgres"]
+    if server.database and pg0 and pg1:
+        out["pg_cpu_pct"] = 100 * (pg1["total"] - pg0["total"]) / span
+        other = sum(seconds - pg0["backends"].get(pid, (db, 0))[1]
+                    for pid, (db, seconds) in pg1["backends"].items() if db != server.database)
+        out["pg_other_cpu_pct"] = 100 * other / span
+    return out
+
+
+def run_loader(cmd: list, server, warmup: float, duration: float) -> tuple:
+    """Runs a load generator to its end and samples CPU while it runs, when its measured window
+    opens and closes; returns (exit code, stdout, stderr, CPU use over the window or None).
+
+    The window is reckoned from the loader's start; its own start-up (Python's imports) delays
+    its window by well under the warm-up, so the samples still fall while the load is on.
+    """
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    samples, output = [], None
+    try:
+        for at in (started + warmup, started + warmup + duration):
+            try:
+                output = proc.communicate(timeout=max(at - time.monotonic(), 0))
+                break  # it ended before its window did: it failed
+            except subprocess.TimeoutExpired:
+                samples.append(cpu_sample(server))
+        if output is None:
+            output = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    use = cpu_use(server, *samples) if len(samples) == 2 else None
+    return proc.returncode, output[0], output[1], use
+
+
 def measure_cell(args, server, scenario, client, clients, duration, warmup) -> dict:
-    """One load run against one server; the loader's JSON plus the server's CPU and memory."""
-    cmd = [*loader_argv(args, client), "--url", server.url, "--scenario", scenario,
+    """One load run against one server; the loader's JSON plus the server's CPU and memory,
+    and PostgreSQL's CPU when the server uses it."""
+    cmd = [*loader_argv(args, client), "--url", ",".join(server.urls), "--scenario", scenario,
            "--clients", str(clients), "--duration", str(duration), "--warmup", str(warmup),
            "--input", args.input, "--expect", args.expect]
     busy = compiling_now()
-    cpu_before, started, client_before = server.cpu_seconds(), time.monotonic(), children_cpu()
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=warmup + duration + 600)
-    wall, cpu = time.monotonic() - started, server.cpu_seconds() - cpu_before
-    client_cpu = children_cpu() - client_before
-    if done.returncode != 0:
-        raise RuntimeError(f"load generator failed ({done.returncode}): {shlex.join(cmd)}\n{done.stderr}")
+    started, client_before = time.monotonic(), children_cpu()
+    code, stdout, stderr, use = run_loader(cmd, server, warmup, duration)
+    wall, client_cpu = time.monotonic() - started, children_cpu() - client_before
+    if code != 0 or use is None:
+        raise RuntimeError(f"load generator failed ({code}): {shlex.join(cmd)}\n{stderr}")
     return {
-        "server": server.name, "scenario": scenario, "client": client, "clients": clients,
-        "report": json.loads(done.stdout.strip().splitlines()[-1]),
-        "cpu_pct": 100 * cpu / wall, "client_cpu_pct": 100 * client_cpu / wall, **server.memory_mb(),
+        "server": server.name, "processes": len(server.urls), "scenario": scenario, "client": client,
+        "clients": clients, "report": json.loads(stdout.strip().splitlines()[-1]),
+        **use, "client_cpu_pct": 100 * client_cpu / wall, **server.memory_mb(),
         "machine_compiling": busy or compiling_now(), "loadavg_1m": os.getloadavg()[0],
     }
 
@@ -157,9 +241,10 @@ def describe(m: dict) -> str:
     lat = r["latency_ms"] or {}
     fe = r["first_event_ms"]
     first = f" first-event p50 {fe['p50']:.2f} p99 {fe['p99']:.2f}" if fe else ""
+    pg = f" postgres {m['pg_cpu_pct']:.0f}%" if m["pg_cpu_pct"] is not None else ""
     return (f"{m['server']:9} {m['scenario']:6} {m['client']:6} c={m['clients']:<3} "
             f"{r['runs_per_s']:9.1f} runs/s p50 {lat.get('p50', 0):.2f} p99 {lat.get('p99', 0):.2f} ms"
-            f"{first} errors {r['errors']} cpu {m['cpu_pct']:.0f}% (client {m['client_cpu_pct']:.0f}%) "
+            f"{first} errors {r['errors']} cpu {m['cpu_pct']:.0f}%{pg} (client {m['client_cpu_pct']:.0f}%) "
             f"rss {m['rss_mb']:.0f} MB")
 
 
@@ -196,7 +281,8 @@ def machine_facts(args) -> dict:
         "Machine": f"{os.cpu_count()} CPUs (nproc {run('nproc')}), {cpu}, {mem_kb / 1048576:.1f} GiB RAM, "
                    f"Linux {platform.release()}",
         "Spindle": f"commit {run('git', 'rev-parse', '--short', 'HEAD')}{dirty}, binary {args.spindle_bin}",
-        "Backend": "SQLite (`spindle dev`)" if args.backend == "sqlite" else "PostgreSQL (`spindle serve`)",
+        "Backend": "SQLite (`spindle dev`)" if args.backend == "sqlite" else
+                   f"PostgreSQL (`spindle serve`, {_processes(args.processes)} on one database)",
         "Graphs": ("Spindle runs its graph files (`chain`) on its Rust engine" if args.graphs == "files" else
                    "Spindle runs the reference's own Python `chain` (bench/reference) through its Python "
                    f"workers ({args.python_workers or 'default number of'} worker(s)), in bench/.venv"),
@@ -204,10 +290,26 @@ def machine_facts(args) -> dict:
                       f"`langgraph dev` (langgraph-api {_version('langgraph-api')}, "
                       f"langgraph-runtime-inmem {_version('langgraph-runtime-inmem')}, in-memory, "
                       "default settings) serving bench/reference"),
+        "Aegra": (f"aegra-api {_venv_version(AEGRA_VENV, 'aegra-api')} (langgraph "
+                  f"{_venv_version(AEGRA_VENV, 'langgraph')}, uvicorn {_venv_version(AEGRA_VENV, 'uvicorn')}, "
+                  "one process, default settings) serving bench/reference on a PostgreSQL database of its "
+                  "own, from bench/.venv-aegra" if args.aegra else "skipped"),
         "Clients": f"spindle-loadgen (Rust, one tokio thread), langgraph-sdk {_version('langgraph-sdk')} "
                    f"(Python {platform.python_version()}, asyncio)",
         "Toolchain": run("rustc", "-V"),
     }
+
+
+def _processes(n: int) -> str:
+    return f"{n} process" if n == 1 else f"{n} processes"
+
+
+def _venv_version(venv: Path, dist: str) -> str:
+    """A distribution's version in another venv (Aegra's), asked of that venv's Python."""
+    done = subprocess.run([str(venv / "bin" / "python"), "-c",
+                           f"import importlib.metadata as m; print(m.version({dist!r}))"],
+                          capture_output=True, text=True)
+    return done.stdout.strip() or "?"
 
 
 def _version(dist: str) -> str:
@@ -229,20 +331,40 @@ def graph_baseline() -> dict:
 
 def notes(args, raw: list, memory: dict) -> list:
     out = [f"Spindle: {args.repeat} repetition(s) of {args.duration:g} s per cell after {args.warmup:g} s "
-           f"of warm-up; reference: {args.ref_repeat} of {args.ref_duration:g} s after {args.ref_warmup:g} s."]
-    if args.ref_clients != args.clients:
-        out.append(f"The reference was measured at {', '.join(map(str, args.ref_clients))} clients only.")
+           "of warm-up."]
+    slow = " and ".join("the reference" if p.kind == "reference" else report.SERVERS[p.kind]
+                        for p in plans(args)[1:])
+    slow = slow[:1].upper() + slow[1:]
+    if slow:
+        out.append(f"{slow}: {args.ref_repeat} repetition(s) of {args.ref_duration:g} s per cell after "
+                   f"{args.ref_warmup:g} s of warm-up.")
+    if slow and args.ref_clients != args.clients:
+        out.append(f"{slow}: measured at {', '.join(map(str, args.ref_clients))} clients only.")
+    if args.processes > 1:
+        out.append(f"Spindle ran as {args.processes} `spindle serve` processes on one database; client i "
+                   f"of a cell used process i mod {args.processes} for all its requests, so a cell with "
+                   f"fewer clients than processes leaves some idle. Its CPU % and memory are summed over "
+                   f"them all.")
     for name, mem in memory.items():
         end = ", ".join(f"{mb:.0f}" for mb in mem["end_mb"])
-        out.append(f"{name} memory: {mem['idle_mb']:.0f} MB RSS when ready; after the last cell of each "
+        out.append(f"{report.SERVERS[name]} memory: {mem['idle_mb']:.0f} MB RSS when ready; after the last cell of each "
                    f"repetition: {end} MB; peak (VmHWM): {mem['peak_mb']:.0f} MB.")
-    if args.backend == "postgres":
-        out.append("Spindle's CPU % does not include PostgreSQL's own processes.")
+    if any(m["pg_cpu_pct"] is not None for m in raw):
+        out.append("A server's CPU % does not include PostgreSQL's own processes: their CPU is in the "
+                   "\"PostgreSQL CPU ms/run\" column, read from /proc for every `postgres` process on "
+                   "the machine (backends, WAL writer, checkpointer, ...) over the same window.")
+    on_pg = [m for m in raw if m["pg_cpu_pct"] is not None]
+    other = [m for m in on_pg if m["pg_other_cpu_pct"] > 0.05 * max(m["pg_cpu_pct"], 1)]
+    if other:
+        worst = max(m["pg_other_cpu_pct"] for m in other)
+        out.append(f"PostgreSQL was also serving other databases (someone else's load) during {len(other)} "
+                   f"of the {len(on_pg)} measurements with PostgreSQL figures, up to {worst:.0f} % of a "
+                   "core, which its CPU per run includes: those figures are upper bounds.")
     busy = sum(m["machine_compiling"] for m in raw)
     if busy:
         out.append(f"The machine was also compiling (another build in the same checkout) during {busy} of "
                    f"{len(raw)} measurements, which takes CPU from the servers: figures are lower bounds.")
-    out.append("The load generators run on the same cores as the server they measure. Both servers "
+    out.append("The load generators run on the same cores as the server they measure. All the servers "
                "run throughout, but only one is under load at a time (an idle one uses under 1 % CPU).")
     out.append("Each repetition starts a fresh server, but within one the cells run in the order of "
                "the table on the same server: its database (a new thread per run) and memory grow from "
@@ -258,31 +380,49 @@ def _on_signal(signum, _frame):
     raise Interrupted(f"signal {signum}")
 
 
-def make_server(args, kind: str, workdir: Path, rep: int) -> servers.Server:
-    """A server of `kind` for one repetition, on a fresh port with fresh data; not started yet."""
+def make_server(args, kind: str, workdir: Path, rep: int):
+    """A server of `kind` for one repetition, on fresh ports with fresh data; not started yet.
+
+    On PostgreSQL its database is created here, last, once nothing else can fail, and dropped
+    when the server stops.
+    """
     cwd = workdir / f"{kind}-{rep + 1}"
     if kind == "reference":
         return servers.reference_server(BENCH / ".venv", BENCH / "reference", cwd)
-    python = None
-    if args.graphs == "python":
-        python = (BENCH / "reference", BENCH / ".venv" / "bin" / "python", args.python_workers)
-    if args.backend == "sqlite":
-        return servers.spindle_server(args.spindle_bin, cwd, None, python)
-    database = servers.PostgresDatabase(args.postgres_url, suffix=str(rep + 1))
-    server = servers.spindle_server(args.spindle_bin, cwd, database.create(), python)
+    if kind == "spindle" and args.backend == "sqlite":
+        return servers.spindle_server(args.spindle_bin, cwd, None, spindle_python(args))
+    database = servers.PostgresDatabase(args.postgres_url, suffix=f"{kind}_{rep + 1}")
+    if kind == "aegra":
+        server = servers.aegra_server(AEGRA_VENV, BENCH / "reference", cwd, database.url)
+    elif args.processes == 1:
+        server = servers.spindle_server(args.spindle_bin, cwd, database.url, spindle_python(args))
+    else:
+        server = servers.ServerGroup([
+            servers.spindle_server(args.spindle_bin, cwd / f"process-{i + 1}", database.url, spindle_python(args))
+            for i in range(args.processes)])
+    server.database = database.name
     server.after_stop.append(database.drop)
+    database.create()
     return server
 
 
-def start(server: servers.Server) -> None:
-    timeout = 180 if server.name == "reference" else 60
+def spindle_python(args) -> tuple | None:
+    """With --graphs python: the reference's project, the workers' interpreter and their number."""
+    if args.graphs != "python":
+        return None
+    return BENCH / "reference", BENCH / ".venv" / "bin" / "python", args.python_workers
+
+
+def start(server) -> None:
+    # The Python servers import LangGraph and FastAPI first: slow on a busy machine.
+    timeout = 60 if server.name == "spindle" else 180
     log(f"==> {server.name} ready in {server.start(timeout):.1f} s at {server.url}")
 
 
 def run_benchmark(args, workdir: Path) -> tuple:
     """Measures every plan; returns (raw measurements, memory facts per server).
 
-    Both servers start first, side by side, so that a reference that cannot start fails the run
+    All the servers start first, side by side, so that one that cannot start fails the run
     before minutes of measuring. Each repetition after the first gets a fresh server: a server's
     memory and database grow with the runs it served, and repetitions should be alike.
     """
@@ -303,9 +443,21 @@ def run_benchmark(args, workdir: Path) -> tuple:
                 memory[plan.kind]["peak_mb"] = max(memory[plan.kind]["peak_mb"], mem["peak_mb"])
                 memory[plan.kind]["end_mb"].append(mem["rss_mb"])
     finally:
-        for server in live.values():
-            server.stop()
+        stop_all(live.values())
     return raw, memory
+
+
+def stop_all(running) -> None:
+    """Stops every server, each also when stopping another failed; then raises the first failure."""
+    failures = []
+    for server in running:
+        try:
+            server.stop()
+        except Exception as err:  # noqa: BLE001 - the others must stop all the same
+            log(f"!! stopping {server.name}: {type(err).__name__}: {err}")
+            failures.append(err)
+    if failures:
+        raise failures[0]
 
 
 def main(argv) -> int:
@@ -315,6 +467,8 @@ def main(argv) -> int:
     signal.signal(signal.SIGHUP, _on_signal)
     if not args.no_build:
         build(args)
+    if args.aegra:
+        ensure_venv(AEGRA_VENV, BENCH / "requirements-aegra.txt")
     facts = machine_facts(args)
     workdir = servers.make_workdir()
     try:

@@ -1,7 +1,8 @@
 """Load an agent server with the official Python client (langgraph-sdk).
 
 The same scenarios as the native load generator (bench/loadgen), with N asyncio tasks sharing
-one client, printing the same JSON report. It shows what a Python application sees; it is not
+one client per server URL (task i uses URL i % n, as the native one does), printing the same
+JSON report. It shows what a Python application sees; it is not
 a measure of the server's ceiling, because the client itself costs a CPU core well before.
 
     python pyload.py --url http://127.0.0.1:2024 --scenario wait --clients 16 --duration 5
@@ -17,7 +18,9 @@ from langgraph_sdk import get_client
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--url", required=True)
+    p.add_argument("--url", required=True,
+                   help="base URL of the server; or several, comma-separated (processes of one server): "
+                        "task i uses URL i %% n for all its operations")
     p.add_argument("--scenario", choices=["wait", "stream"], required=True)
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--duration", type=float, default=10.0, help="seconds measured")
@@ -71,6 +74,15 @@ async def client_loop(client, args, run_input, expect, window, result):
             result["samples"].append(sample)
 
 
+def base_urls(urls: str) -> list:
+    """The comma-separated `--url` values without trailing slashes; none may be empty, since a
+    task given an empty one would fail every operation instead of loading a server."""
+    out = [url.strip().rstrip("/") for url in urls.split(",")]
+    if not all(out):
+        raise SystemExit(f"--url holds an empty URL: {urls!r}")
+    return out
+
+
 def percentiles(samples_s):
     """Exact nearest-rank percentiles in milliseconds, or None without samples."""
     if not samples_s:
@@ -87,18 +99,21 @@ async def main():
     args = parse_args()
     run_input = json.loads(args.input)
     expect = json.loads(args.expect) if args.expect else None
-    client = get_client(url=args.url, timeout=args.timeout)
+    urls = base_urls(args.url)
+    clients = [get_client(url=url, timeout=args.timeout) for url in urls]
     now = time.perf_counter()
     window = (now + args.warmup, now + args.warmup + args.duration)
     result = {"samples": [], "errors": 0, "first_error": None}
     await asyncio.gather(
-        *(client_loop(client, args, run_input, expect, window, result) for _ in range(args.clients))
+        *(client_loop(clients[i % len(clients)], args, run_input, expect, window, result)
+          for i in range(args.clients))
     )
     samples = result["samples"]
     report = {
         "tool": "langgraph-sdk",
         "scenario": args.scenario,
         "clients": args.clients,
+        "urls": len(urls),
         "duration_s": args.duration,
         "runs": len(samples),
         "errors": result["errors"],

@@ -20,6 +20,13 @@ def _pct(report, key, which):
     return block[which] if block else None
 
 
+def _per_run_ms(cpu_pct, runs_per_s):
+    """CPU % of one core over the window, per run/s: the CPU one run cost, in ms."""
+    if cpu_pct is None or not runs_per_s:
+        return None
+    return cpu_pct * 10 / runs_per_s
+
+
 def aggregate(raw: list) -> dict:
     """Medians over the repetitions of each cell, keyed by (server, scenario, client, clients)."""
     groups = {}
@@ -38,7 +45,11 @@ def aggregate(raw: list) -> dict:
             "errors": sum(r["errors"] for r in reports),
             "first_error": next((r["first_error"] for r in reports if r["first_error"]), None),
             "rss_mb": _median([m["rss_mb"] for m in ms]),
+            "processes": ms[0].get("processes", 1),
             "cpu_pct": _median([m["cpu_pct"] for m in ms]),
+            "cpu_ms_per_run": _median([_per_run_ms(m["cpu_pct"], m["report"]["runs_per_s"]) for m in ms]),
+            "pg_cpu_ms_per_run": _median([_per_run_ms(m.get("pg_cpu_pct"), m["report"]["runs_per_s"])
+                                          for m in ms]),
             "client_cpu_pct": _median([m["client_cpu_pct"] for m in ms]),
         }
     return out
@@ -64,33 +75,41 @@ def _first_event(a):
     return f"{fmt_ms(a['fe_p50'])} / {fmt_ms(a['fe_p99'])}"
 
 
-def _side(a):
-    """The columns of one server for one cell."""
-    if a is None:
-        return ["–"] * 8
-    return [fmt_rate(a["runs_per_s"]), fmt_ms(a["p50"]), fmt_ms(a["p99"]), _first_event(a),
-            f"{a['cpu_pct']:.0f}", f"{a['client_cpu_pct']:.0f}", f"{a['rss_mb']:.0f}", str(a["errors"])]
+# The servers, in the order of their rows, and their names in the table.
+SERVERS = {"spindle": "Spindle", "reference": "reference", "aegra": "Aegra"}
 
 
-def _ratio(s, r):
-    if not s or not r or not r["runs_per_s"]:
+def _row(a):
+    """The measured columns of one server for one cell."""
+    return [str(a["processes"]), fmt_rate(a["runs_per_s"]), fmt_ms(a["p50"]), fmt_ms(a["p99"]),
+            _first_event(a), f"{a['cpu_pct']:.0f}", fmt_ms(a["cpu_ms_per_run"]),
+            fmt_ms(a["pg_cpu_ms_per_run"]), f"{a['client_cpu_pct']:.0f}", f"{a['rss_mb']:.0f}",
+            str(a["errors"])]
+
+
+def _ratio(s, other):
+    if not s or not other or not other["runs_per_s"]:
         return "–"
-    return f"{s['runs_per_s'] / r['runs_per_s']:,.0f}×"
+    ratio = s["runs_per_s"] / other["runs_per_s"]
+    return f"{ratio:,.0f}×" if ratio >= 10 else f"{ratio:.1f}×"
 
 
 def table(agg: dict, cells: list) -> str:
-    """One row per (scenario, client, clients): Spindle's medians, the reference's, the ratio."""
-    side = ["runs/s", "p50 ms", "p99 ms", "1st event p50 / p99 ms", "CPU %", "client CPU %", "RSS MB",
-            "errors"]
-    head = ["scenario", "client", "clients", *[f"Spindle {h}" for h in side],
-            *[f"Ref. {h}" for h in side], "ratio"]
+    """One row per server measured in each (scenario, client, clients) cell, Spindle's first,
+    each other server's with the ratio of Spindle's runs/s to its own."""
+    head = ["scenario", "client", "clients", "server", "processes", "runs/s", "p50 ms", "p99 ms",
+            "1st event p50 / p99 ms", "CPU %", "CPU ms/run", "PostgreSQL CPU ms/run", "client CPU %",
+            "RSS MB", "errors", "Spindle ÷ server"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for scenario, client, clients in cells:
-        s = agg.get(("spindle", scenario, client, clients))
-        r = agg.get(("reference", scenario, client, clients))
         label = "create + wait" if scenario == "wait" else "create + stream"
-        row = [label, client, str(clients), *_side(s), *_side(r), _ratio(s, r)]
-        lines.append("| " + " | ".join(row) + " |")
+        spindle = agg.get(("spindle", scenario, client, clients))
+        for server, name in SERVERS.items():
+            a = agg.get((server, scenario, client, clients))
+            if a is None:
+                continue
+            ratio = "" if server == "spindle" else _ratio(spindle, a)
+            lines.append("| " + " | ".join([label, client, str(clients), name, *_row(a), ratio]) + " |")
     return "\n".join(lines)
 
 
@@ -137,8 +156,8 @@ def python_goals(agg: dict, baseline: dict | None) -> list:
                  f"{ratio:,.1f}×" if ratio else "not measured",
                  "–" if not ratio else ("met" if ratio >= GOAL_PYTHON_RATIO else "NOT met")))
     overhead = None
-    if wait and wait["runs_per_s"] and baseline:
-        cpu_per_run = wait["cpu_pct"] * 10 / wait["runs_per_s"]  # % of a core -> ms per run
+    if wait and wait["cpu_ms_per_run"] is not None and baseline:
+        cpu_per_run = wait["cpu_ms_per_run"]
         overhead = cpu_per_run - baseline["cpu_ms_per_run"]
         shown = (f"{overhead:.2f} ms ({cpu_per_run:.2f} ms of CPU per run, "
                  f"{baseline['cpu_ms_per_run']:.2f} ms of it the graph's own)")
@@ -182,13 +201,16 @@ Produced by `bench/run` (see bench/README.md), which wrote this file. Command:
 
 ## Results
 
-Medians over the repetitions. Latency is one whole operation: `POST /threads`, then the run
-waited on (`/runs/wait`) or streamed to its end (`/runs/stream`). "1st event" is the time from
-sending the stream request to receiving its first complete SSE event frame. CPU % is the
-server's CPU time over the cell's wall time (200 % = both cores); client CPU % the same for the
-load generator, which shares the cores. RSS is the server's resident memory after the cell
-(summed over its processes). The ratio is Spindle's runs/s over the reference's, same client
-and clients.
+Medians over the repetitions, one row per server and cell. "processes" is how many server
+processes shared the load (the clients spread over them round-robin). Latency is one whole
+operation: `POST /threads`, then the run waited on (`/runs/wait`) or streamed to its end
+(`/runs/stream`). "1st event" is the time from sending the stream request to receiving its
+first complete SSE event frame. CPU % is the server's CPU time (all its processes) over the
+measured window (200 % = both cores); CPU ms/run is that time divided by the runs, and
+PostgreSQL CPU ms/run the same for PostgreSQL's own processes, for the servers that keep their
+data there ("–" for the others). Client CPU % is the load generator's over the cell's whole wall
+time; it shares the cores. RSS is the server's resident memory after the cell (summed over its
+processes). "Spindle ÷ server" is Spindle's runs/s over that server's, same client and clients.
 
 {table(agg, cells)}
 

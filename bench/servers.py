@@ -2,13 +2,17 @@
 
 Each server runs in its own session (process group), so that stopping it also stops whatever it
 spawned, and its memory is the sum over that group: `langgraph dev` is a Python process that may
-start others, Spindle is one process.
+start others, Spindle is one process (or several on one database: `ServerGroup`). PostgreSQL's
+own CPU time is read from /proc too (`postgres_cpu`), since a server on PostgreSQL hands part of
+its work to it.
 """
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -28,19 +32,28 @@ def free_port() -> int:
 class Server:
     """One server process (group) under test, with its log file and base URL."""
 
-    def __init__(self, name: str, argv: list, cwd: Path, port: int, env: dict | None = None):
+    def __init__(self, name: str, argv: list, cwd: Path, port: int, env: dict | None = None,
+                 ready_path: str = "/ok"):
         self.name = name
         self.argv = argv
         self.cwd = Path(cwd)
         self.url = f"http://127.0.0.1:{port}"
         self.env = {**os.environ, **(env or {})}
+        self.ready_path = ready_path
         self.log_path = self.cwd / f"{name}.log"
         self.proc = None
+        # The PostgreSQL database it serves, if any: its backends are told apart by this name.
+        self.database = None
         # Run once the process is gone (e.g. dropping the server's database).
         self.after_stop = []
 
+    @property
+    def urls(self) -> list:
+        """The base URLs the load is spread over: one here, one per process in a ServerGroup."""
+        return [self.url]
+
     def start(self, ready_timeout: float) -> float:
-        """Starts the server and waits for GET /ok; returns the seconds that took."""
+        """Starts the server and waits for GET `ready_path` to answer 200; returns the seconds that took."""
         started = time.monotonic()
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
@@ -56,7 +69,7 @@ class Server:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
-                with urllib.request.urlopen(f"{self.url}/ok", timeout=2) as resp:
+                with urllib.request.urlopen(f"{self.url}{self.ready_path}", timeout=2) as resp:
                     if resp.status == 200:
                         return
             except (urllib.error.URLError, ConnectionError, TimeoutError):
@@ -93,21 +106,11 @@ class Server:
 
     def memory_mb(self) -> dict:
         """Resident memory now (VmRSS) and at its peak (VmHWM), summed over the group, in MB."""
-        total = {"rss_mb": 0.0, "peak_mb": 0.0}
-        for pid in self.pids():
-            status = _read_status(pid)
-            total["rss_mb"] += status.get("VmRSS", 0) / 1024
-            total["peak_mb"] += status.get("VmHWM", 0) / 1024
-        return total
+        return _memory_mb(self.pids())
 
     def cpu_seconds(self) -> float:
         """User + system CPU time the group's live processes used so far."""
-        ticks = 0
-        for pid in self.pids():
-            stat = _read_stat(str(pid))
-            if stat:
-                ticks += int(stat[11]) + int(stat[12])  # fields 14, 15: utime, stime
-        return ticks / CLK_TCK
+        return _cpu_seconds(self.pids())
 
     def stop(self, grace: float = 15.0) -> None:
         """SIGTERM to the group, then SIGKILL if it has not exited after `grace` seconds.
@@ -122,6 +125,112 @@ class Server:
                 self.proc.wait(timeout=5)
         while self.after_stop:
             self.after_stop.pop()()
+
+
+class ServerGroup:
+    """Several processes of one server on one database, measured as one server.
+
+    The first is started alone and the others once it is ready, so that they find its database
+    migrated rather than racing to migrate it. The load generators spread their clients over
+    `urls`; memory and CPU are summed over every process of every member.
+    """
+
+    def __init__(self, members: list):
+        self.members = members
+        self.name = members[0].name
+        self.database = members[0].database
+        self.after_stop = []
+
+    @property
+    def urls(self) -> list:
+        return [m.url for m in self.members]
+
+    @property
+    def url(self) -> str:
+        """For the log: every member's URL."""
+        return ", ".join(self.urls)
+
+    def start(self, ready_timeout: float) -> float:
+        started = time.monotonic()
+        for member in self.members:
+            member.start(ready_timeout)
+        return time.monotonic() - started
+
+    def log_tail(self, lines: int = 30) -> str:
+        return "\n".join(f"[{m.url}]\n{m.log_tail(lines)}" for m in self.members)
+
+    def pids(self) -> list:
+        return sorted({pid for m in self.members for pid in m.pids()})
+
+    def memory_mb(self) -> dict:
+        return _memory_mb(self.pids())
+
+    def cpu_seconds(self) -> float:
+        return _cpu_seconds(self.pids())
+
+    def stop(self, grace: float = 15.0) -> None:
+        """Stops every member (each also when another fails to), then runs `after_stop`."""
+        try:
+            for member in self.members:
+                try:
+                    member.stop(grace)
+                except Exception as err:  # noqa: BLE001 - the others must stop all the same
+                    print(f"!! stopping {member.name} at {member.url}: {err}", file=sys.stderr, flush=True)
+        finally:
+            while self.after_stop:
+                self.after_stop.pop()()
+
+
+def _memory_mb(pids: list) -> dict:
+    total = {"rss_mb": 0.0, "peak_mb": 0.0}
+    for pid in pids:
+        status = _read_status(pid)
+        total["rss_mb"] += status.get("VmRSS", 0) / 1024
+        total["peak_mb"] += status.get("VmHWM", 0) / 1024
+    return total
+
+
+def _cpu_seconds(pids: list) -> float:
+    ticks = 0
+    for pid in pids:
+        stat = _read_stat(str(pid))
+        if stat:
+            ticks += int(stat[11]) + int(stat[12])  # fields 14, 15: utime, stime
+    return ticks / CLK_TCK
+
+
+# A backend's title: "postgres: [cluster: ]user database host(port) state" (or "[local]").
+_BACKEND_TITLE = re.compile(r"^postgres: (?:\S+: )?\S+ (\S+) (?:\S+\(\d+\)|\[local\])")
+
+
+def postgres_cpu() -> dict | None:
+    """User + system CPU seconds used so far by the PostgreSQL server running on this machine.
+
+    `total` is every process whose command is `postgres` (postmaster, backends, checkpointer,
+    WAL writer, ...) plus the postmaster's reaped children (cutime/cstime), so that a backend
+    whose connection closed during the window still counts. `backends` maps each live backend's
+    pid to (its database, its seconds), so that a caller can tell its own load from another
+    database's (someone else's tests on the same server). None when no PostgreSQL runs here
+    (a remote one cannot be measured).
+    """
+    stats = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and _read_comm(entry) == "postgres":
+            stat = _read_stat(entry)
+            if stat:
+                stats[int(entry)] = stat
+    if not stats:
+        return None
+    total, backends = 0.0, {}
+    for pid, stat in stats.items():
+        seconds = (int(stat[11]) + int(stat[12])) / CLK_TCK  # fields 14, 15: utime, stime
+        if int(stat[1]) not in stats:  # the postmaster: add its reaped children's time
+            seconds += (int(stat[13]) + int(stat[14])) / CLK_TCK  # fields 16, 17: cutime, cstime
+        total += seconds
+        backend = _BACKEND_TITLE.match(_read_cmdline(pid))
+        if backend:
+            backends[pid] = (backend[1], seconds)
+    return {"total": total, "backends": backends}
 
 
 def thread_cpu_seconds(pid: int, name: str) -> float:
@@ -156,6 +265,20 @@ def _read_stat(pid: str) -> list | None:
     return raw[raw.rindex(")") + 2:].split()
 
 
+def _read_comm(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _read_cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
 def _read_status(pid: int) -> dict:
     """The kB figures of /proc/<pid>/status."""
     out = {}
@@ -179,7 +302,7 @@ def spindle_server(binary: Path, cwd: Path, database_url: str | None,
     a copy of the folder.
     """
     port = free_port()
-    cwd.mkdir()
+    cwd.mkdir(parents=True)
     common = ["--host", "127.0.0.1", "--port", str(port)]
     if python_project:
         project, python, workers = python_project
@@ -210,6 +333,25 @@ def reference_server(venv: Path, graphs_dir: Path, cwd: Path) -> Server:
     return Server("reference", argv, cwd, port, env)
 
 
+def aegra_server(venv: Path, graphs_dir: Path, cwd: Path, database_url: str) -> Server:
+    """Aegra (aegra-api, in its own venv) serving the Python twins on the given database.
+
+    Started as its `aegra serve` does: uvicorn on `aegra_api.main:app`, one process, with
+    AEGRA_CONFIG naming the config; the twins' langgraph.json is read as it is (Aegra accepts
+    that format and makes an assistant named after each graph). Aegra migrates its database at
+    start-up and is ready when GET /ready answers (it has no /ok). Its other settings keep their
+    defaults; it needs no LLM key or Redis to start.
+    """
+    port = free_port()
+    shutil.copytree(graphs_dir, cwd, ignore=shutil.ignore_patterns(".langgraph_api", "__pycache__"))
+    argv = [str(venv / "bin" / "python"), "-m", "uvicorn", "aegra_api.main:app",
+            "--host", "127.0.0.1", "--port", str(port)]
+    env = {"AEGRA_CONFIG": str(cwd / "langgraph.json"), "DATABASE_URL": database_url,
+           # No tracing or telemetry: the machine has no internet.
+           "OTEL_TARGETS": "", "LANGSMITH_TRACING": "false", "LANGCHAIN_TRACING_V2": "false"}
+    return Server("aegra", argv, cwd, port, env, ready_path="/ready")
+
+
 class PostgresDatabase:
     """A database created for one server of the benchmark and dropped after it, through `psql`."""
 
@@ -217,10 +359,15 @@ class PostgresDatabase:
         self.admin_url = admin_url
         self.name = f"spindle_bench_{os.getpid()}_{int(time.time())}_{suffix}"
 
-    def create(self) -> str:
-        self._psql(f'CREATE DATABASE "{self.name}"')
+    @property
+    def url(self) -> str:
+        """The new database's URL: the admin URL with the database's name swapped in."""
         base, _, _ = self.admin_url.rpartition("/")
         return f"{base}/{self.name}"
+
+    def create(self) -> str:
+        self._psql(f'CREATE DATABASE "{self.name}"')
+        return self.url
 
     def drop(self) -> None:
         self._psql(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')

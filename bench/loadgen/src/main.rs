@@ -24,9 +24,11 @@ use stats::{Percentiles, Report};
     about = "Load an agent server with thread + run operations"
 )]
 struct Args {
-    /// Base URL of the server, e.g. http://127.0.0.1:2024
-    #[arg(long)]
-    url: String,
+    /// Base URL of the server, e.g. http://127.0.0.1:2024; or several, comma-separated
+    /// (processes of one server on a shared database): client i uses URL i % n for all its
+    /// operations, so the load spreads evenly when the clients are a multiple of the URLs.
+    #[arg(long, value_delimiter = ',', required = true)]
+    url: Vec<String>,
     #[arg(long, value_enum)]
     scenario: Scenario,
     /// Concurrent clients; each runs one operation after the other.
@@ -108,8 +110,15 @@ async fn run(args: &Args) -> Result<Report> {
         start: now + Duration::from_secs_f64(args.warmup),
         end: now + Duration::from_secs_f64(args.warmup + args.duration),
     };
-    let clients = (0..args.clients.max(1))
-        .map(|_| tokio::spawn(client_loop(Arc::clone(&target), args.scenario, window)));
+    let clients = (0..args.clients.max(1)).map(|i| {
+        let base_url = target.base_urls[i % target.base_urls.len()].clone();
+        tokio::spawn(client_loop(
+            Arc::clone(&target),
+            base_url,
+            args.scenario,
+            window,
+        ))
+    });
     let results = futures::future::try_join_all(clients).await?;
     if let Some(file) = samples {
         write_samples(file, &results)?;
@@ -136,18 +145,37 @@ fn build_target(args: &Args) -> Result<Target> {
         .build()?;
     Ok(Target {
         http,
-        base_url: args.url.trim_end_matches('/').to_string(),
+        base_urls: base_urls(&args.url)?,
         run_body,
         expect,
     })
 }
 
-/// One client: operations back to back until the window closes. Operations that end before
-/// the window opens warm up; those that end after it closes are not counted.
-async fn client_loop(target: Arc<Target>, scenario: Scenario, window: Window) -> ClientResult {
+/// The `--url` values without trailing slashes; at least one, none empty.
+fn base_urls(urls: &[String]) -> Result<Vec<String>> {
+    let out: Vec<String> = urls
+        .iter()
+        .map(|url| url.trim().trim_end_matches('/').to_string())
+        .collect();
+    anyhow::ensure!(
+        !out.is_empty() && out.iter().all(|url| !url.is_empty()),
+        "--url holds an empty URL: {urls:?}"
+    );
+    Ok(out)
+}
+
+/// One client: operations back to back on its server (`base_url`) until the window closes.
+/// Operations that end before the window opens warm up; those that end after it closes are
+/// not counted.
+async fn client_loop(
+    target: Arc<Target>,
+    base_url: String,
+    scenario: Scenario,
+    window: Window,
+) -> ClientResult {
     let mut result = ClientResult::default();
     while Instant::now() < window.end {
-        let outcome = target.run_once(scenario).await;
+        let outcome = target.run_once(&base_url, scenario).await;
         let ended = Instant::now();
         let counted = ended >= window.start && ended <= window.end;
         match outcome {
@@ -208,6 +236,7 @@ fn summarise(args: &Args, results: Vec<ClientResult>) -> Report {
         tool: "spindle-loadgen",
         scenario: args.scenario.name().to_string(),
         clients: args.clients,
+        urls: args.url.len(),
         duration_s: args.duration,
         runs,
         errors,
@@ -220,4 +249,21 @@ fn summarise(args: &Args, results: Vec<ClientResult>) -> Report {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::base_urls;
+
+    #[test]
+    fn urls_lose_their_trailing_slash_and_none_may_be_empty() {
+        let urls =
+            |list: &[&str]| base_urls(&list.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert_eq!(
+            urls(&["http://a:1/", " http://b:2"]).unwrap(),
+            ["http://a:1", "http://b:2"]
+        );
+        assert!(urls(&["http://a:1", ""]).is_err());
+        assert!(urls(&[]).is_err());
+    }
 }

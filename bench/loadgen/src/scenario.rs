@@ -37,7 +37,8 @@ pub struct Sample {
 /// The server under load and what every run asks of it.
 pub struct Target {
     pub http: reqwest::Client,
-    pub base_url: String,
+    /// The server's base URLs: one per process when several serve the same database.
+    pub base_urls: Vec<String>,
     /// The run request body, serialised once: the load generator should cost little.
     pub run_body: Vec<u8>,
     /// Keys the waited-on run's output must hold (top level), so a fast wrong answer is an error.
@@ -45,15 +46,16 @@ pub struct Target {
 }
 
 impl Target {
-    pub async fn run_once(&self, scenario: Scenario) -> Result<Sample> {
+    /// One operation, all of whose requests go to `base_url` (one of `base_urls`).
+    pub async fn run_once(&self, base_url: &str, scenario: Scenario) -> Result<Sample> {
         let started = Instant::now();
-        let thread_id = self.create_thread().await?;
+        let thread_id = self.create_thread(base_url).await?;
         let first_event = match scenario {
             Scenario::Wait => {
-                self.wait_run(&thread_id).await?;
+                self.wait_run(base_url, &thread_id).await?;
                 None
             }
-            Scenario::Stream => Some(self.stream_run(&thread_id).await?),
+            Scenario::Stream => Some(self.stream_run(base_url, &thread_id).await?),
         };
         Ok(Sample {
             started,
@@ -62,10 +64,10 @@ impl Target {
         })
     }
 
-    async fn create_thread(&self) -> Result<String> {
+    async fn create_thread(&self, base_url: &str) -> Result<String> {
         let resp = self
             .http
-            .post(format!("{}/threads", self.base_url))
+            .post(format!("{base_url}/threads"))
             .header("content-type", "application/json")
             .body("{}")
             .send()
@@ -78,9 +80,9 @@ impl Target {
             .context("POST /threads answered without a thread_id")
     }
 
-    async fn wait_run(&self, thread_id: &str) -> Result<()> {
+    async fn wait_run(&self, base_url: &str, thread_id: &str) -> Result<()> {
         let resp = self
-            .run_request(thread_id, "wait")
+            .run_request(base_url, thread_id, "wait")
             .send()
             .await
             .context("POST runs/wait")?;
@@ -89,10 +91,10 @@ impl Target {
     }
 
     /// Reads the stream to its end; returns the time to its first event frame.
-    async fn stream_run(&self, thread_id: &str) -> Result<Duration> {
+    async fn stream_run(&self, base_url: &str, thread_id: &str) -> Result<Duration> {
         let started = Instant::now();
         let mut resp = self
-            .run_request(thread_id, "stream")
+            .run_request(base_url, thread_id, "stream")
             .send()
             .await
             .context("POST runs/stream")?;
@@ -114,9 +116,9 @@ impl Target {
         first_event.context("the run stream ended without an event")
     }
 
-    fn run_request(&self, thread_id: &str, kind: &str) -> reqwest::RequestBuilder {
+    fn run_request(&self, base_url: &str, thread_id: &str, kind: &str) -> reqwest::RequestBuilder {
         self.http
-            .post(format!("{}/threads/{thread_id}/runs/{kind}", self.base_url))
+            .post(format!("{base_url}/threads/{thread_id}/runs/{kind}"))
             .header("content-type", "application/json")
             .body(self.run_body.clone())
     }

@@ -42,6 +42,8 @@ pub struct Report {
     pub tool: &'static str,
     pub scenario: String,
     pub clients: usize,
+    /// How many base URLs (server processes) the clients were spread over.
+    pub urls: usize,
     pub duration_s: f64,
     pub runs: usize,
     pub errors: u64,
