@@ -7,15 +7,21 @@
 //! it, no further. Events sent after the save (the next step's, while the pump was busy) stay
 //! for a later write: logged with the save, a crash before their own step's save would show
 //! them twice in the replay of the resumed run, which runs that step again.
+//!
+//! Live streams get an event once it is logged, never before (`Publisher`): a client that
+//! resumes a stream elsewhere after a crash then finds in the log every event it was sent, so
+//! what it got before and after equals a replay. Events go to the log as soon as the engine
+//! has no more ready (the storage's writer groups them with other runs' writes), so this
+//! costs a commit's latency, not a batch's linger.
 
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
 use chrono::Utc;
 use futures::future::{FutureExt, Shared};
-use serde_json::{json, Value};
+use serde_json::Value;
 use spindle_graph::checkpoint::{CheckpointError, WriteReceipt};
 use spindle_graph::stream::StreamEvent;
+use spindle_storage::{start_event_data, ClaimedRun, ResourceId};
 use spindle_storage::{LoggedEvent, LoggedSave, Run, Storage, UNLOGGED_EVENTS_MAX};
 use tokio::sync::mpsc;
 
@@ -24,22 +30,20 @@ use crate::logged_saves::SaveRequest;
 use crate::v2_events::{normalize, normalize::Normalizer};
 
 /// Most events one log write carries; a model streaming tokens fills batches, not transactions.
-/// At most this many events (plus a final `error`) are streamed but not logged at any time,
-/// which the storage's [`UNLOGGED_EVENTS_MAX`] must cover.
+/// At most this many events (plus a final `error`) are queued but not known to be logged at
+/// any time, which the storage's [`UNLOGGED_EVENTS_MAX`] must cover: a lost worker's
+/// successor numbers its events after them.
 const MAX_BATCH: usize = 256;
 /// (The tail may also hold a run's `error` and its lifecycle end.)
 const _: () = assert!((MAX_BATCH as i64) + 2 < UNLOGGED_EVENTS_MAX);
-/// How long a run's event may wait before it is written to the log. Live streams get it at
-/// once through the hub; the log serves resumes, late joiners and other processes, which poll
-/// it. Waiting a little lets a short run's events go in with its end, in one transaction.
-const LOG_LINGER: Duration = Duration::from_millis(50);
 
-/// The first event of a run's attempt, numbered after `last_seq`, the thread's last logged
-/// event when the run was claimed: `metadata {run_id, attempt}`. The worker logs it; a stream
-/// of a run claimed at its creation sends it at once (the server's `runs::stream`).
-pub fn first_event(run: &Run, last_seq: i64) -> LoggedEvent {
-    let data = json!({"run_id": run.run_id.to_string(), "attempt": run.attempt});
-    logged(run, last_seq + 1, "metadata".to_owned(), data)
+/// The first event of a run's attempt, `metadata {run_id, attempt}`, at `seq`. The worker
+/// logs it, unless the run was claimed at its creation, whose transaction logged it
+/// ([`spindle_storage::ClaimStart`]): a stream of that run sends it at once (the server's
+/// `runs::stream`).
+pub fn start_event(run: &Run, seq: i64) -> LoggedEvent {
+    let data = start_event_data(run.run_id, run.attempt);
+    logged(run, seq, "metadata".to_owned(), data)
 }
 
 pub(super) fn logged(run: &Run, seq: i64, event: String, data: Value) -> LoggedEvent {
@@ -74,16 +78,17 @@ pub(super) struct ProtocolLog {
 pub(super) async fn pump_events(
     storage: Arc<dyn Storage>,
     hub: Arc<EventHub>,
-    run: Run,
-    seq: i64,
+    claimed: ClaimedRun,
     mut events: mpsc::Receiver<StreamEvent>,
     mut saves: mpsc::UnboundedReceiver<SaveRequest>,
     protocol_log: Option<ProtocolLog>,
     failed: Arc<OnceLock<String>>,
 ) -> Result<EventTail, String> {
-    let mut pump = Pump::new(storage, hub, run, seq);
-    let first = first_event(&pump.run, seq);
-    pump.log(first.event, first.data).await?;
+    let mut pump = Pump::new(storage, hub, claimed.run.clone(), claimed.last_seq);
+    if !claimed.start_logged {
+        let first = start_event(&pump.run, claimed.last_seq + 1);
+        pump.log(first.event, first.data).await?;
+    }
     if let Some(log) = protocol_log {
         let (name, data) = normalize::lifecycle(&[], "running", &log.graph_name, None);
         pump.log(name, data).await?;
@@ -91,13 +96,10 @@ pub(super) async fn pump_events(
     }
     let mut saves_open = true;
     loop {
-        if pump
-            .flush_at
-            .is_some_and(|at| tokio::time::Instant::now() >= at)
-        {
-            pump.flush().await?;
+        // Nothing more is ready: what was taken goes to the log now, to streams once there.
+        if !pump.batch.is_empty() && events.is_empty() && saves.is_empty() {
+            pump.flush().await;
         }
-        let linger = pump.flush_at;
         tokio::select! {
             // A save first: it takes in every event sent before it anyway.
             biased;
@@ -109,7 +111,6 @@ pub(super) async fn pump_events(
                 Some(event) => pump.receive(event).await?,
                 None => break,
             },
-            () = sleep_until(linger) => {}
         }
     }
     // The engine is done; the saves it asked for were sent before its sink closed.
@@ -129,53 +130,81 @@ pub(super) async fn pump_events(
     Ok(EventTail {
         seq: pump.seq,
         events: pump.batch,
+        publisher: pump.publisher,
     })
 }
 
-/// Resolves at `at`, or never.
-async fn sleep_until(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
+/// Hands a run's events to live streams once they are logged, in the order they were
+/// numbered: each write's events after its commit (writes of a thread commit in order), none
+/// of a write that failed.
+pub(super) struct Publisher {
+    queue: mpsc::UnboundedSender<(Committed, Vec<LoggedEvent>)>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Whether a write committed.
+type Committed = Shared<futures::future::BoxFuture<'static, bool>>;
+
+impl Publisher {
+    fn start(hub: Arc<EventHub>, thread_id: ResourceId) -> Self {
+        let (queue, mut writes) = mpsc::unbounded_channel::<(Committed, Vec<LoggedEvent>)>();
+        let task = tokio::spawn(async move {
+            while let Some((committed, events)) = writes.recv().await {
+                if committed.await {
+                    for event in events {
+                        hub.publish(thread_id, HubMessage::Event(Arc::new(event)));
+                    }
+                }
+            }
+        });
+        Self { queue, task }
+    }
+
+    /// Publishes `events` once `committed` says they are logged.
+    pub(super) fn after(&self, committed: Committed, events: Vec<LoggedEvent>) {
+        if !events.is_empty() {
+            let _ = self.queue.send((committed, events));
+        }
+    }
+
+    /// Waits until everything handed over is published (or known not to be logged).
+    pub(super) async fn finish(self) {
+        drop(self.queue);
+        let _ = self.task.await;
     }
 }
 
 /// What a run's event pump holds between events.
 struct Pump {
     storage: Arc<dyn Storage>,
-    hub: Arc<EventHub>,
     run: Run,
     /// The last seq given.
     seq: i64,
     /// How many of the engine's events were taken from its channel.
     received: u64,
-    /// Streamed, not yet handed to the log.
+    /// Numbered, not yet handed to the log.
     batch: Vec<LoggedEvent>,
-    /// When `batch` is written at the latest.
-    flush_at: Option<tokio::time::Instant>,
     normalizer: Option<Normalizer>,
+    /// Hands what is logged to live streams.
+    publisher: Publisher,
     /// The storage applies writes in the order they are queued (SQLite's writer), so a log
     /// write need not wait for the saves handed over before it.
     queues: bool,
-    /// The last save handed to the storage and not known to be stored, and how many events
-    /// the saves not known to be stored carry.
-    unconfirmed: Option<(Saved, usize)>,
+    /// The last write (a save or events) handed to the storage and not known to be stored,
+    /// and how many events the writes not known to be stored carry.
+    unconfirmed: Option<(Committed, usize)>,
 }
-
-/// A save's outcome, awaited by the engine and by the pump.
-type Saved = Shared<WriteReceipt>;
 
 impl Pump {
     fn new(storage: Arc<dyn Storage>, hub: Arc<EventHub>, run: Run, seq: i64) -> Self {
         Self {
             queues: storage.queues_logged_saves(),
+            publisher: Publisher::start(hub, run.thread_id),
             storage,
-            hub,
             run,
             seq,
             received: 0,
             batch: Vec::new(),
-            flush_at: None,
             normalizer: None,
             unconfirmed: None,
         }
@@ -199,20 +228,13 @@ impl Pump {
         Ok(())
     }
 
-    /// Numbers an event, streams it and adds it to the batch.
+    /// Numbers an event and adds it to the batch.
     async fn log(&mut self, name: String, data: Value) -> Result<(), String> {
         self.bound_unlogged().await;
         self.seq += 1;
-        let event = logged(&self.run, self.seq, name, data);
-        self.hub.publish(
-            self.run.thread_id,
-            HubMessage::Event(Arc::new(event.clone())),
-        );
-        self.batch.push(event);
-        self.flush_at
-            .get_or_insert_with(|| tokio::time::Instant::now() + LOG_LINGER);
+        self.batch.push(logged(&self.run, self.seq, name, data));
         if self.batch.len() >= MAX_BATCH {
-            self.flush().await?;
+            self.flush().await;
         }
         Ok(())
     }
@@ -227,30 +249,44 @@ impl Pump {
         }
     }
 
-    /// Waits until the saves handed over are stored. One that failed took its events with
+    /// Waits until the writes handed over are stored. A save that failed took its events with
     /// it; the engine learns of the failure from its receipt and the run ends in error.
     async fn settle(&mut self) {
-        if let Some((saved, _)) = self.unconfirmed.take() {
-            let _ = saved.await;
+        if let Some((committed, _)) = self.unconfirmed.take() {
+            committed.await;
         }
     }
 
-    /// Writes the batch to the log.
-    async fn flush(&mut self) -> Result<(), String> {
+    /// Queues the batch for the log (behind the writes queued before it), and for live
+    /// streams once it is there.
+    async fn flush(&mut self) {
         if !self.queues {
             // A save in flight carries events before these.
             self.settle().await;
         }
-        self.storage
-            .append_events(&self.batch)
-            .await
-            .map_err(|e| e.to_string())?;
-        self.batch.clear();
-        self.flush_at = None;
-        // Committed behind every save handed over before it (in the writer's order, or after
-        // `settle`), so those are done too.
-        self.unconfirmed = None;
-        Ok(())
+        let events = std::mem::take(&mut self.batch);
+        let carried = events.len();
+        let stored = self.storage.queue_events(events.clone());
+        let committed = async move {
+            match stored.await {
+                Ok(()) => true,
+                Err(error) => {
+                    tracing::warn!(%error, "a batch of the run's events was not logged");
+                    false
+                }
+            }
+        }
+        .boxed()
+        .shared();
+        self.publisher.after(committed.clone(), events);
+        self.confirm_later(committed, carried);
+    }
+
+    /// Counts a write handed over as not known to be stored; it is the latest, so once it is
+    /// stored the earlier ones are too (a thread's writes commit in order).
+    fn confirm_later(&mut self, committed: Committed, carried: usize) {
+        let before = self.unconfirmed.take().map_or(0, |(_, carried)| carried);
+        self.unconfirmed = Some((committed, before + carried));
     }
 
     /// A save the engine asked for: takes in the events sent before it (counted once in the
@@ -267,12 +303,12 @@ impl Pump {
             };
             self.receive(event).await?;
         }
+        let events = std::mem::take(&mut self.batch);
         let save = LoggedSave {
             write: request.write,
-            events: std::mem::take(&mut self.batch),
+            events: events.clone(),
         };
-        self.flush_at = None;
-        let mut carried = save.events.len();
+        let carried = save.events.len();
         let receipt: WriteReceipt = match self.storage.queue_logged(save) {
             Ok(receipt) => receipt,
             // No ordered queue in the storage: each save starts once the one before is
@@ -283,7 +319,12 @@ impl Pump {
                 let storage = self.storage.clone();
                 let task = tokio::spawn(async move {
                     if let Some(before) = before {
-                        before.await?;
+                        if !before.await {
+                            return Err(CheckpointError::Backend(
+                                "an earlier write of the run failed; this save continues it"
+                                    .to_owned(),
+                            ));
+                        }
                     }
                     storage.save_logged(*save).await
                 });
@@ -294,18 +335,21 @@ impl Pump {
             }
         };
         let saved = receipt.shared();
-        carried += self.unconfirmed.take().map_or(0, |(_, carried)| carried);
-        self.unconfirmed = Some((saved.clone(), carried));
+        let committed = saved.clone().map(|stored| stored.is_ok()).boxed().shared();
+        self.publisher.after(committed.clone(), events);
+        self.confirm_later(committed, carried);
         // The engine may have stopped waiting (its run was cancelled); the save goes on.
         let _ = request.reply.send(Box::pin(saved));
         Ok(())
     }
 }
 
-/// Where a run's events stand when it stops: the last seq used and the events not logged yet.
+/// Where a run's events stand when it stops: the last seq used, the events not logged yet
+/// (the run's end logs them), and who hands what is logged to live streams.
 pub(super) struct EventTail {
     pub seq: i64,
     pub events: Vec<LoggedEvent>,
+    pub publisher: Publisher,
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ pub mod wakeups;
 pub mod webhook;
 pub mod worker;
 
-pub use event_pump::first_event;
+pub use event_pump::start_event;
 pub use graphs::{default_assistant_id, GraphRegistry};
 pub use hub::{EndedRun, EventHub, HubMessage, Subscription};
 pub use start::{RunRequest, StartedRun, Stateless};

@@ -61,17 +61,18 @@ impl Stateless {
 /// A run just created.
 pub struct StartedRun {
     pub run: Run,
-    /// The thread's last logged seq, when this process claimed the run at its creation.
+    /// The seq of the run's first event, logged at its creation when this process claimed it
+    /// then.
     claimed_after: Option<i64>,
 }
 
 impl StartedRun {
-    /// The run's first event, when this process claimed the run at its creation and so
-    /// knows the event before its worker sends it: a stream of the new run can open with it.
-    /// Made only for the streams that send it, not for every run created.
+    /// The run's first event, when this process claimed the run at its creation, whose
+    /// transaction logged it: a stream of the new run can open with it before the worker has
+    /// even started. Made only for the streams that send it, not for every run created.
     pub fn first_event(&self) -> Option<LoggedEvent> {
-        let last_seq = self.claimed_after?;
-        Some(crate::first_event(&self.run, last_seq))
+        let seq = self.claimed_after?;
+        Some(crate::start_event(&self.run, seq))
     }
 }
 
@@ -137,6 +138,7 @@ impl RunWorkers {
                     run: created.run.clone(),
                     last_seq: start.last_seq,
                     thread_is_new: start.thread_is_new,
+                    start_logged: true,
                 };
                 self.execute_now(slot, claimed, assistant);
                 Some(start.last_seq)

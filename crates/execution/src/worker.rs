@@ -35,6 +35,7 @@ use crate::python::pool::PythonPool;
 use crate::store::{GraphStore, StoreConfig};
 use crate::v2_events::{self, normalize, normalize::Normalizer};
 use crate::webhook::{self, Webhooks};
+use futures::FutureExt;
 
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
@@ -398,8 +399,7 @@ impl RunWorkers {
         let pump = tokio::spawn(pump_events(
             self.storage.clone(),
             self.hub.clone(),
-            run.clone(),
-            claimed.last_seq,
+            claimed.clone(),
             events,
             saves,
             protocol_log,
@@ -466,12 +466,13 @@ impl RunWorkers {
             // As after a crash: the events after the last save are dropped (the next attempt
             // runs that step again, and tells of it again), and the run is claimable at once.
             tracing::warn!(reason = %why, "the run's Python worker was lost");
+            tail.publisher.finish().await;
             self.release(run.run_id).await;
             return Ok(None);
         }
-        // The events that tell of the run's end reach live followers only once the end is
-        // committed: a client that reads the thread's state on `lifecycle completed` must find
-        // the run's last checkpoint there, not the one before it.
+        // The run's last events, and those that tell of its end, reach live followers once
+        // the end is committed, as every event once logged: a client that reads the thread's
+        // state on `lifecycle completed` must find the run's last checkpoint there.
         let mut ending = Vec::new();
         if let Some(body) = error {
             tail.seq += 1;
@@ -509,7 +510,8 @@ impl RunWorkers {
             tail.seq += 1;
             ending.push(logged(run, tail.seq, name, data));
         }
-        tail.events.extend(ending.iter().cloned());
+        tail.events.extend(ending);
+        let ending = tail.events.clone();
         end.events = tail.events;
         if saves.is_some() {
             // The end goes to the writer right behind the run's last saves, not after their
@@ -528,13 +530,13 @@ impl RunWorkers {
             .storage
             .finish_run(run.run_id, &self.worker_id, end)
             .await;
-        let ended = behind_saves(ended, saves)
-            .await
-            .map_err(|e| e.to_string())?;
-        for event in ending {
-            self.hub
-                .publish(run.thread_id, HubMessage::Event(Arc::new(event)));
-        }
+        let ended = behind_saves(ended, saves).await;
+        // A rolled-back run's events went with it.
+        let logged = matches!(ended, Ok(Some(_)));
+        tail.publisher
+            .after(futures::future::ready(logged).boxed().shared(), ending);
+        tail.publisher.finish().await;
+        let ended = ended.map_err(|e| e.to_string())?;
         let announced = match (followed, &ended) {
             (Some((thread_values, thread_interrupts)), Some(run)) => Some(Arc::new(EndedRun {
                 run: run.clone(),

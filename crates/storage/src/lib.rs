@@ -42,6 +42,7 @@ pub use crons::{
 pub use error::{StorageError, StorageResult};
 pub use id::{InvalidId, ResourceId};
 pub use model::*;
+pub use runs::start_event_data;
 pub use runs::{
     CancelAction, Claim, ClaimStart, ClaimedRun, CreatedRun, IfThreadMissing, LoggedEvent,
     MultitaskStrategy, NewRun, Run, RunEnd, RunFilter, RunStatus, RunStore, INHERITED_METADATA,
@@ -211,6 +212,10 @@ pub trait Storage: AssistantStore + ThreadStore + RunStore + ItemStore + CronSto
     fn queues_logged_saves(&self) -> bool {
         false
     }
+    /// Queues events for their threads' logs, as [`RunStore::append_events`] appends them,
+    /// behind the writes queued before (both backends' writers apply a thread's writes in
+    /// order); the receipt resolves once they are committed. Queued before this returns.
+    fn queue_events(&self, events: Vec<LoggedEvent>) -> EventsReceipt;
     /// What other processes on this database commit that this one may wait for, as it
     /// happens (PostgreSQL's `LISTEN`/`NOTIFY`); `None` where one process has the database
     /// to itself (SQLite). Called once, at start-up: a second caller gets `None`.
@@ -218,6 +223,10 @@ pub trait Storage: AssistantStore + ThreadStore + RunStore + ItemStore + CronSto
         None
     }
 }
+
+/// The commit of events queued with [`Storage::queue_events`].
+pub type EventsReceipt =
+    std::pin::Pin<Box<dyn std::future::Future<Output = StorageResult<()>> + Send + 'static>>;
 
 /// Something another process committed (see [`Storage::wakeups`]).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -62,19 +62,18 @@ pub(crate) async fn notify_logged(
 /// Lines joined into payloads under the limit (a line longer than it goes alone).
 fn payloads(lines: impl IntoIterator<Item = String>) -> Vec<String> {
     let mut payloads = Vec::new();
-    let mut current = String::new();
+    // `None` until a line comes: an empty line is a notification of its own (`RUNS`).
+    let mut current: Option<String> = None;
     for line in lines {
-        if !current.is_empty() && current.len() + 1 + line.len() > PAYLOAD_MAX {
-            payloads.push(std::mem::take(&mut current));
+        match current.as_mut() {
+            Some(payload) if payload.len() + 1 + line.len() <= PAYLOAD_MAX => {
+                payload.push('\n');
+                payload.push_str(&line);
+            }
+            _ => payloads.extend(current.replace(line)),
         }
-        if !current.is_empty() {
-            current.push('\n');
-        }
-        current.push_str(&line);
     }
-    if !current.is_empty() {
-        payloads.push(current);
-    }
+    payloads.extend(current);
     payloads
 }
 
@@ -174,6 +173,12 @@ mod tests {
             .flat_map(|p| p.lines().map(str::to_owned))
             .collect();
         assert_eq!(back, lines);
+    }
+
+    #[test]
+    fn a_notification_without_a_payload_is_sent() {
+        assert_eq!(payloads([String::new()]), vec![String::new()]);
+        assert!(payloads(Vec::<String>::new()).is_empty());
     }
 
     #[test]

@@ -113,13 +113,24 @@ impl PgWriter {
         async move { done.await.map(|_| ()) }
     }
 
-    /// Queues events for their thread's log.
+    /// Queues events for their thread's log (before this returns).
+    pub(crate) fn queue_events(
+        &self,
+        events: Vec<LoggedEvent>,
+    ) -> impl std::future::Future<Output = StorageResult<()>> + Send + 'static {
+        let thread = events.first().map(|first| first.thread_id.to_string());
+        let queued = thread.map(|thread| self.submit(thread, Write::Events(events)));
+        async move {
+            match queued {
+                Some(written) => written.await.map(|_| ()),
+                None => Ok(()),
+            }
+        }
+    }
+
+    /// Appends events to their thread's log.
     pub(crate) async fn events(&self, events: Vec<LoggedEvent>) -> StorageResult<()> {
-        let Some(first) = events.first() else {
-            return Ok(());
-        };
-        let thread = first.thread_id.to_string();
-        self.submit(thread, Write::Events(events)).await.map(|_| ())
+        self.queue_events(events).await
     }
 
     /// Queues a run's end, behind the writes queued for its thread before it.

@@ -26,8 +26,8 @@ use crate::rows::{
     VERSION_COLUMNS,
 };
 use crate::{
-    thread_state, AssistantStore, Backend, LoggedSave, Storage, StorageError, StorageResult,
-    ThreadStore,
+    thread_state, AssistantStore, Backend, LoggedEvent, LoggedSave, Storage, StorageError,
+    StorageResult, ThreadStore,
 };
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
@@ -463,8 +463,26 @@ async fn fetch_thread(
 #[async_trait]
 impl ThreadStore for PostgresStorage {
     async fn create_thread(&self, scope: &Scope, new: NewThread) -> StorageResult<Thread> {
-        let mut tx = self.pool.begin().await?;
         let now = Utc::now();
+        if new.ttl.is_none() && new.state.is_none() {
+            // A plain new thread: one statement, no transaction around it.
+            let sql = format!(
+                "INSERT INTO threads (thread_id, user_id, metadata, created_at, updated_at, \
+                 state_updated_at) VALUES ($1, $2, $3, $4, $4, $4) \
+                 ON CONFLICT (thread_id) DO NOTHING RETURNING {THREAD_COLUMNS}"
+            );
+            let row: Option<ThreadRow> = sqlx::query_as(&sql)
+                .bind(new.thread_id)
+                .bind(&scope.user_id)
+                .bind(Json(&new.metadata))
+                .bind(now)
+                .fetch_optional(&self.pool)
+                .await?;
+            if let Some(row) = row {
+                return Thread::try_from(row);
+            }
+        }
+        let mut tx = self.pool.begin().await?;
         let inserted = sqlx::query(
             "INSERT INTO threads (thread_id, user_id, metadata, created_at, updated_at, state_updated_at) \
              VALUES ($1, $2, $3, $4, $4, $4) ON CONFLICT (thread_id) DO NOTHING",
@@ -697,6 +715,10 @@ impl Storage for PostgresStorage {
 
     fn queues_logged_saves(&self) -> bool {
         true
+    }
+
+    fn queue_events(&self, events: Vec<LoggedEvent>) -> crate::EventsReceipt {
+        Box::pin(self.writer.queue_events(events))
     }
 
     fn wakeups(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<crate::Wakeup>> {

@@ -817,6 +817,17 @@ impl Storage for SqliteStorage {
     fn queues_logged_saves(&self) -> bool {
         true
     }
+
+    fn queue_events(&self, events: Vec<crate::LoggedEvent>) -> crate::EventsReceipt {
+        if events.is_empty() {
+            return Box::pin(async { Ok(()) });
+        }
+        let rows = crate::runs::EventRows::new(&events);
+        Box::pin(
+            self.writer
+                .submit(move |conn| crate::runs::insert_events_sqlite(conn, &rows)),
+        )
+    }
 }
 
 /// A database file `db` in `dir` with only the shipped migrations numbered below `first_missing`

@@ -279,10 +279,12 @@ pub struct CreatedRun {
     pub claimed: Option<ClaimStart>,
 }
 
-/// Where a run claimed as it was created starts, read in the transaction that created it.
+/// Where a run claimed as it was created starts, read in the transaction that created it,
+/// which also logged the run's first event ([`start_event_data`]): a stream may send it at
+/// once, as it is durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClaimStart {
-    /// As [`ClaimedRun::last_seq`].
+    /// The seq of the run's first event, logged with the run.
     pub last_seq: i64,
     /// As [`ClaimedRun::thread_is_new`].
     pub thread_is_new: bool,
@@ -297,6 +299,14 @@ pub struct ClaimedRun {
     /// The thread had no checkpoint when the run was claimed, so the run need not look for
     /// one (a thread's first run spares a read). `false` when the claim did not look.
     pub thread_is_new: bool,
+    /// The attempt's first event ([`start_event_data`]) is logged, at `last_seq` (a run
+    /// claimed as it was created, [`ClaimStart`]).
+    pub start_logged: bool,
+}
+
+/// The data of an attempt's first event, `metadata {run_id, attempt}`.
+pub fn start_event_data(run_id: Uuid, attempt: i32) -> Value {
+    serde_json::json!({"run_id": run_id.to_string(), "attempt": attempt})
 }
 
 /// How a run ended, written in one transaction with its thread's new state.
@@ -477,6 +487,7 @@ pub(crate) use postgres::{
     insert_events as insert_events_pg, EndPrepared,
 };
 pub(crate) mod sqlite;
+pub(crate) use sqlite::{insert_events as insert_events_sqlite, EventRows};
 
 /// How many runs with an expired lease one claim ends (past `max_attempts`) before it gives up
 /// looking for one it can run, so that a claim stays a short transaction.

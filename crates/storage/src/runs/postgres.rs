@@ -256,19 +256,29 @@ async fn last_seq(conn: &mut PgConnection, thread_id: ResourceId) -> StorageResu
     Ok(seq.unwrap_or(0))
 }
 
-/// For a run claimed as it is created: the thread's last event seq, and whether it has no
-/// checkpoint yet, in one round trip.
-async fn claim_start(conn: &mut PgConnection, thread_id: ResourceId) -> StorageResult<ClaimStart> {
-    let (seq, thread_is_new): (Option<i64>, bool) = sqlx::query_as(
-        "SELECT (SELECT event_seq FROM threads WHERE thread_id = $1), \
-         NOT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = $2)",
+/// For a run claimed as it is created: logs its first event ([`start_event_data`]) after the
+/// thread's last, and tells whether the thread has no checkpoint yet, in one round trip.
+async fn claim_start(conn: &mut PgConnection, run: &Run) -> StorageResult<ClaimStart> {
+    let (seq, thread_is_new): (i64, bool) = sqlx::query_as(
+        "WITH s AS ( \
+             UPDATE threads SET event_seq = event_seq + 1 WHERE thread_id = $1 \
+             RETURNING event_seq \
+         ), e AS ( \
+             INSERT INTO run_events (thread_id, seq, run_id, event, data, created_at) \
+             SELECT $1, s.event_seq, $3, 'metadata', $4, $5 FROM s \
+         ) \
+         SELECT (SELECT event_seq FROM s), \
+                NOT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = $2)",
     )
-    .bind(thread_id)
-    .bind(thread_id.to_string())
+    .bind(run.thread_id)
+    .bind(run.thread_id.to_string())
+    .bind(run.run_id)
+    .bind(Json(start_event_data(run.run_id, run.attempt)))
+    .bind(run.created_at)
     .fetch_one(conn)
     .await?;
     Ok(ClaimStart {
-        last_seq: seq.unwrap_or(0),
+        last_seq: seq,
         thread_is_new,
     })
 }
@@ -480,6 +490,7 @@ async fn claimed(conn: &mut PgConnection, row: RunRow<Uuid>) -> StorageResult<Cl
         run,
         last_seq,
         thread_is_new: false,
+        start_logged: false,
     })
 }
 
@@ -702,8 +713,9 @@ impl RunStore for PostgresStorage {
             .bind(new.assistant_id)
             .execute(&mut *tx)
             .await?;
-            let claimed = match start.status {
-                RunStatus::Running => Some(claim_start(&mut tx, new.thread_id).await?),
+            let run = Run::try_from(row)?;
+            let claimed = match run.status {
+                RunStatus::Running => Some(claim_start(&mut tx, &run).await?),
                 // Workers of every process may claim it (its creator's too).
                 _ => {
                     notify(&mut tx, RUNS, [String::new()]).await?;
@@ -711,7 +723,7 @@ impl RunStore for PostgresStorage {
                 }
             };
             Ok(CreatedRun {
-                run: row.try_into()?,
+                run,
                 cancelled,
                 claimed,
             })

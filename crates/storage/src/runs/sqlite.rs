@@ -247,17 +247,27 @@ fn last_seq(conn: &Connection, thread_id: ResourceId) -> StorageResult<i64> {
     Ok(seq.unwrap_or(0))
 }
 
-/// For a run claimed as it is created: the thread's last event seq, and whether it has no
-/// checkpoint yet (in any namespace: a key-prefix probe), in one statement.
-fn claim_start(conn: &Connection, thread_id: ResourceId) -> StorageResult<ClaimStart> {
+/// For a run claimed as it is created: logs its first event ([`start_event_data`]) after the
+/// thread's last, and tells whether the thread has no checkpoint yet (in any namespace: a
+/// key-prefix probe).
+fn claim_start(conn: &Connection, run: &Run) -> StorageResult<ClaimStart> {
     let (seq, thread_is_new): (Option<i64>, bool) = conn
         .prepare_cached(
             "SELECT (SELECT event_seq FROM threads WHERE thread_id = ?1), \
              NOT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = ?1)",
         )?
-        .query_row([id(thread_id)], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        .query_row([id(run.thread_id)], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    let start = LoggedEvent {
+        thread_id: run.thread_id,
+        seq: seq.unwrap_or(0) + 1,
+        run_id: run.run_id,
+        event: "metadata".to_owned(),
+        data: start_event_data(run.run_id, run.attempt),
+        created_at: run.created_at,
+    };
+    insert_events(conn, &EventRows::new(std::slice::from_ref(&start)))?;
     Ok(ClaimStart {
-        last_seq: seq.unwrap_or(0),
+        last_seq: start.seq,
         thread_is_new,
     })
 }
@@ -488,6 +498,7 @@ fn claimed(conn: &Connection, run: Run) -> StorageResult<ClaimedRun> {
         run,
         last_seq,
         thread_is_new: false,
+        start_logged: false,
     })
 }
 
@@ -598,12 +609,12 @@ fn create_run(
          status = 'busy', updated_at = ?2 WHERE thread_id = ?1",
         (id(new.thread_id), ts(now), id(new.assistant_id)),
     )?;
-    let claimed = match start.status {
-        RunStatus::Running => Some(claim_start(conn, new.thread_id)?),
-        _ => None,
-    };
     // The row as inserted, without reading it back (timestamps are stored at full precision).
     let run = start.run(new, scope, now);
+    let claimed = match run.status {
+        RunStatus::Running => Some(claim_start(conn, &run)?),
+        _ => None,
+    };
     Ok(CreatedRun {
         run,
         cancelled,

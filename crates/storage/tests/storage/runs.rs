@@ -403,6 +403,17 @@ async fn a_run_created_with_a_claim_starts_claimed_only_when_it_can_start_now() 
             first.run
         );
         let after_seq = first.claimed.expect("created claimed").last_seq;
+        // Its first event is logged with it: a stream may send it at once.
+        let logged = s.read_events(thread, 0, None, 10).await.unwrap();
+        let start = logged.last().expect("the run's first event");
+        assert_eq!(
+            (start.seq, start.event.as_str(), &start.data),
+            (
+                after_seq,
+                "metadata",
+                &start_event_data(first.run.run_id, 1)
+            )
+        );
         assert_eq!(thread_status(s, &alice, thread).await, ThreadStatus::Busy);
         // Claimed for w1: no other worker takes it, and w1 holds its lease.
         assert!(claim(s, "w2").await.is_none());
@@ -1894,6 +1905,93 @@ async fn saves_queued_together_are_stored_as_if_one_after_the_other() {
         );
         assert_eq!(writes(c2.clone()).await, vec!["t4:w"]);
         assert!(checkpoint_stored(s, b, &cb).await);
+    })
+    .await;
+}
+
+/// The next wake-up, within 5 s.
+async fn next(wakeups: &mut tokio::sync::mpsc::UnboundedReceiver<Wakeup>) -> Wakeup {
+    let wakeup = tokio::time::timeout(Duration::from_secs(5), wakeups.recv());
+    wakeup.await.expect("told within 5 s").expect("listening")
+}
+
+/// Where several processes share the database, each is told what the others commit that it
+/// may be waiting for: a run to claim (created pending, or its thread's run ended with
+/// another queued), a thread's log growing, a running run's cancel.
+#[tokio::test]
+async fn other_processes_are_told_of_runs_to_claim_logs_that_grew_and_cancels() {
+    for_each_backend(|db| async move {
+        let s = db.storage();
+        let Some(mut wakeups) = s.wakeups() else {
+            return; // One process has the database to itself: nothing to tell.
+        };
+        assert!(s.wakeups().is_none(), "one listener per storage");
+        // The listener may still be connecting: wait until it hears a first notification.
+        let alice = fresh_user();
+        let thread = thread_of(s, &alice).await;
+        let probe = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        loop {
+            let probed = s
+                .cancel_runs(&alice, thread, &[probe.run_id], CancelAction::Interrupt)
+                .await;
+            if probed.is_err() {
+                break;
+            }
+            if tokio::time::timeout(Duration::from_millis(200), wakeups.recv())
+                .await
+                .is_ok()
+            {
+                break;
+            }
+        }
+        while let Ok(Some(_)) =
+            tokio::time::timeout(Duration::from_millis(300), wakeups.recv()).await
+        {}
+
+        let thread = thread_of(s, &alice).await;
+        let first = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        assert_eq!(
+            next(&mut wakeups).await,
+            Wakeup::RunsQueued,
+            "a pending run"
+        );
+        let claimed = claim(s, "w").await.unwrap();
+        assert_eq!(claimed.run.run_id, first.run_id);
+        s.append_events(&[event(thread, first.run_id, claimed.last_seq + 1)])
+            .await
+            .unwrap();
+        assert_eq!(
+            next(&mut wakeups).await,
+            Wakeup::Logged {
+                thread_id: thread,
+                seq: claimed.last_seq + 1
+            }
+        );
+        let second = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        assert_eq!(next(&mut wakeups).await, Wakeup::RunsQueued);
+        s.cancel_runs(&alice, thread, &[first.run_id], CancelAction::Interrupt)
+            .await
+            .unwrap();
+        assert_eq!(
+            next(&mut wakeups).await,
+            Wakeup::Cancel {
+                run_id: first.run_id
+            }
+        );
+        let ended = end(RunStatus::Interrupted, ThreadStatus::Interrupted);
+        s.finish_run(first.run_id, "w", ended).await.unwrap();
+        let mut told = vec![next(&mut wakeups).await, next(&mut wakeups).await];
+        told.sort_by_key(|w| format!("{w:?}"));
+        assert!(
+            told.contains(&Wakeup::RunsQueued),
+            "the run queued behind the one that ended: {told:?}"
+        );
+        assert!(
+            told.iter()
+                .any(|w| matches!(w, Wakeup::Logged { thread_id, .. } if *thread_id == thread)),
+            "the end's event: {told:?}"
+        );
+        assert_eq!(claim(s, "w").await.unwrap().run.run_id, second.run_id);
     })
     .await;
 }
