@@ -817,6 +817,28 @@ impl Storage for SqliteStorage {
     fn queues_logged_saves(&self) -> bool {
         true
     }
+
+    async fn count_queued_runs(&self) -> StorageResult<crate::QueuedRuns> {
+        // Each count reads an index: `runs_to_claim` (status first), and the partial index
+        // of running runs.
+        let (pending, running): (i64, i64) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM runs WHERE status = 'pending'), \
+             (SELECT count(*) FROM runs WHERE status = 'running')",
+        )
+        .fetch_one(&self.read)
+        .await?;
+        Ok(crate::QueuedRuns { pending, running })
+    }
+
+    fn pool_stats(&self) -> crate::PoolStats {
+        crate::PoolStats {
+            pools: vec![
+                crate::ConnectionPool::of("read", &self.read),
+                crate::ConnectionPool::of("write", &self.write),
+            ],
+            writer_queue: Some(self.writer.queued()),
+        }
+    }
 }
 
 /// A database file `db` in `dir` with only the shipped migrations numbered below `first_missing`
