@@ -21,6 +21,7 @@ use tokio::sync::mpsc;
 
 use crate::hub::{EventHub, HubMessage};
 use crate::logged_saves::SaveRequest;
+use crate::metrics::FirstEvent;
 use crate::v2_events::{normalize, normalize::Normalizer};
 
 /// Most events one log write carries; a model streaming tokens fills batches, not transactions.
@@ -69,7 +70,7 @@ pub(super) struct ProtocolLog {
 /// run's events) is returned, for the transaction that ends the run. The protocol's
 /// `running` follows `metadata`; a v2 run's engine events pass through its normalizer
 /// first (see `crate::protocol`), and messages still open when the run failed end with the
-/// failure set in `failed`.
+/// failure set in `failed`. `first_seen` records when the graph's first event came.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn pump_events(
     storage: Arc<dyn Storage>,
@@ -80,8 +81,10 @@ pub(super) async fn pump_events(
     mut saves: mpsc::UnboundedReceiver<SaveRequest>,
     protocol_log: Option<ProtocolLog>,
     failed: Arc<OnceLock<String>>,
+    first_seen: Option<FirstEvent>,
 ) -> Result<EventTail, String> {
     let mut pump = Pump::new(storage, hub, run, seq);
+    pump.first_event = first_seen;
     let first = first_event(&pump.run, seq);
     pump.log(first.event, first.data).await?;
     if let Some(log) = protocol_log {
@@ -160,6 +163,8 @@ struct Pump {
     /// The last save handed to the storage and not known to be stored, and how many events
     /// the saves not known to be stored carry.
     unconfirmed: Option<(Saved, usize)>,
+    /// Records the latency of the graph's first event, taken with it.
+    first_event: Option<FirstEvent>,
 }
 
 /// A save's outcome, awaited by the engine and by the pump.
@@ -178,13 +183,18 @@ impl Pump {
             flush_at: None,
             normalizer: None,
             unconfirmed: None,
+            first_event: None,
         }
     }
 
     /// An event taken from the engine's channel.
     async fn receive(&mut self, event: StreamEvent) -> Result<(), String> {
         self.received += 1;
-        self.take(event).await
+        let taken = self.take(event).await;
+        if let Some(first) = self.first_event.take() {
+            first.observe();
+        }
+        taken
     }
 
     /// An engine event, through the protocol's normalizer when the run has one.
