@@ -23,6 +23,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use crate::metrics::Metrics;
 use crate::start::Stateless;
 
 /// The longest a scheduler sleeps without looking for due crons.
@@ -139,17 +140,19 @@ pub trait FireCron: Send + Sync {
     async fn fire(&self, firing: &CronFiring) -> Result<Uuid, String>;
 }
 
-/// Fires due crons until `shutdown`; `scheduler` wakes it when a cron changes here.
+/// Fires due crons until `shutdown`; `scheduler` wakes it when a cron changes here. Each
+/// firing is counted in `metrics`.
 pub async fn run_scheduler(
     storage: Arc<dyn Storage>,
     scheduler: Arc<Scheduler>,
     firer: Arc<dyn FireCron>,
+    metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
     while !shutdown.is_cancelled() {
         let wait = match storage.next_cron_due().await {
             Ok(Some(due)) if due <= Utc::now() => {
-                fire_due(storage.as_ref(), firer.as_ref()).await;
+                fire_due(storage.as_ref(), firer.as_ref(), &metrics).await;
                 continue;
             }
             Ok(Some(due)) => (due - Utc::now())
@@ -171,7 +174,7 @@ pub async fn run_scheduler(
 }
 
 /// Claims the due crons and creates their runs.
-async fn fire_due(storage: &dyn Storage, firer: &dyn FireCron) {
+async fn fire_due(storage: &dyn Storage, firer: &dyn FireCron, metrics: &Metrics) {
     let firings = match storage.claim_due_crons(Utc::now(), BATCH, &next_run).await {
         Ok(firings) => firings,
         Err(err) => {
@@ -182,7 +185,9 @@ async fn fire_due(storage: &dyn Storage, firer: &dyn FireCron) {
     };
     for firing in firings {
         let (cron_id, due) = (firing.cron.cron_id, firing.due);
-        match firer.fire(&firing).await {
+        let fired = firer.fire(&firing).await;
+        metrics.cron_fired(fired.is_ok());
+        match fired {
             Ok(run_id) => tracing::info!(%cron_id, %due, %run_id, "cron fired"),
             Err(message) => {
                 // Also when the firing is no longer in flight: the cron was disabled meanwhile,

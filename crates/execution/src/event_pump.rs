@@ -27,6 +27,7 @@ use tokio::sync::mpsc;
 
 use crate::hub::{EventHub, HubMessage};
 use crate::logged_saves::SaveRequest;
+use crate::metrics::FirstEvent;
 use crate::v2_events::{normalize, normalize::Normalizer};
 
 /// Most events one log write carries; a model streaming tokens fills batches, not transactions.
@@ -73,7 +74,7 @@ pub(super) struct ProtocolLog {
 /// run's events) is returned, for the transaction that ends the run. The protocol's
 /// `running` follows `metadata`; a v2 run's engine events pass through its normalizer
 /// first (see `crate::protocol`), and messages still open when the run failed end with the
-/// failure set in `failed`.
+/// failure set in `failed`. `first_seen` records when the graph's first event came.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn pump_events(
     storage: Arc<dyn Storage>,
@@ -83,8 +84,10 @@ pub(super) async fn pump_events(
     mut saves: mpsc::UnboundedReceiver<SaveRequest>,
     protocol_log: Option<ProtocolLog>,
     failed: Arc<OnceLock<String>>,
+    first_seen: Option<FirstEvent>,
 ) -> Result<EventTail, String> {
     let mut pump = Pump::new(storage, hub, claimed.run.clone(), claimed.last_seq);
+    pump.first_event = first_seen;
     if !claimed.start_logged {
         let first = start_event(&pump.run, claimed.last_seq + 1);
         pump.log(first.event, first.data).await?;
@@ -193,6 +196,8 @@ struct Pump {
     /// The last write (a save or events) handed to the storage and not known to be stored,
     /// and how many events the writes not known to be stored carry.
     unconfirmed: Option<(Committed, usize)>,
+    /// Records the latency of the graph's first event, taken with it.
+    first_event: Option<FirstEvent>,
 }
 
 impl Pump {
@@ -207,13 +212,18 @@ impl Pump {
             batch: Vec::new(),
             normalizer: None,
             unconfirmed: None,
+            first_event: None,
         }
     }
 
     /// An event taken from the engine's channel.
     async fn receive(&mut self, event: StreamEvent) -> Result<(), String> {
         self.received += 1;
-        self.take(event).await
+        let taken = self.take(event).await;
+        if let Some(first) = self.first_event.take() {
+            first.observe();
+        }
+        taken
     }
 
     /// An engine event, through the protocol's normalizer when the run has one.

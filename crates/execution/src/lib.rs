@@ -1,7 +1,7 @@
 //! Run execution, apart from HTTP: the queue's workers that claim runs and execute their
 //! graphs, the event pump that logs and streams what a run emits, the live event hub, the
-//! cron scheduler, webhook delivery, the long-term store as graphs reach it, and the graphs
-//! this process serves.
+//! cron scheduler, webhook delivery, the long-term store as graphs reach it, the graphs
+//! this process serves, and the metrics of all of them (`GET /metrics`).
 //!
 //! The HTTP server (`spindle-server`) maps requests to calls here and to storage; nothing here
 //! knows HTTP. Starting a run (`RunWorkers::start_run`) is the one way every run begins: from
@@ -13,6 +13,7 @@ pub mod execute;
 pub mod graphs;
 pub mod hub;
 mod logged_saves;
+pub mod metrics;
 pub mod python;
 pub mod retention;
 pub mod run_view;
@@ -28,6 +29,7 @@ pub mod worker;
 pub use event_pump::start_event;
 pub use graphs::{default_assistant_id, GraphRegistry};
 pub use hub::{EndedRun, EventHub, HubMessage, Subscription};
+pub use metrics::Metrics;
 pub use start::{RunRequest, StartedRun, Stateless};
 pub use store::StoreConfig;
 pub use webhook::{WebhookConfig, Webhooks};

@@ -32,6 +32,7 @@ use spindle_storage::Run;
 use tracing::Instrument;
 use uuid::Uuid;
 
+use crate::metrics::{Metrics, WebhookOutcome};
 use crate::run_view::RunOut;
 
 /// Webhook settings.
@@ -329,14 +330,20 @@ pub struct Webhooks {
     config: WebhookConfig,
     /// `None` when the client could not be built (logged once, then at each delivery).
     client: Option<reqwest::Client>,
+    /// Counts deliveries by outcome.
+    metrics: Arc<Metrics>,
 }
 
 impl Webhooks {
-    pub fn new(config: WebhookConfig) -> Self {
+    pub fn new(config: WebhookConfig, metrics: Arc<Metrics>) -> Self {
         let client = build_client(&config)
             .inspect_err(|e| tracing::error!(error = %e, "cannot build the webhook HTTP client; webhooks will not be delivered"))
             .ok();
-        Self { config, client }
+        Self {
+            config,
+            client,
+            metrics,
+        }
     }
 
     /// Checks a webhook URL before a run is stored with it: syntax, then every address its
@@ -363,6 +370,16 @@ impl Webhooks {
     /// POSTs `payload` to `url`, retrying what may succeed later, and logs each attempt.
     /// When `payload` is an object, its `webhook_sent_at` is set to each attempt's time.
     pub async fn deliver(&self, payload: &Value, url: &str) -> Delivery {
+        let delivery = self.send(payload, url).await;
+        self.metrics.webhook_delivered(match delivery {
+            Delivery::Delivered { .. } => WebhookOutcome::Success,
+            Delivery::Failed { .. } => WebhookOutcome::Failed,
+            Delivery::Refused(_) => WebhookOutcome::Refused,
+        });
+        delivery
+    }
+
+    async fn send(&self, payload: &Value, url: &str) -> Delivery {
         let parsed = parse(url);
         // The host only in logs: paths and queries of webhook URLs often carry secrets.
         let host = parsed
@@ -721,10 +738,13 @@ mod tests {
     }
 
     fn webhooks(allow_private: bool) -> Webhooks {
-        Webhooks::new(WebhookConfig {
-            allow_private,
-            ..WebhookConfig::default()
-        })
+        Webhooks::new(
+            WebhookConfig {
+                allow_private,
+                ..WebhookConfig::default()
+            },
+            Arc::default(),
+        )
     }
 
     #[tokio::test]
@@ -866,12 +886,15 @@ mod tests {
     }
 
     fn quick(allow_private: bool) -> Webhooks {
-        Webhooks::new(WebhookConfig {
-            allow_private,
-            max_attempts: 3,
-            first_backoff: Duration::from_millis(10),
-            ..WebhookConfig::default()
-        })
+        Webhooks::new(
+            WebhookConfig {
+                allow_private,
+                max_attempts: 3,
+                first_backoff: Duration::from_millis(10),
+                ..WebhookConfig::default()
+            },
+            Arc::default(),
+        )
     }
 
     #[tokio::test]

@@ -31,6 +31,7 @@ use crate::execute::{keys, resumed, run_config, run_input, Resumed};
 use crate::graphs::{GraphRegistry, LoadedGraph};
 use crate::hub::{EndedRun, EventHub, HubMessage};
 use crate::logged_saves::LoggedSaves;
+use crate::metrics::Metrics;
 use crate::python::pool::PythonPool;
 use crate::store::{GraphStore, StoreConfig};
 use crate::v2_events::{self, normalize, normalize::Normalizer};
@@ -96,6 +97,8 @@ pub struct RunWorkers {
     executing: Mutex<HashMap<Uuid, CancellationToken>>,
     /// The workers that run Python graphs, when the server has any.
     python: OnceLock<Arc<PythonPool>>,
+    /// The process's metrics (runs, and whatever else records into them).
+    metrics: Arc<Metrics>,
 }
 
 impl RunWorkers {
@@ -105,6 +108,7 @@ impl RunWorkers {
         hub: Arc<EventHub>,
         webhooks: Arc<Webhooks>,
         config: WorkerConfig,
+        metrics: Arc<Metrics>,
     ) -> Self {
         Self {
             storage,
@@ -119,7 +123,19 @@ impl RunWorkers {
             due_changed: Notify::new(),
             executing: Mutex::new(HashMap::new()),
             python: OnceLock::new(),
+            metrics,
         }
+    }
+
+    /// The process's metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// This process's run slots: (in use, total).
+    pub fn slots(&self) -> (usize, usize) {
+        let total = self.config.concurrency.max(1);
+        (total.saturating_sub(self.slots.available_permits()), total)
     }
 
     /// The Python workers that run the registry's Python graphs (set once, at start-up).
@@ -390,6 +406,9 @@ impl RunWorkers {
             .as_ref()
             .ok()
             .map(|(assistant, _)| assistant.fields.graph_id.clone());
+        let meters = self
+            .metrics
+            .run_started(graph_name.as_deref().unwrap_or_default(), run);
         let protocol_log = graph_name.clone().map(|graph_name| ProtocolLog {
             graph_name,
             normalizer: v2_events::is_v2_run(run).then(Normalizer::default),
@@ -404,6 +423,7 @@ impl RunWorkers {
             saves,
             protocol_log,
             failed.clone(),
+            meters.first_event(run),
         ));
         let renewal = tokio::spawn(renew_lease(
             self.storage.clone(),
@@ -533,6 +553,10 @@ impl RunWorkers {
         let ended = behind_saves(ended, saves).await;
         // A rolled-back run's events went with it.
         let logged = matches!(ended, Ok(Some(_)));
+        if ended.is_ok() {
+            // Counted before anyone following the run learns of its end.
+            meters.ended(status);
+        }
         tail.publisher
             .after(futures::future::ready(logged).boxed().shared(), ending);
         tail.publisher.finish().await;

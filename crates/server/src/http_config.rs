@@ -28,8 +28,8 @@ pub struct Disabled {
     pub runs: bool,
     /// `/store/...`.
     pub store: bool,
-    /// `/info`, `/docs` and `/openapi.json`; the health checks (`/ok`, `/health`, `/live`,
-    /// `/ready`) stay.
+    /// `/info`, `/metrics`, `/docs` and `/openapi.json`; the health checks (`/ok`,
+    /// `/health`, `/live`, `/ready`) stay.
     pub meta: bool,
     /// The agent protocol's thread stream and commands alone.
     pub event_streaming: bool,

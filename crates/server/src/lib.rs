@@ -87,6 +87,7 @@ pub async fn serve(
         state.storage.clone(),
         state.crons.clone(),
         std::sync::Arc::new(routes::crons::CronRuns(state.clone())),
+        state.metrics.clone(),
         stop_workers.clone(),
     ));
     tokio::spawn(spindle_execution::store::sweep_items(

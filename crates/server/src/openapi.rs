@@ -44,12 +44,13 @@ pub fn router() -> OpenApiRouter<AppState> {
 type Group = fn() -> OpenApiRouter<AppState>;
 
 /// The routes of the groups not `disabled`, grouped as LangGraph Platform's `http.disable_*`
-/// group them: a thread's state, history and join stream go with threads; crons and the agent
-/// protocol's thread stream and commands (which start runs) go with runs. The document lists
-/// exactly these.
+/// group them: `/info` and `/metrics` go with the documentation (meta); a thread's state,
+/// history and join stream go with threads; crons and the agent protocol's thread stream and
+/// commands (which start runs) go with runs. The document lists exactly these.
 pub fn served(disabled: &Disabled) -> OpenApiRouter<AppState> {
-    let groups: [(bool, Group); 9] = [
+    let groups: [(bool, Group); 10] = [
         (disabled.meta, routes::system::meta_router),
+        (disabled.meta, routes::metrics::router),
         (disabled.assistants, routes::assistants::router),
         (disabled.threads, routes::threads::router),
         (disabled.threads, routes::state::router),

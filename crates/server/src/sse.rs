@@ -3,7 +3,9 @@
 
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue};
 use bytes::Bytes;
+use futures::Stream;
 use serde_json::Value;
+use spindle_execution::metrics::OpenStream;
 use utoipa::openapi::schema::{Object, ObjectBuilder, Type};
 use utoipa::ToSchema;
 
@@ -86,6 +88,32 @@ pub fn headers() -> HeaderMap {
         HeaderValue::from_static("no"),
     );
     headers
+}
+
+/// An event stream's body, counted among the open streams of its kind
+/// ([`spindle_execution::metrics::StreamKind`]) until it is dropped: when it ended, or when
+/// its client went away and the server noticed (at the next frame or heartbeat at the latest).
+pub struct HeldOpen<S> {
+    body: std::pin::Pin<Box<S>>,
+    _open: OpenStream,
+}
+
+pub fn held_open<S: Stream>(body: S, open: OpenStream) -> HeldOpen<S> {
+    HeldOpen {
+        body: Box::pin(body),
+        _open: open,
+    }
+}
+
+impl<S: Stream> Stream for HeldOpen<S> {
+    type Item = S::Item;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<S::Item>> {
+        self.body.as_mut().poll_next(cx)
+    }
 }
 
 #[cfg(test)]

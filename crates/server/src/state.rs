@@ -15,7 +15,7 @@ use spindle_execution::crons::Scheduler;
 use spindle_execution::graphs::GraphRegistry;
 use spindle_execution::store::StoreConfig;
 use spindle_execution::webhook::{WebhookConfig, Webhooks};
-use spindle_execution::{EventHub, RunWorkers, WorkerConfig};
+use spindle_execution::{EventHub, Metrics, RunWorkers, WorkerConfig};
 
 #[derive(Clone)]
 pub struct AppState {
@@ -39,6 +39,9 @@ pub struct AppState {
     pub auth: Option<Arc<crate::auth::Auth>>,
     /// Route groups turned off, headers copied into runs, webhooks off (`http`).
     pub http: crate::http_config::HttpConfig,
+    /// The process's metrics (`GET /metrics`), shared with the run workers, webhooks and
+    /// crons that record into them.
+    pub metrics: Arc<Metrics>,
 }
 
 impl AppState {
@@ -51,23 +54,28 @@ impl AppState {
         graphs: Arc<GraphRegistry>,
         config: WorkerConfig,
     ) -> Self {
-        Self::with_settings(storage, graphs, config, WebhookConfig::default())
+        let metrics = Arc::default();
+        Self::with_settings(storage, graphs, config, WebhookConfig::default(), metrics)
     }
 
+    /// The state of a server whose metrics are `metrics` (made at start-up, and which the
+    /// storage may already record into: `spindle_execution::metrics::MeteredStorage`).
     pub fn with_settings(
         storage: Arc<dyn Storage>,
         graphs: Arc<GraphRegistry>,
         config: WorkerConfig,
         webhooks: WebhookConfig,
+        metrics: Arc<Metrics>,
     ) -> Self {
         let hub = Arc::new(EventHub::default());
-        let webhooks = Arc::new(Webhooks::new(webhooks));
+        let webhooks = Arc::new(Webhooks::new(webhooks, metrics.clone()));
         let workers = Arc::new(RunWorkers::new(
             storage.clone(),
             graphs.clone(),
             hub.clone(),
             webhooks.clone(),
             config,
+            metrics.clone(),
         ));
         Self {
             storage,
@@ -82,6 +90,7 @@ impl AppState {
             cors: None,
             auth: None,
             http: Default::default(),
+            metrics,
         }
     }
 }

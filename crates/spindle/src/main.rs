@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use spindle_execution::{WebhookConfig, WorkerConfig};
+use spindle_execution::metrics::MeteredStorage;
+use spindle_execution::{Metrics, WebhookConfig, WorkerConfig};
 use spindle_server::{AppState, ThreadTtlConfig};
 use spindle_storage::{ThreadTtl, TtlStrategy};
 use tokio::net::TcpListener;
@@ -164,7 +165,9 @@ async fn serve(args: ServerArgs, mode: Mode, config: LoadedConfig) -> Result<()>
     let auth = config.auth()?;
     let url = database_url(&args.database, &config)?;
     let (mut registry, python_graphs) = graphs::load(&config)?;
-    let storage = database::open(&url).await?;
+    // One registry for the process; every storage call is timed into it from here on.
+    let metrics = Arc::new(Metrics::new());
+    let storage = MeteredStorage::wrap(database::open(&url).await?, metrics.clone());
     let store = store::store_config(&config)?;
     // LangGraph's custom auth runs in the Python workers too: they start for it alone.
     let python = match python_graphs.is_empty() && config.custom_auth().is_none() {
@@ -240,6 +243,7 @@ async fn serve(args: ServerArgs, mode: Mode, config: LoadedConfig) -> Result<()>
         registry.clone(),
         workers,
         webhook_config(&args, &config),
+        metrics,
     );
     state.thread_ttl = thread_ttl_config(&args, &config)?;
     state.cors = cors_layer(&config, mode)?;

@@ -182,6 +182,10 @@ pub trait ThreadStore: Send + Sync {
 }
 
 /// Everything the server needs from a database.
+///
+/// The server times every call of these traits through `spindle_execution::metrics::
+/// MeteredStorage`, which forwards each method, defaulted ones included: a method added here
+/// (or to a store trait) is added there too.
 #[async_trait]
 pub trait Storage: AssistantStore + ThreadStore + RunStore + ItemStore + CronStore {
     /// Which backend this is, for logs and `/info`.
@@ -222,6 +226,11 @@ pub trait Storage: AssistantStore + ThreadStore + RunStore + ItemStore + CronSto
     fn wakeups(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<Wakeup>> {
         None
     }
+    /// How many runs wait in the queue and how many execute, in every process (for
+    /// `/metrics`: one count over an index).
+    async fn count_queued_runs(&self) -> StorageResult<QueuedRuns>;
+    /// The connection pools and the write queue as they are now (for `/metrics`; no query).
+    fn pool_stats(&self) -> PoolStats;
 }
 
 /// The commit of events queued with [`Storage::queue_events`].
@@ -241,6 +250,44 @@ pub enum Wakeup {
     CronsChanged,
     /// Notifications may have been lost (the listening connection dropped): look again.
     Resync,
+}
+
+/// Runs of every process by queue status, as [`Storage::count_queued_runs`] counts them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueuedRuns {
+    pub pending: i64,
+    pub running: i64,
+}
+
+/// The database connections of this process, as [`Storage::pool_stats`] sees them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    pub pools: Vec<ConnectionPool>,
+    /// Writes handed to SQLite's writer thread and not answered yet (queued, or in the
+    /// transaction it is committing); `None` on PostgreSQL, which has no such queue.
+    pub writer_queue: Option<usize>,
+}
+
+/// One connection pool: its name (`main` on PostgreSQL; `read` and `write` on SQLite), the
+/// connections it holds open, those of them idle, and the most it opens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectionPool {
+    pub name: &'static str,
+    pub open: u32,
+    pub idle: u32,
+    pub max: u32,
+}
+
+impl ConnectionPool {
+    /// A sqlx pool now.
+    pub(crate) fn of<DB: sqlx::Database>(name: &'static str, pool: &sqlx::Pool<DB>) -> Self {
+        Self {
+            name,
+            open: pool.size(),
+            idle: u32::try_from(pool.num_idle()).unwrap_or(u32::MAX),
+            max: pool.options().get_max_connections(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

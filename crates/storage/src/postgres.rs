@@ -732,4 +732,22 @@ impl Storage for PostgresStorage {
         tokio::spawn(crate::pg_notify::listen(self.pool.clone(), wakeup));
         Some(wakeups)
     }
+
+    async fn count_queued_runs(&self) -> StorageResult<crate::QueuedRuns> {
+        let (pending, running): (i64, i64) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE status = 'pending'), \
+             count(*) FILTER (WHERE status = 'running') \
+             FROM runs WHERE status IN ('pending', 'running')",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(crate::QueuedRuns { pending, running })
+    }
+
+    fn pool_stats(&self) -> crate::PoolStats {
+        crate::PoolStats {
+            pools: vec![crate::ConnectionPool::of("main", &self.pool)],
+            writer_queue: None,
+        }
+    }
 }

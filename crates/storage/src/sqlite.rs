@@ -819,14 +819,31 @@ impl Storage for SqliteStorage {
     }
 
     fn queue_events(&self, events: Vec<crate::LoggedEvent>) -> crate::EventsReceipt {
-        if events.is_empty() {
-            return Box::pin(async { Ok(()) });
-        }
-        let rows = crate::runs::EventRows::new(&events);
-        Box::pin(
-            self.writer
-                .submit(move |conn| crate::runs::insert_events_sqlite(conn, &rows)),
+        // With the thread's queued saves, in order (see `submit_events`).
+        let logged = self.logged.submit_events(&events);
+        Box::pin(async move { logged.await.map_err(StorageError::from) })
+    }
+
+    async fn count_queued_runs(&self) -> StorageResult<crate::QueuedRuns> {
+        // Each count reads an index: `runs_to_claim` (status first), and the partial index
+        // of running runs.
+        let (pending, running): (i64, i64) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM runs WHERE status = 'pending'), \
+             (SELECT count(*) FROM runs WHERE status = 'running')",
         )
+        .fetch_one(&self.read)
+        .await?;
+        Ok(crate::QueuedRuns { pending, running })
+    }
+
+    fn pool_stats(&self) -> crate::PoolStats {
+        crate::PoolStats {
+            pools: vec![
+                crate::ConnectionPool::of("read", &self.read),
+                crate::ConnectionPool::of("write", &self.write),
+            ],
+            writer_queue: Some(self.writer.queued()),
+        }
     }
 }
 

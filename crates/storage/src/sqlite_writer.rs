@@ -31,6 +31,7 @@
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -72,6 +73,24 @@ struct Call<T, E, F> {
     write: Option<F>,
     result: Option<Result<T, E>>,
     reply: oneshot::Sender<Result<T, E>>,
+    /// Counts the write among the queued until it is answered (or dropped unanswered).
+    _queued: Queued,
+}
+
+/// One write in [`Writer::queued`]'s count, from its submission until it is dropped.
+struct Queued(Arc<AtomicUsize>);
+
+impl Queued {
+    fn new(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Self(count.clone())
+    }
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl<T, E, F> Job for Call<T, E, F>
@@ -95,14 +114,22 @@ where
     }
 
     fn answer(self: Box<Self>, commit: Result<(), &str>) {
+        let Call {
+            result,
+            reply,
+            _queued: queued,
+            ..
+        } = *self;
+        // Out of the count before its caller can look.
+        drop(queued);
         let failed = |msg: &str| Err(StorageError::Commit(msg.to_owned()).into());
-        let result = match (self.result, commit) {
+        let result = match (result, commit) {
             (Some(Ok(_)), Err(msg)) | (None, Err(msg)) => failed(msg),
             (Some(result), _) => result,
             (None, Ok(())) => failed("the write did not run"),
         };
         // The caller may have stopped waiting (its request was dropped); the write stands.
-        let _ = self.reply.send(result);
+        let _ = reply.send(result);
     }
 }
 
@@ -174,6 +201,8 @@ fn take_ahead(lane: &AheadLane) -> Option<Box<dyn Job>> {
 pub(crate) struct Writer {
     jobs: mpsc::Sender<Request>,
     ahead: AheadLane,
+    /// Writes submitted and not answered yet.
+    queued: Arc<AtomicUsize>,
 }
 
 impl Writer {
@@ -198,7 +227,16 @@ impl Writer {
             .name("sqlite-writer".into())
             .spawn(move || serve(conn, queues, checkpoints))
             .map_err(|e| StorageError::Commit(format!("cannot start the writer thread: {e}")))?;
-        Ok(Self { jobs, ahead })
+        Ok(Self {
+            jobs,
+            ahead,
+            queued: Arc::default(),
+        })
+    }
+
+    /// Writes submitted and not answered yet: queued, or in the transaction being committed.
+    pub(crate) fn queued(&self) -> usize {
+        self.queued.load(Ordering::Relaxed)
     }
 
     /// Runs `write` on the write connection, in a transaction, and returns its result once the
@@ -225,7 +263,7 @@ impl Writer {
         E: From<StorageError> + Send + 'static,
         F: FnOnce(&Connection) -> Result<T, E> + Send + 'static,
     {
-        let (job, answer) = call(write);
+        let (job, answer) = call(write, &self.queued);
         self.ahead
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -246,7 +284,7 @@ impl Writer {
         E: From<StorageError> + Send + 'static,
         F: FnOnce(&Connection) -> Result<T, E> + Send + 'static,
     {
-        let (job, answer) = call(write);
+        let (job, answer) = call(write, &self.queued);
         let queued = self.jobs.send(Request::Write(job)).is_ok();
         answer_of(queued, answer)
     }
@@ -265,7 +303,10 @@ impl Writer {
 }
 
 /// `write` as a job for the writer thread, and the receiver of its result.
-fn call<T, E, F>(write: F) -> (Box<dyn Job>, oneshot::Receiver<Result<T, E>>)
+fn call<T, E, F>(
+    write: F,
+    queued: &Arc<AtomicUsize>,
+) -> (Box<dyn Job>, oneshot::Receiver<Result<T, E>>)
 where
     T: Send + 'static,
     E: From<StorageError> + Send + 'static,
@@ -276,6 +317,7 @@ where
         write: Some(write),
         result: None,
         reply,
+        _queued: Queued::new(queued),
     });
     (job, answer)
 }
@@ -666,6 +708,23 @@ mod tests {
         drop(permit);
         queued.await.unwrap().unwrap();
         assert_eq!(count(&dir), 2);
+    }
+
+    /// `queued` counts the writes submitted and not answered: waiting behind a write in
+    /// progress, or in its group, until the group's commit answers them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn queued_counts_writes_until_they_are_answered() {
+        let (_dir, writer) = writer().await;
+        assert_eq!(writer.queued(), 0);
+        let (first, release) = held_first_write(&writer);
+        let second = writer.submit(insert("INSERT INTO t (k, v) VALUES (2, 'x')"));
+        let third = writer.write_ahead(insert("INSERT INTO t (k, v) VALUES (3, 'x')"));
+        assert_eq!(writer.queued(), 3);
+        release.send(()).unwrap();
+        first.await.unwrap();
+        second.await.unwrap();
+        third.await.unwrap();
+        assert_eq!(writer.queued(), 0);
     }
 
     /// The rows of `t` another connection sees: those committed.

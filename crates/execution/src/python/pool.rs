@@ -359,6 +359,11 @@ impl PythonPool {
         &self.calls
     }
 
+    /// Runs one worker executes at once.
+    pub fn runs_per_worker(&self) -> u32 {
+        self.settings.runs_per_worker.max(1)
+    }
+
     /// Each worker in the pool, as an operator (or a test) sees it.
     pub fn workers(&self) -> Vec<WorkerState> {
         self.lock()

@@ -242,8 +242,8 @@ mod tests {
                 (Method::DELETE, item.delete.is_some()),
             ];
             for (method, served) in methods {
-                let system =
-                    ["/ok", "/health", "/live", "/ready", "/info"].contains(&path.as_str());
+                let system = ["/ok", "/health", "/live", "/ready", "/info", "/metrics"]
+                    .contains(&path.as_str());
                 if served && !system {
                     assert!(
                         of(&method, &path).is_some(),

@@ -34,6 +34,10 @@ pub struct AuthConfig {
     /// Whether `/docs` and `/openapi.json` answer without credentials.
     #[serde(default = "yes")]
     pub public_docs: bool,
+    /// Whether `/metrics` answers without credentials, as the health checks do (Prometheus
+    /// scrapes without them).
+    #[serde(default = "yes")]
+    pub public_metrics: bool,
     /// Whether each route's action (`threads:create`, `store:get`, ...) must be granted by
     /// the caller's permissions (403 otherwise).
     #[serde(default)]
@@ -169,6 +173,7 @@ impl AuthConfig {
             jwt,
             custom: self.path.clone(),
             public_docs: self.public_docs,
+            public_metrics: self.public_metrics,
             enforce_permissions: self.enforce_permissions,
         })
     }

@@ -1,8 +1,8 @@
 //! Who is calling, and what they may do: the config file's `auth` section.
 //!
 //! Without one, every request is the one local user (`spindle dev`'s default). With one, every
-//! route but the health checks (and, unless `public_docs` is off, the API's documentation)
-//! needs credentials: an API key ([`api_keys`]) or a JWT bearer token ([`jwt`]). A request
+//! route but the health checks (and, unless `public_docs` or `public_metrics` is off, the
+//! API's documentation and `/metrics`) needs credentials: an API key ([`api_keys`]) or a JWT bearer token ([`jwt`]). A request
 //! without valid ones is a 401 with `WWW-Authenticate` and the interface's error body; a
 //! request with them acts as the user they name, whose resources are theirs alone (storage
 //! filters every query by [`Scope`]). With `enforce_permissions`, the caller's permissions
@@ -137,6 +137,8 @@ pub struct Auth {
     custom: Option<String>,
     /// Whether `/docs` and `/openapi.json` answer without credentials.
     pub public_docs: bool,
+    /// Whether `/metrics` answers without credentials.
+    pub public_metrics: bool,
     /// Whether a caller's permissions must grant each route's action.
     pub enforce_permissions: bool,
 }
@@ -266,6 +268,10 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 /// Routes anyone may call: a load balancer's health checks carry no credentials.
 const OPEN_PATHS: [&str; 4] = ["/ok", "/health", "/live", "/ready"];
 
+/// The metrics, which a Prometheus scraper reads without credentials unless
+/// `auth.public_metrics` is off.
+const METRICS_PATH: &str = "/metrics";
+
 /// The middleware of every API route when authentication is on: names the caller (or answers
 /// 401), then checks the caller may do the route's action (or answers 403).
 pub async fn require(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
@@ -276,7 +282,8 @@ pub async fn require(State(state): State<AppState>, mut request: Request, next: 
         .extensions()
         .get::<MatchedPath>()
         .map(|p| p.as_str().to_owned());
-    if path.as_deref().is_some_and(|p| OPEN_PATHS.contains(&p)) {
+    let open = |p: &str| OPEN_PATHS.contains(&p) || (p == METRICS_PATH && auth.public_metrics);
+    if path.as_deref().is_some_and(open) {
         return next.run(request).await;
     }
     if auth.custom.is_some() {

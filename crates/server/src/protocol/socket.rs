@@ -18,6 +18,7 @@ use base64::Engine;
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use serde_json::{json, Map, Value};
+use spindle_execution::metrics::StreamKind;
 use spindle_storage::Scope;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -80,6 +81,7 @@ struct Socket {
 
 /// Serves one socket until the client closes it.
 pub async fn serve(socket: WebSocket, state: AppState, caller: AuthUser, thread_id: ResourceId) {
+    let _open = state.metrics.stream_opened(StreamKind::WebSocket);
     let (mut sink, mut incoming) = socket.split();
     let (out, mut outgoing) = mpsc::channel::<String>(256);
     let writer = tokio::spawn(async move {

@@ -2,6 +2,7 @@
 
 pub mod assistants;
 pub mod crons;
+pub mod metrics;
 pub mod runs;
 pub mod state;
 pub mod store;

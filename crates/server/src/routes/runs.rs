@@ -33,6 +33,7 @@ use crate::state::{AppState, Caller};
 use crate::wire::{page, path_thread_id, path_uuid, validate_page, JsonObject};
 use spindle_execution::execute::keys;
 use spindle_execution::hub::{HubMessage, Subscription};
+use spindle_execution::metrics::StreamKind;
 use spindle_execution::{RunRequest, StartedRun, Stateless};
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -633,6 +634,10 @@ fn stream_response(
         with_ids: true,
     };
     let (storage, keepalive) = (state.storage.clone(), state.keepalive);
+    let kind = match source {
+        Source::Log(_) => StreamKind::RunJoin,
+        Source::New(..) => StreamKind::Run,
+    };
     let body = match source {
         Source::Log(after) => Body::from_stream(follow_stream(
             storage,
@@ -652,6 +657,8 @@ fn stream_response(
             on_done,
         )),
     };
+    let open = state.metrics.stream_opened(kind);
+    let body = Body::from_stream(sse::held_open(body.into_data_stream(), open));
     (headers, body).into_response()
 }
 

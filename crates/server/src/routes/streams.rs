@@ -6,6 +6,7 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
+use spindle_execution::metrics::StreamKind;
 use utoipa::openapi::schema::{Array, ArrayBuilder, ObjectBuilder, Type};
 use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
@@ -124,6 +125,7 @@ async fn join_thread_stream(
         state.keepalive,
         |_| {},
     );
+    let body = sse::held_open(body, state.metrics.stream_opened(StreamKind::Thread));
     Ok((sse::headers(), Body::from_stream(body)).into_response())
 }
 

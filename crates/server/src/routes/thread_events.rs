@@ -16,6 +16,7 @@ use axum::Json;
 use futures::StreamExt;
 use serde::Serialize;
 use serde_json::{json, Value};
+use spindle_execution::metrics::StreamKind;
 use utoipa::openapi::schema::{Array, ArrayBuilder, ObjectBuilder, OneOfBuilder, Type};
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
@@ -251,7 +252,9 @@ async fn stream_events(
     );
     // First bytes at once: the client knows the stream is open before any event.
     let opened = futures::stream::once(async { Ok(Bytes::from_static(sse::HEARTBEAT)) });
-    Ok((sse::headers(), Body::from_stream(opened.chain(events))).into_response())
+    let open = state.metrics.stream_opened(StreamKind::Protocol);
+    let body = sse::held_open(opened.chain(events), open);
+    Ok((sse::headers(), Body::from_stream(body)).into_response())
 }
 
 #[utoipa::path(get, path = "/threads/{thread_id}/stream/events", tag = "threads",

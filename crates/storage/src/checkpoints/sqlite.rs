@@ -556,7 +556,8 @@ impl EncodedSave {
 /// save itself.
 struct QueuedSave {
     events: Option<EventRows>,
-    save: EncodedSave,
+    /// `None` for events queued alone ([`SqliteCheckpointer::submit_events`]).
+    save: Option<EncodedSave>,
 }
 
 /// Applies a thread's batch of queued saves: the events they carry first, in one insert
@@ -567,7 +568,7 @@ fn apply_batch(conn: &Connection, batch: Vec<QueuedSave>) -> Result<(), Checkpoi
     if let Some(events) = EventRows::concat(events.into_iter().flatten()) {
         insert_events(conn, &events)?;
     }
-    saves.iter().try_for_each(|save| save.apply(conn))
+    saves.iter().flatten().try_for_each(|save| save.apply(conn))
 }
 
 /// Resolves when a batch of saves is committed (or failed), for every save in it.
@@ -600,7 +601,7 @@ impl SqliteCheckpointer {
     /// shares that batch's outcome: if any save of a batch fails, none of it is stored.
     fn submit(&self, write: QueuedWrite) -> WriteReceipt {
         match EncodedSave::new(write) {
-            Ok(save) => self.submit_encoded(QueuedSave { events: None, save }),
+            Ok(save) => self.submit_encoded(None, save),
             Err(e) => Box::pin(std::future::ready(Err(e))),
         }
     }
@@ -611,13 +612,35 @@ impl SqliteCheckpointer {
     pub(crate) fn submit_logged(&self, logged: LoggedSave) -> WriteReceipt {
         let events = (!logged.events.is_empty()).then(|| EventRows::new(&logged.events));
         match EncodedSave::new(logged.write) {
-            Ok(save) => self.submit_encoded(QueuedSave { events, save }),
+            Ok(save) => self.submit_encoded(events, save),
             Err(e) => Box::pin(std::future::ready(Err(e))),
         }
     }
 
-    fn submit_encoded(&self, save: QueuedSave) -> WriteReceipt {
-        let thread_id = save.save.thread_id().to_owned();
+    /// Queues events of a run's log (one thread's) in order with its saves: into the
+    /// thread's batch when one is waiting, so a save queued after them never commits before
+    /// them (a batch inserts its events first, in the order they were queued).
+    pub(crate) fn submit_events(&self, events: &[crate::LoggedEvent]) -> WriteReceipt {
+        let Some(first) = events.first() else {
+            return Box::pin(std::future::ready(Ok(())));
+        };
+        let thread_id = first.thread_id.to_string();
+        self.submit_encoded_for(
+            thread_id,
+            QueuedSave {
+                events: Some(EventRows::new(events)),
+                save: None,
+            },
+        )
+    }
+
+    fn submit_encoded(&self, events: Option<EventRows>, save: EncodedSave) -> WriteReceipt {
+        let thread_id = save.thread_id().to_owned();
+        let save = Some(save);
+        self.submit_encoded_for(thread_id, QueuedSave { events, save })
+    }
+
+    fn submit_encoded_for(&self, thread_id: String, save: QueuedSave) -> WriteReceipt {
         let mut open = self.open.lock();
         if let Some(batch) = open.get_mut(&thread_id) {
             batch.saves.push(save);

@@ -487,7 +487,6 @@ pub(crate) use postgres::{
     insert_events as insert_events_pg, EndPrepared,
 };
 pub(crate) mod sqlite;
-pub(crate) use sqlite::{insert_events as insert_events_sqlite, EventRows};
 
 /// How many runs with an expired lease one claim ends (past `max_attempts`) before it gives up
 /// looking for one it can run, so that a claim stays a short transaction.

@@ -1995,3 +1995,36 @@ async fn other_processes_are_told_of_runs_to_claim_logs_that_grew_and_cancels() 
     })
     .await;
 }
+
+/// Events queued for a run's log between two of its saves are logged in that order, whatever
+/// the backend batches: a save queued after them never commits before them (its events would
+/// take their seqs' place and they would be refused).
+#[tokio::test]
+async fn events_queued_between_saves_keep_their_place() {
+    for_each_backend(|db| async move {
+        let s = db.storage();
+        let alice = fresh_user();
+        let thread = thread_of(s, &alice).await;
+        let run = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        let seq = claim(s, "w").await.unwrap().last_seq;
+        let first = s
+            .queue_logged(LoggedSave {
+                write: checkpoint_write(thread, &new_checkpoint_id()),
+                events: vec![event(thread, run.run_id, seq + 1)],
+            })
+            .expect("both backends queue saves");
+        let between = s.queue_events(vec![event(thread, run.run_id, seq + 2)]);
+        let second = s
+            .queue_logged(LoggedSave {
+                write: checkpoint_write(thread, &new_checkpoint_id()),
+                events: vec![event(thread, run.run_id, seq + 3)],
+            })
+            .expect("both backends queue saves");
+        first.await.unwrap();
+        between.await.unwrap();
+        second.await.unwrap();
+        let logged = s.read_events(thread, seq, None, 10).await.unwrap();
+        assert_eq!(seqs(&logged), vec![seq + 1, seq + 2, seq + 3]);
+    })
+    .await;
+}
