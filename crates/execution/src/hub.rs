@@ -49,6 +49,8 @@ pub struct EventHub {
     /// Whether every commit to a thread's log is announced here ([`HubMessage::Logged`]), so
     /// streams need not poll the log for what other processes write.
     announced: std::sync::atomic::AtomicBool,
+    /// Cancelled when the process stops: its streams end, so clients reconnect elsewhere.
+    closing: tokio_util::sync::CancellationToken,
 }
 
 impl EventHub {
@@ -66,6 +68,12 @@ impl EventHub {
             thread_id,
             receiver,
         }
+    }
+
+    /// Ends every stream this process serves (a graceful shutdown): their clients resume them
+    /// with `Last-Event-ID` on another process.
+    pub fn close_streams(&self) {
+        self.closing.cancel();
     }
 
     /// From now on every commit to a thread's log is announced ([`crate::wakeups`]).
@@ -129,6 +137,11 @@ pub struct Subscription {
 }
 
 impl Subscription {
+    /// Cancelled when the process ends its streams ([`EventHub::close_streams`]).
+    pub fn closing(&self) -> tokio_util::sync::CancellationToken {
+        self.hub.closing.clone()
+    }
+
     /// Whether commits to the thread's log are announced ([`EventHub::announced`]).
     pub fn announced(&self) -> bool {
         self.hub.announced()

@@ -48,6 +48,9 @@ pub struct WorkerConfig {
     pub max_attempts: i32,
     /// How often an idle worker looks for runs it was not woken for.
     pub poll_interval: Duration,
+    /// How long a stopping process lets its running runs finish before it hands them back
+    /// ([`RunWorkers::drain`]).
+    pub shutdown_grace: Duration,
     /// A run still executing after this long ends `timeout`.
     pub run_timeout: Option<Duration>,
     /// Logged events of ended runs are kept this long; `None` keeps them forever.
@@ -55,6 +58,9 @@ pub struct WorkerConfig {
     /// The long-term store's settings, for the store a run's nodes reach.
     pub store: StoreConfig,
 }
+
+/// How long a drain waits for the runs it cancelled to be handed back.
+const HAND_BACK_WAIT: Duration = Duration::from_secs(10);
 
 /// How often the event log is swept for events past their retention.
 const RETENTION_SWEEP: Duration = Duration::from_secs(600);
@@ -66,6 +72,7 @@ impl Default for WorkerConfig {
             lease: Duration::from_secs(30),
             max_attempts: 3,
             poll_interval: Duration::from_millis(500),
+            shutdown_grace: Duration::from_secs(30),
             run_timeout: None,
             event_retention: Some(Duration::from_secs(7 * 24 * 3600)),
             store: StoreConfig::default(),
@@ -90,6 +97,11 @@ pub struct RunWorkers {
     announced: std::sync::atomic::AtomicBool,
     /// Wakes `watch_due` to look again when the next due time may have moved.
     due_changed: Notify,
+    /// Cancelled when the process stops claiming runs ([`RunWorkers::drain`]).
+    claiming: CancellationToken,
+    /// Set once the drain's grace is over: runs cancelled from then on are handed back to
+    /// the queue, not ended.
+    handing_back: std::sync::atomic::AtomicBool,
     /// One permit per run this process may execute at once, taken by the claim loops and by
     /// runs claimed at their creation alike.
     slots: Arc<Semaphore>,
@@ -121,6 +133,8 @@ impl RunWorkers {
             wake: Notify::new(),
             announced: std::sync::atomic::AtomicBool::new(false),
             due_changed: Notify::new(),
+            claiming: CancellationToken::new(),
+            handing_back: std::sync::atomic::AtomicBool::new(false),
             executing: Mutex::new(HashMap::new()),
             python: OnceLock::new(),
             metrics,
@@ -150,12 +164,19 @@ impl RunWorkers {
         self.python.get()
     }
 
-    /// Starts the worker loops; they stop when `shutdown` is cancelled.
+    /// Starts the worker loops; they stop when `shutdown` is cancelled, or claim no more
+    /// once the process drains ([`RunWorkers::drain`]).
     pub fn start(self: &Arc<Self>, shutdown: CancellationToken) {
+        let claiming = self.claiming.clone();
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            stop.cancelled().await;
+            claiming.cancel();
+        });
         for _ in 0..self.config.concurrency.max(1) {
             let workers = self.clone();
-            let shutdown = shutdown.clone();
-            tokio::spawn(async move { workers.work(shutdown).await });
+            let claiming = self.claiming.clone();
+            tokio::spawn(async move { workers.work(claiming).await });
         }
         if let Some(retention) = self.config.event_retention {
             tokio::spawn(super::retention::sweep_events(
@@ -226,6 +247,10 @@ impl RunWorkers {
     /// is then created claimed by this process ([`NewRun::claim`](spindle_storage::NewRun))
     /// and handed to [`RunWorkers::execute_now`], without waiting for a claim of its own.
     pub fn reserve(&self) -> Option<Slot> {
+        if self.claiming.is_cancelled() {
+            // Draining: runs created now wait in the queue for another process.
+            return None;
+        }
         let permit = self.slots.clone().try_acquire_owned().ok()?;
         Some(Slot {
             _permit: permit,
@@ -244,6 +269,58 @@ impl RunWorkers {
             workers.execute(claimed, Some(assistant)).await;
             drop(slot);
         });
+    }
+
+    /// Stops the process's part in running runs, for a graceful shutdown: claims no more runs
+    /// (runs created here from now on wait in the queue), lets those executing finish for
+    /// up to the configured grace, then cancels the rest and hands them back to the queue,
+    /// where another process resumes them from their last checkpoint at once instead of
+    /// after their lease. Returns once no run executes here.
+    pub async fn drain(&self) {
+        self.claiming.cancel();
+        let deadline = tokio::time::Instant::now() + self.config.shutdown_grace;
+        while self.executing_count() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let left = self.executing_count();
+        if left == 0 {
+            return;
+        }
+        tracing::warn!(
+            runs = left,
+            grace_secs = self.config.shutdown_grace.as_secs(),
+            "runs still executing after the shutdown grace; handing them back to the queue"
+        );
+        self.handing_back
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let tokens: Vec<CancellationToken> = self
+            .executing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for token in tokens {
+            token.cancel();
+        }
+        // A cancelled run first waits for its saves (and a Python run for its worker's
+        // grace): bounded, as the process is going away anyway.
+        let deadline = tokio::time::Instant::now() + HAND_BACK_WAIT;
+        while self.executing_count() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// How long [`RunWorkers::drain`] lets running runs finish.
+    pub fn shutdown_grace(&self) -> Duration {
+        self.config.shutdown_grace
+    }
+
+    fn executing_count(&self) -> usize {
+        self.executing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
     }
 
     /// Whether the run is executing in this process now.
@@ -457,6 +534,12 @@ impl RunWorkers {
             }
             Err(msg) => Ran::NotStarted(Failure::Setup(msg.clone())),
         };
+        if self.handing_back.load(std::sync::atomic::Ordering::SeqCst)
+            && cancel.is_cancelled()
+            && matches!(ran.failure(), Some(Failure::Run(RunError::Cancelled)))
+        {
+            ran = Ran::HandedBack("this process is shutting down".to_owned());
+        }
         let failure = ran.failure();
         let timed_out =
             matches!(failure, Some(Failure::Run(RunError::Cancelled))) && !cancel.is_cancelled();
@@ -485,7 +568,7 @@ impl RunWorkers {
         if let Ran::HandedBack(why) = &ran {
             // As after a crash: the events after the last save are dropped (the next attempt
             // runs that step again, and tells of it again), and the run is claimable at once.
-            tracing::warn!(reason = %why, "the run's Python worker was lost");
+            tracing::warn!(reason = %why, "the run stopped before its end");
             tail.publisher.finish().await;
             self.release(run.run_id).await;
             return Ok(None);
@@ -707,11 +790,7 @@ impl RunWorkers {
     /// Gives up this process's claim on a run so that a claim loop takes it at once, as
     /// its next attempt (a lease that ends now is one any worker may take over).
     async fn release(&self, run_id: Uuid) {
-        if let Err(err) = self
-            .storage
-            .renew_lease(run_id, &self.worker_id, Duration::ZERO)
-            .await
-        {
+        if let Err(err) = self.storage.hand_back_run(run_id, &self.worker_id).await {
             tracing::warn!(error = %err, "cannot hand the run back; it is resumed once its lease expires");
         }
     }

@@ -59,8 +59,8 @@ async fn fallback(uri: axum::http::Uri) -> error::ApiError {
     error::ApiError::not_found(format!("No route for {}", uri.path()))
 }
 
-/// Starts the run workers, serves `app` on `listener` until `shutdown` resolves, then drains
-/// in-flight requests and stops the workers.
+/// Starts the run workers and serves `app` on `listener` until `shutdown` resolves; then
+/// stops gracefully (see [`stop`]).
 pub async fn serve(
     listener: TcpListener,
     state: AppState,
@@ -103,12 +103,49 @@ pub async fn serve(
             tracing::warn!(error = %err, "cannot set TCP_NODELAY on a connection");
         }
     });
-    let served = axum::serve(
+    let stopping = tokio_util::sync::CancellationToken::new();
+    let server = axum::serve(
         listener,
-        app(state).into_make_service_with_connect_info::<SocketAddr>(),
+        app(state.clone()).into_make_service_with_connect_info::<SocketAddr>(),
     )
-    .with_graceful_shutdown(shutdown)
-    .await;
+    .with_graceful_shutdown(stopping.clone().cancelled_owned());
+    let mut server = tokio::spawn(async move { server.await });
+    tokio::select! {
+        // The listener failed by itself.
+        served = &mut server => {
+            stop_workers.cancel();
+            return served.unwrap_or_else(|e| Err(std::io::Error::other(e)));
+        }
+        () = shutdown => {}
+    }
+    stop(&state, &stopping).await;
     stop_workers.cancel();
-    served
+    match tokio::time::timeout(REQUESTS_GRACE, server).await {
+        Ok(served) => served.unwrap_or_else(|e| Err(std::io::Error::other(e))),
+        Err(_) => {
+            tracing::warn!(
+                secs = REQUESTS_GRACE.as_secs(),
+                "requests still open after the drain; stopping anyway"
+            );
+            Ok(())
+        }
+    }
+}
+
+/// How long requests still open after the drain (a `/wait` on a run handed back) may take.
+const REQUESTS_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A graceful stop: no new connections (`stopping`), every stream this process serves ends
+/// (clients resume them with `Last-Event-ID` on another process), no more runs are claimed,
+/// and the running ones finish within the grace or are handed back to the queue, where
+/// another process resumes them at once.
+async fn stop(state: &AppState, stopping: &tokio_util::sync::CancellationToken) {
+    tracing::info!(
+        grace_secs = state.workers.shutdown_grace().as_secs(),
+        "stopping: streams end, no run is claimed, running runs finish or are handed back"
+    );
+    stopping.cancel();
+    state.hub.close_streams();
+    state.workers.drain().await;
+    tracing::info!("stopped: no run executes here");
 }

@@ -59,6 +59,11 @@ pub struct ServerArgs {
     #[arg(long, env = "SPINDLE_RUN_LEASE_SECS", value_parser = clap::value_parser!(u64).range(1..))]
     pub run_lease_secs: Option<u64>,
 
+    /// Seconds a stopping process (SIGTERM, Ctrl-C) lets its running runs finish before it
+    /// hands them back to the queue, where another process resumes them at once [default: 30]
+    #[arg(long, env = "SPINDLE_SHUTDOWN_GRACE_SECS")]
+    pub shutdown_grace_secs: Option<u64>,
+
     /// Seconds between keepalive comments on event streams, so idle proxies keep them open
     /// [default: 5]
     #[arg(long, env = "SPINDLE_KEEPALIVE_INTERVAL_SECS", value_parser = clap::value_parser!(u64).range(1..))]

@@ -130,6 +130,7 @@ pub struct ServerSection {
     pub run_timeout_secs: Option<u64>,
     pub max_attempts: Option<i32>,
     pub run_lease_secs: Option<u64>,
+    pub shutdown_grace_secs: Option<u64>,
     pub keepalive_interval_secs: Option<u64>,
     pub event_retention_hours: Option<u64>,
     pub thread_ttl_minutes: Option<f64>,

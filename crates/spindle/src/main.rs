@@ -320,6 +320,11 @@ fn worker_config(args: &ServerArgs, config: &LoadedConfig) -> WorkerConfig {
             .or(file.run_lease_secs)
             .map(Duration::from_secs)
             .unwrap_or(defaults.lease),
+        shutdown_grace: args
+            .shutdown_grace_secs
+            .or(file.shutdown_grace_secs)
+            .map(Duration::from_secs)
+            .unwrap_or(defaults.shutdown_grace),
         event_retention: match args.event_retention_hours.or(file.event_retention_hours) {
             Some(0) => None,
             Some(hours) => Some(Duration::from_secs(hours.saturating_mul(3600))),

@@ -14,7 +14,9 @@ use uuid::Uuid;
 
 use crate::{ResourceId, StorageResult, Wakeup};
 
-/// A thread's log grew: payload `thread_id seq` lines, the thread's last logged seq.
+/// A thread's log grew: payload `thread_id seq [origin]` lines, the thread's last logged seq
+/// and, from a runs' writer, the process whose writer it was (whose own streams were handed
+/// those events already).
 pub(crate) const LOG: &str = "spindle_log";
 /// A run may be claimable now (created pending, or its thread's active run ended).
 pub(crate) const RUNS: &str = "spindle_runs";
@@ -78,7 +80,7 @@ fn payloads(lines: impl IntoIterator<Item = String>) -> Vec<String> {
 }
 
 /// Listens on every channel and sends what arrives as [`Wakeup`]s, until `wakeups` is closed.
-pub(crate) async fn listen(pool: PgPool, wakeups: mpsc::UnboundedSender<Wakeup>) {
+pub(crate) async fn listen(pool: PgPool, origin: String, wakeups: mpsc::UnboundedSender<Wakeup>) {
     let mut listener = loop {
         match connect(&pool).await {
             Ok(listener) => break listener,
@@ -96,9 +98,11 @@ pub(crate) async fn listen(pool: PgPool, wakeups: mpsc::UnboundedSender<Wakeup>)
             () = wakeups.closed() => return,
         };
         let sent = match received {
-            Ok(Some(notification)) => parse(notification.channel(), notification.payload())
-                .into_iter()
-                .all(|wakeup| wakeups.send(wakeup).is_ok()),
+            Ok(Some(notification)) => {
+                parse(notification.channel(), notification.payload(), &origin)
+                    .into_iter()
+                    .all(|wakeup| wakeups.send(wakeup).is_ok())
+            }
             // The connection was lost (sqlx reconnects on the next call): what was sent
             // meanwhile is lost, so whoever waits looks again.
             Ok(None) => {
@@ -135,12 +139,17 @@ async fn wait_or_closed(wakeups: &mpsc::UnboundedSender<Wakeup>) -> bool {
 
 /// A notification's wake-ups; malformed lines are skipped (nothing else sends on these
 /// channels, but a stray `NOTIFY` must not stop the listener).
-fn parse(channel: &str, payload: &str) -> Vec<Wakeup> {
+fn parse(channel: &str, payload: &str, origin: &str) -> Vec<Wakeup> {
     match channel {
         LOG => payload
             .lines()
             .filter_map(|line| {
-                let (thread, seq) = line.split_once(' ')?;
+                let mut parts = line.split(' ');
+                let (thread, seq) = (parts.next()?, parts.next()?);
+                if parts.next() == Some(origin) {
+                    // This process's own runs' events: its streams have them.
+                    return None;
+                }
                 Some(Wakeup::Logged {
                     thread_id: thread.parse().ok()?,
                     seq: seq.parse().ok()?,
@@ -185,19 +194,25 @@ mod tests {
     fn notifications_parse_into_wake_ups() {
         let thread = ResourceId::generate();
         let run = Uuid::new_v4();
+        let logged = |seq| Wakeup::Logged {
+            thread_id: thread,
+            seq,
+        };
         assert_eq!(
-            parse(LOG, &format!("{thread} 7\nnot a line\n{thread} x")),
-            vec![Wakeup::Logged {
-                thread_id: thread,
-                seq: 7
-            }]
+            parse(LOG, &format!("{thread} 7\nnot a line\n{thread} x"), "me"),
+            vec![logged(7)]
         );
-        assert_eq!(parse(RUNS, ""), vec![Wakeup::RunsQueued]);
+        // A process's own writer's lines are its streams' already.
         assert_eq!(
-            parse(CANCEL, &format!("{run}\nnope")),
+            parse(LOG, &format!("{thread} 8 me\n{thread} 9 other"), "me"),
+            vec![logged(9)]
+        );
+        assert_eq!(parse(RUNS, "", "me"), vec![Wakeup::RunsQueued]);
+        assert_eq!(
+            parse(CANCEL, &format!("{run}\nnope"), "me"),
             vec![Wakeup::Cancel { run_id: run }]
         );
-        assert_eq!(parse(CRONS, ""), vec![Wakeup::CronsChanged]);
-        assert!(parse("other", "x").is_empty());
+        assert_eq!(parse(CRONS, "", "me"), vec![Wakeup::CronsChanged]);
+        assert!(parse("other", "x", "me").is_empty());
     }
 }

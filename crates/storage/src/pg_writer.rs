@@ -68,19 +68,27 @@ struct Job {
 /// The queues of the writer tasks.
 pub(crate) struct PgWriter {
     queues: Vec<mpsc::UnboundedSender<Job>>,
+    /// Names this process in the writers' notifications (`pg_notify::LOG`).
+    origin: String,
 }
 
 impl PgWriter {
     /// Starts the writer tasks on the current runtime; they stop when the writer is dropped.
     pub(crate) fn start(pool: PgPool) -> Self {
+        let origin = Uuid::new_v4().simple().to_string();
         let queues = (0..WRITERS)
             .map(|_| {
                 let (queue, jobs) = mpsc::unbounded_channel();
-                tokio::spawn(write_groups(pool.clone(), jobs));
+                tokio::spawn(write_groups(pool.clone(), origin.clone(), jobs));
                 queue
             })
             .collect();
-        Self { queues }
+        Self { queues, origin }
+    }
+
+    /// What names this process in its writers' notifications.
+    pub(crate) fn origin(&self) -> &str {
+        &self.origin
     }
 
     /// Queues `write` (before this returns, so writes queued one after the other by one
@@ -174,11 +182,11 @@ fn saved_thread(write: &QueuedWrite) -> &str {
 }
 
 /// One writer task: takes what is queued, applies it as one group, answers, again.
-async fn write_groups(pool: PgPool, mut jobs: mpsc::UnboundedReceiver<Job>) {
+async fn write_groups(pool: PgPool, origin: String, mut jobs: mpsc::UnboundedReceiver<Job>) {
     let mut group = Vec::with_capacity(MAX_GROUP);
     while jobs.recv_many(&mut group, MAX_GROUP).await > 0 {
         let results = match pool.acquire().await {
-            Ok(mut conn) => apply(&mut conn, &group).await,
+            Ok(mut conn) => apply(&mut conn, &group, &origin).await,
             Err(error) => group
                 .iter()
                 .map(|_| Err(StorageError::Commit(error.to_string())))
@@ -192,9 +200,13 @@ async fn write_groups(pool: PgPool, mut jobs: mpsc::UnboundedReceiver<Job>) {
 }
 
 /// Applies a group in one transaction; when that fails, each write in its own.
-async fn apply(conn: &mut PgConnection, group: &[Job]) -> Vec<StorageResult<Written>> {
+async fn apply(
+    conn: &mut PgConnection,
+    group: &[Job],
+    origin: &str,
+) -> Vec<StorageResult<Written>> {
     if group.len() > 1 {
-        if let Ok(results) = apply_together(conn, group).await {
+        if let Ok(results) = apply_together(conn, group, origin).await {
             return results;
         }
     }
@@ -208,7 +220,7 @@ async fn apply(conn: &mut PgConnection, group: &[Job]) -> Vec<StorageResult<Writ
                     .to_owned(),
             ))
         } else {
-            apply_alone(conn, &job.write).await
+            apply_alone(conn, &job.write, origin).await
         };
         if result.is_err() && matches!(job.write, Write::Save(_)) {
             failed_threads.insert(job.thread.clone());
@@ -222,6 +234,7 @@ async fn apply(conn: &mut PgConnection, group: &[Job]) -> Vec<StorageResult<Writ
 async fn apply_together(
     conn: &mut PgConnection,
     group: &[Job],
+    origin: &str,
 ) -> StorageResult<Vec<StorageResult<Written>>> {
     let mut tx = conn.begin().await?;
     let applied = match Batch::of(group) {
@@ -230,7 +243,7 @@ async fn apply_together(
     };
     match applied {
         Ok(results) => {
-            notify_logged(&mut tx, group.iter().map(|job| &job.write)).await?;
+            notify_logged(&mut tx, group.iter().map(|job| &job.write), origin).await?;
             tx.commit().await?;
             Ok(results)
         }
@@ -433,6 +446,7 @@ impl Round<'_> {
 async fn notify_logged<'a>(
     conn: &mut PgConnection,
     writes: impl Iterator<Item = &'a Write>,
+    origin: &str,
 ) -> StorageResult<()> {
     let mut threads: Vec<&str> = writes
         .filter_map(|write| match write {
@@ -448,22 +462,27 @@ async fn notify_logged<'a>(
         return Ok(());
     }
     sqlx::query(
-        "SELECT pg_notify($1, thread_id || ' ' || event_seq) FROM threads \
+        "SELECT pg_notify($1, thread_id || ' ' || event_seq || ' ' || $3) FROM threads \
          WHERE thread_id = ANY($2)",
     )
     .bind(pg_notify::LOG)
     .bind(threads)
+    .bind(origin)
     .execute(conn)
     .await?;
     Ok(())
 }
 
 /// One write in a transaction of its own.
-async fn apply_alone(conn: &mut PgConnection, write: &Write) -> StorageResult<Written> {
+async fn apply_alone(
+    conn: &mut PgConnection,
+    write: &Write,
+    origin: &str,
+) -> StorageResult<Written> {
     let mut tx = conn.begin().await?;
     match apply_one(&mut tx, write).await {
         Ok(written) => {
-            notify_logged(&mut tx, std::iter::once(write)).await?;
+            notify_logged(&mut tx, std::iter::once(write), origin).await?;
             tx.commit().await?;
             Ok(written)
         }

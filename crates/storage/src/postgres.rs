@@ -729,7 +729,8 @@ impl Storage for PostgresStorage {
             return None;
         }
         let (wakeup, wakeups) = tokio::sync::mpsc::unbounded_channel();
-        tokio::spawn(crate::pg_notify::listen(self.pool.clone(), wakeup));
+        let origin = self.writer.origin().to_owned();
+        tokio::spawn(crate::pg_notify::listen(self.pool.clone(), origin, wakeup));
         Some(wakeups)
     }
 

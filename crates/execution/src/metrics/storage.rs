@@ -134,6 +134,7 @@ forward!(RunStore {
         max_attempts: i32
     ) -> Option<ClaimedRun>;
     fn has_claimable_run(&self) -> bool;
+    fn hand_back_run(&self, run_id: Uuid, worker_id: &str) -> ();
     fn next_claimable_at(&self) -> Option<chrono::DateTime<chrono::Utc>>;
     fn renew_lease(
         &self,

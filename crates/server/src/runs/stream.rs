@@ -217,8 +217,11 @@ fn stream_body(
         }
     };
     tokio::spawn(async move {
-        let ended = pump(storage, live, scope, follow, opening, keepalive, &tx).await;
-        on_done(ended);
+        // A stream the stopping process closed is neither over nor left by its client: what
+        // it followed goes on, and `on_done` (which may cancel a run) is not told.
+        if let Some(ended) = pump(storage, live, scope, follow, opening, keepalive, &tx).await {
+            on_done(ended);
+        }
     });
     futures::stream::unfold(
         rx,
@@ -233,9 +236,9 @@ enum Opened {
     Live(Option<Position>),
 }
 
-/// Feeds the stream until what it follows ends (true) or the client leaves (false). Opening
-/// live, the log holds nothing the subscription will not bring, so the first read of the log
-/// is skipped.
+/// Feeds the stream until what it follows ends (true), the client leaves (false) or the
+/// process closes its streams (`None`). Opening live, the log holds nothing the subscription
+/// will not bring, so the first read of the log is skipped.
 async fn pump(
     storage: Arc<dyn Storage>,
     mut live: Subscription,
@@ -244,7 +247,8 @@ async fn pump(
     opening: Opened,
     keepalive: Duration,
     tx: &mpsc::Sender<Bytes>,
-) -> bool {
+) -> Option<bool> {
+    let closing = live.closing();
     let mut live_first = matches!(opening, Opened::Live(_));
     let start = match opening {
         Opened::Live(Some(sent)) => Ok(sent),
@@ -254,7 +258,7 @@ async fn pump(
         Ok(at) => at,
         Err(err) => {
             tracing::warn!(error = %err, thread_id = %follow.thread_id, "cannot open the event stream");
-            return true;
+            return Some(true);
         }
     };
     let mut heartbeat = tokio::time::interval(keepalive);
@@ -276,12 +280,12 @@ async fn pump(
             catch_up(&storage, &scope, &follow, &mut at, tx).await
         };
         match read {
-            Ok(true) => return true,
+            Ok(true) => return Some(true),
             Ok(false) => {}
-            Err(CatchUp::ClientGone) => return false,
+            Err(CatchUp::ClientGone) => return Some(false),
             Err(CatchUp::Failed(err)) => {
                 tracing::warn!(error = %err, thread_id = %follow.thread_id, "cannot read the event log");
-                return true;
+                return Some(true);
             }
         }
         loop {
@@ -295,14 +299,14 @@ async fn pump(
                         at = Position { seq: event.seq, anchored: true };
                         if let Some(frame) = follow.target.frame(&event, follow.with_ids) {
                             if tx.send(frame).await.is_err() {
-                                return false;
+                                return Some(false);
                             }
                         }
                     }
                     Ok(HubMessage::RunEnded { run_id, .. })
                         if all_live && at.anchored && follow.target.run_id() == Some(run_id) =>
                     {
-                        return true;
+                        return Some(true);
                     }
                     Ok(HubMessage::RunEnded { .. }) => break,
                     // Committed beyond what the stream has sent (by another process, or
@@ -317,11 +321,13 @@ async fn pump(
                 },
                 _ = heartbeat.tick() => {
                     if tx.send(Bytes::from_static(sse::HEARTBEAT)).await.is_err() {
-                        return false;
+                        return Some(false);
                     }
                 }
                 _ = tick(&mut poll) => break,
-                () = tx.closed() => return false,
+                () = tx.closed() => return Some(false),
+                // The process is stopping: the client resumes elsewhere.
+                () = closing.cancelled() => return None,
             }
         }
     }

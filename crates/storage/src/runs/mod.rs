@@ -431,6 +431,9 @@ pub trait RunStore: Send + Sync {
     /// now); `None` when no run is active. A process told of every other change
     /// ([`crate::Storage::wakeups`]) sleeps until then instead of polling.
     async fn next_claimable_at(&self) -> StorageResult<Option<DateTime<Utc>>>;
+    /// Gives up the worker's claim on a running run, which any worker may claim again at once
+    /// and resumes from its last checkpoint (announced to other processes, as a run to claim).
+    async fn hand_back_run(&self, run_id: Uuid, worker_id: &str) -> StorageResult<()>;
     /// Extends the lease; returns the run as it now is (to see a cancel request), or `None`
     /// when the worker no longer holds it.
     async fn renew_lease(

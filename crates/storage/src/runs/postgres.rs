@@ -954,6 +954,22 @@ impl RunStore for PostgresStorage {
         .await?)
     }
 
+    async fn hand_back_run(&self, run_id: Uuid, worker_id: &str) -> StorageResult<()> {
+        // Expired now: `claim_run` takes expired leases first.
+        sqlx::query(
+            "WITH handed AS (UPDATE runs SET lease_expires_at = $3 WHERE run_id = $1 \
+             AND lease_owner = $2 AND status = 'running' RETURNING 1) \
+             SELECT pg_notify($4, '') FROM handed",
+        )
+        .bind(run_id)
+        .bind(worker_id)
+        .bind(Utc::now() - chrono::Duration::milliseconds(1))
+        .bind(RUNS)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
     async fn renew_lease(
         &self,
         run_id: Uuid,

@@ -1000,6 +1000,12 @@ impl RunStore for SqliteStorage {
         })
     }
 
+    async fn hand_back_run(&self, run_id: Uuid, worker_id: &str) -> StorageResult<()> {
+        // Expired now: `claim_run` takes expired leases first.
+        self.renew_lease(run_id, worker_id, Duration::ZERO).await?;
+        Ok(())
+    }
+
     async fn renew_lease(
         &self,
         run_id: Uuid,

@@ -1922,10 +1922,12 @@ async fn next(wakeups: &mut tokio::sync::mpsc::UnboundedReceiver<Wakeup>) -> Wak
 async fn other_processes_are_told_of_runs_to_claim_logs_that_grew_and_cancels() {
     for_each_backend(|db| async move {
         let s = db.storage();
-        let Some(mut wakeups) = s.wakeups() else {
+        // Another process on the same database, listening.
+        let other = spindle_storage::connect(db.url()).await.unwrap();
+        let Some(mut wakeups) = other.wakeups() else {
             return; // One process has the database to itself: nothing to tell.
         };
-        assert!(s.wakeups().is_none(), "one listener per storage");
+        assert!(other.wakeups().is_none(), "one listener per storage");
         // The listener may still be connecting: wait until it hears a first notification.
         let alice = fresh_user();
         let thread = thread_of(s, &alice).await;
