@@ -342,9 +342,11 @@ async fn advance_event_seq(conn: &mut PgConnection, events: &[&LoggedEvent]) -> 
     let lows: Vec<i64> = ranges.iter().map(|(_, low, _)| *low).collect();
     let highs: Vec<i64> = ranges.iter().map(|(_, _, high)| *high).collect();
     let moved = sqlx::query(
+        // `= ANY($1)` gives the planner the threads' keys: without it a plan may read the
+        // whole table for the few rows of the batch.
         "UPDATE threads t SET event_seq = u.high \
          FROM UNNEST($1::text[], $2::int8[], $3::int8[]) AS u(id, low, high) \
-         WHERE t.thread_id = u.id AND t.event_seq < u.low",
+         WHERE t.thread_id = ANY($1) AND t.thread_id = u.id AND t.event_seq < u.low",
     )
     .bind(&threads)
     .bind(lows)
