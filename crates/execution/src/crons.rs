@@ -118,9 +118,13 @@ impl Scheduler {
             .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
+    fn announced(&self) -> bool {
+        self.announced.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// The longest sleep between two looks at the crons.
     fn longest_wait(&self) -> Duration {
-        if self.announced.load(std::sync::atomic::Ordering::Relaxed) {
+        if self.announced() {
             // Only a firing whose scheduler died (taken over after its lease) is not
             // announced.
             FIRING_LEASE_CHECK
@@ -159,14 +163,23 @@ pub async fn run_scheduler(
                 .to_std()
                 .unwrap_or_default()
                 .min(scheduler.longest_wait()),
+            // No cron at all: where crons are announced, nothing can come due unannounced.
+            Ok(None) if scheduler.announced() => Duration::MAX,
             Ok(None) => scheduler.longest_wait(),
             Err(err) => {
                 tracing::warn!(error = %err, "cannot read when crons are due; retrying");
                 POLL
             }
         };
+        let sleep = async {
+            if wait == Duration::MAX {
+                std::future::pending::<()>().await
+            } else {
+                tokio::time::sleep(wait).await
+            }
+        };
         tokio::select! {
-            () = tokio::time::sleep(wait) => {}
+            () = sleep => {}
             () = scheduler.wake.notified() => {}
             () = shutdown.cancelled() => {}
         }
