@@ -515,6 +515,7 @@ async fn apply_alone(
     origin: &str,
 ) -> StorageResult<Written> {
     let mut tx = conn.begin().await?;
+    index_lookups_only(&mut tx).await?;
     match apply_one(&mut tx, write).await {
         Ok(written) => {
             notify_logged(&mut tx, std::iter::once(write), origin).await?;
