@@ -264,23 +264,32 @@ def measure_server(args, server, plan: Plan, rep: int) -> list:
     return out
 
 
-def machine_facts(args) -> dict:
-    def run(*cmd):
-        try:
-            return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        except OSError:
-            return "?"
+def _run(*cmd) -> str:
+    """A command's output in the checkout, or "?" when it cannot run."""
+    try:
+        return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "?"
 
+
+def base_facts(spindle_bin) -> dict:
+    """The date, the machine and the Spindle measured: the start of every results file."""
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), "?")
     mem_kb = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
                       if line.startswith("MemTotal")))
-    dirty = " (plus uncommitted changes in the working tree)" if run("git", "status", "--porcelain") else ""
+    dirty = " (plus uncommitted changes in the working tree)" if _run("git", "status", "--porcelain") else ""
     return {
         "Date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "Machine": f"{os.cpu_count()} CPUs (nproc {run('nproc')}), {cpu}, {mem_kb / 1048576:.1f} GiB RAM, "
+        "Machine": f"{os.cpu_count()} CPUs (nproc {_run('nproc')}), {cpu}, {mem_kb / 1048576:.1f} GiB RAM, "
                    f"Linux {platform.release()}",
-        "Spindle": f"commit {run('git', 'rev-parse', '--short', 'HEAD')}{dirty}, binary {args.spindle_bin}",
+        "Spindle": f"commit {_run('git', 'rev-parse', '--short', 'HEAD')}{dirty}, binary {spindle_bin}",
+    }
+
+
+def machine_facts(args) -> dict:
+    return {
+        **base_facts(args.spindle_bin),
         "Backend": "SQLite (`spindle dev`)" if args.backend == "sqlite" else
                    f"PostgreSQL (`spindle serve`, {_processes(args.processes)} on one database)",
         "Graphs": ("Spindle runs its graph files (`chain`) on its Rust engine" if args.graphs == "files" else
@@ -296,7 +305,7 @@ def machine_facts(args) -> dict:
                   "own, from bench/.venv-aegra" if args.aegra else "skipped"),
         "Clients": f"spindle-loadgen (Rust, one tokio thread), langgraph-sdk {_version('langgraph-sdk')} "
                    f"(Python {platform.python_version()}, asyncio)",
-        "Toolchain": run("rustc", "-V"),
+        "Toolchain": _run("rustc", "-V"),
     }
 
 

@@ -33,17 +33,14 @@ set-up requests, `psql` and bench/servers.py.
 """
 import argparse
 import asyncio
-import datetime
 import json
 import math
 import os
-import platform
 import resource
 import shlex
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import time
 import urllib.request
@@ -52,7 +49,7 @@ from pathlib import Path
 import httpx
 
 import servers
-from harness import compiling_now
+from harness import base_facts, compiling_now
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -701,22 +698,9 @@ async def measure(args, workdir: Path, live: list) -> dict:
 
 
 def facts(args) -> dict:
-    def run(*cmd):
-        try:
-            return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        except OSError:
-            return "?"
-
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "?")
-    mem_kb = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
-                      if line.startswith("MemTotal")))
-    dirty = " (plus uncommitted changes)" if run("git", "status", "--porcelain") else ""
     return {
-        "Date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "Machine": f"{os.cpu_count()} CPUs, {cpu}, {mem_kb / 1048576:.1f} GiB RAM, Linux {platform.release()}, "
-                   f"load average {os.getloadavg()[0]:.1f} at the end",
-        "Spindle": f"binary {args.spindle_bin} (checkout at commit {run('git', 'rev-parse', '--short', 'HEAD')}{dirty})",
+        **base_facts(args.spindle_bin),
+        "Load": f"load average {os.getloadavg()[0]:.1f} at the end",
         "Backend": "SQLite (`spindle dev`)" if args.backend == "sqlite" else "PostgreSQL (`spindle serve`)",
     }
 

@@ -159,27 +159,22 @@ pub async fn run_scheduler(
                 fire_due(storage.as_ref(), firer.as_ref(), &metrics).await;
                 continue;
             }
-            Ok(Some(due)) => (due - Utc::now())
-                .to_std()
-                .unwrap_or_default()
-                .min(scheduler.longest_wait()),
+            Ok(Some(due)) => Some(
+                (due - Utc::now())
+                    .to_std()
+                    .unwrap_or_default()
+                    .min(scheduler.longest_wait()),
+            ),
             // No cron at all: where crons are announced, nothing can come due unannounced.
-            Ok(None) if scheduler.announced() => Duration::MAX,
-            Ok(None) => scheduler.longest_wait(),
+            Ok(None) if scheduler.announced() => None,
+            Ok(None) => Some(scheduler.longest_wait()),
             Err(err) => {
                 tracing::warn!(error = %err, "cannot read when crons are due; retrying");
-                POLL
-            }
-        };
-        let sleep = async {
-            if wait == Duration::MAX {
-                std::future::pending::<()>().await
-            } else {
-                tokio::time::sleep(wait).await
+                Some(POLL)
             }
         };
         tokio::select! {
-            () = sleep => {}
+            () = crate::sleep_or_forever(wait) => {}
             () = scheduler.wake.notified() => {}
             () = shutdown.cancelled() => {}
         }

@@ -19,7 +19,6 @@ use std::sync::{Arc, OnceLock};
 use chrono::Utc;
 use futures::future::{FutureExt, Shared};
 use serde_json::Value;
-use spindle_graph::checkpoint::{CheckpointError, WriteReceipt};
 use spindle_graph::stream::StreamEvent;
 use spindle_storage::{start_event_data, ClaimedRun, ResourceId};
 use spindle_storage::{LoggedEvent, LoggedSave, Run, Storage, UNLOGGED_EVENTS_MAX};
@@ -66,12 +65,12 @@ pub(super) struct ProtocolLog {
     pub normalizer: Option<Normalizer>,
 }
 
-/// Numbers the run's events after the thread's last logged one (starting with `metadata`)
-/// and hands each to live streams at once. The log gets them in batches: a batch is written
-/// when it is full or its first event has waited [`LOG_LINGER`], or goes with the next save
-/// the engine asks for, in its transaction (see `logged_saves`), so no save is stored
-/// without the events emitted before it; what is left when the run stops (all of a short
-/// run's events) is returned, for the transaction that ends the run. The protocol's
+/// Numbers the run's events after the thread's last logged one (starting with `metadata`,
+/// unless the run's creation logged it) and queues them for the log: as soon as the engine
+/// has no more ready, or with the next save the engine asks for, in its transaction (see
+/// `logged_saves`), so no save is stored without the events emitted before it. Live streams
+/// get each write's events once it is committed (`Publisher`); what is left when the run
+/// stops is returned, for the transaction that ends the run. The protocol's
 /// `running` follows `metadata`; a v2 run's engine events pass through its normalizer
 /// first (see `crate::protocol`), and messages still open when the run failed end with the
 /// failure set in `failed`. `first_seen` records when the graph's first event came.
@@ -125,10 +124,6 @@ pub(super) async fn pump_events(
         for (name, data) in normalizer.finish(error) {
             pump.log(name, data).await?;
         }
-    }
-    if !pump.queues {
-        // The run's end is written after its last save, as every log write.
-        pump.settle().await;
     }
     Ok(EventTail {
         seq: pump.seq,
@@ -190,9 +185,6 @@ struct Pump {
     normalizer: Option<Normalizer>,
     /// Hands what is logged to live streams.
     publisher: Publisher,
-    /// The storage applies writes in the order they are queued (SQLite's writer), so a log
-    /// write need not wait for the saves handed over before it.
-    queues: bool,
     /// The last write (a save or events) handed to the storage and not known to be stored,
     /// and how many events the writes not known to be stored carry.
     unconfirmed: Option<(Committed, usize)>,
@@ -203,7 +195,6 @@ struct Pump {
 impl Pump {
     fn new(storage: Arc<dyn Storage>, hub: Arc<EventHub>, run: Run, seq: i64) -> Self {
         Self {
-            queues: storage.queues_logged_saves(),
             publisher: Publisher::start(hub, run.thread_id),
             storage,
             run,
@@ -270,10 +261,6 @@ impl Pump {
     /// Queues the batch for the log (behind the writes queued before it), and for live
     /// streams once it is there.
     async fn flush(&mut self) {
-        if !self.queues {
-            // A save in flight carries events before these.
-            self.settle().await;
-        }
         let events = std::mem::take(&mut self.batch);
         let carried = events.len();
         let stored = self.storage.queue_events(events.clone());
@@ -319,31 +306,7 @@ impl Pump {
             events: events.clone(),
         };
         let carried = save.events.len();
-        let receipt: WriteReceipt = match self.storage.queue_logged(save) {
-            Ok(receipt) => receipt,
-            // No ordered queue in the storage: each save starts once the one before is
-            // stored, and not at all when that one failed (a checkpoint is never stored
-            // without its history), while the pump goes on streaming.
-            Err(save) => {
-                let before = self.unconfirmed.as_ref().map(|(saved, _)| saved.clone());
-                let storage = self.storage.clone();
-                let task = tokio::spawn(async move {
-                    if let Some(before) = before {
-                        if !before.await {
-                            return Err(CheckpointError::Backend(
-                                "an earlier write of the run failed; this save continues it"
-                                    .to_owned(),
-                            ));
-                        }
-                    }
-                    storage.save_logged(*save).await
-                });
-                Box::pin(async move {
-                    task.await
-                        .map_err(|e| CheckpointError::Backend(e.to_string()))?
-                })
-            }
-        };
+        let receipt = self.storage.queue_logged(save);
         let saved = receipt.shared();
         let committed = saved.clone().map(|stored| stored.is_ok()).boxed().shared();
         self.publisher.after(committed.clone(), events);

@@ -34,3 +34,11 @@ pub use start::{RunRequest, StartedRun, Stateless};
 pub use store::StoreConfig;
 pub use webhook::{WebhookConfig, Webhooks};
 pub use worker::{RunWorkers, WorkerConfig, CLEANUP_BY_WORKER};
+
+/// Sleeps for `wait`, or forever without one (a wait that only a wake-up ends).
+pub(crate) async fn sleep_or_forever(wait: Option<std::time::Duration>) {
+    match wait {
+        Some(wait) => tokio::time::sleep(wait).await,
+        None => std::future::pending().await,
+    }
+}

@@ -14,10 +14,11 @@ use crate::crons::Scheduler;
 use crate::hub::{EventHub, HubMessage};
 use crate::worker::RunWorkers;
 
-/// Hands each wake-up to its waiter until `shutdown`. From the start the hub and the workers
-/// know that commits are announced, and stop polling for them.
-pub async fn deliver(
-    mut wakeups: UnboundedReceiver<Wakeup>,
+/// Tells the hub, the workers and the cron scheduler that commits are announced (so they
+/// stop polling from now on, before any of them first waits) and hands each wake-up to its
+/// waiter until `shutdown`.
+pub fn start(
+    wakeups: UnboundedReceiver<Wakeup>,
     hub: Arc<EventHub>,
     workers: Arc<RunWorkers>,
     crons: Arc<Scheduler>,
@@ -26,6 +27,16 @@ pub async fn deliver(
     hub.set_announced();
     workers.set_announced(shutdown.clone());
     crons.set_announced();
+    tokio::spawn(deliver(wakeups, hub, workers, crons, shutdown));
+}
+
+async fn deliver(
+    mut wakeups: UnboundedReceiver<Wakeup>,
+    hub: Arc<EventHub>,
+    workers: Arc<RunWorkers>,
+    crons: Arc<Scheduler>,
+    shutdown: CancellationToken,
+) {
     loop {
         let wakeup = tokio::select! {
             wakeup = wakeups.recv() => wakeup,

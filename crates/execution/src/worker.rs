@@ -229,14 +229,8 @@ impl RunWorkers {
                     Some(self.config.poll_interval)
                 }
             };
-            let timer = async {
-                match wait {
-                    Some(wait) => tokio::time::sleep(wait).await,
-                    None => std::future::pending().await,
-                }
-            };
             tokio::select! {
-                () = timer => self.wake.notify_one(),
+                () = crate::sleep_or_forever(wait) => self.wake.notify_one(),
                 () = self.due_changed.notified() => {}
                 () = shutdown.cancelled() => return,
             }
@@ -278,11 +272,7 @@ impl RunWorkers {
     /// after their lease. Returns once no run executes here.
     pub async fn drain(&self) {
         self.claiming.cancel();
-        let deadline = tokio::time::Instant::now() + self.config.shutdown_grace;
-        while self.executing_count() > 0 && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let left = self.executing_count();
+        let left = self.until_idle(self.config.shutdown_grace).await;
         if left == 0 {
             return;
         }
@@ -305,8 +295,17 @@ impl RunWorkers {
         }
         // A cancelled run first waits for its saves (and a Python run for its worker's
         // grace): bounded, as the process is going away anyway.
-        let deadline = tokio::time::Instant::now() + HAND_BACK_WAIT;
-        while self.executing_count() > 0 && tokio::time::Instant::now() < deadline {
+        self.until_idle(HAND_BACK_WAIT).await;
+    }
+
+    /// Waits until no run executes here, for at most `within`; answers how many still do.
+    async fn until_idle(&self, within: Duration) -> usize {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let left = self.executing_count();
+            if left == 0 || tokio::time::Instant::now() >= deadline {
+                return left;
+            }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -393,16 +392,10 @@ impl RunWorkers {
     /// Waits for a created run's wake-up, the next poll (runs of other processes, delayed
     /// runs coming due, leases running out; unless those are announced) or the shutdown.
     async fn idle(&self, shutdown: &CancellationToken) {
-        let poll = async {
-            if self.announced() {
-                std::future::pending::<()>().await
-            } else {
-                tokio::time::sleep(self.config.poll_interval).await
-            }
-        };
+        let poll = (!self.announced()).then_some(self.config.poll_interval);
         tokio::select! {
             () = self.wake.notified() => {}
-            () = poll => {}
+            () = crate::sleep_or_forever(poll) => {}
             () = shutdown.cancelled() => {}
         }
     }
@@ -631,7 +624,7 @@ impl RunWorkers {
             .then(|| (end.thread_values.clone(), end.thread_interrupts.clone()));
         let ended = self
             .storage
-            .finish_run(run.run_id, &self.worker_id, end)
+            .finish_run(run.thread_id, run.run_id, &self.worker_id, end)
             .await;
         let ended = behind_saves(ended, saves).await;
         // A rolled-back run's events went with it.

@@ -69,13 +69,13 @@ pub async fn serve(
     let stop_workers = tokio_util::sync::CancellationToken::new();
     // Before the workers start: from their first idle moment they rely on announcements.
     if let Some(wakeups) = state.storage.wakeups() {
-        tokio::spawn(spindle_execution::wakeups::deliver(
+        spindle_execution::wakeups::start(
             wakeups,
             state.hub.clone(),
             state.workers.clone(),
             state.crons.clone(),
             stop_workers.clone(),
-        ));
+        );
     }
     state.workers.start(stop_workers.clone());
     tokio::spawn(ttl::sweep_threads(

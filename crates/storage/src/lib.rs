@@ -200,22 +200,12 @@ pub trait Storage: AssistantStore + ThreadStore + RunStore + ItemStore + CronSto
         &self,
         save: LoggedSave,
     ) -> Result<(), spindle_graph::checkpoint::CheckpointError>;
-    /// As [`Storage::save_logged`], queued on a backend whose one writer applies writes in
-    /// the order they come (as [`Checkpointer::queue`]): the save is queued before this
-    /// returns, and the receipt resolves once it is committed. `Err` hands it back when the
-    /// backend has no such queue ([`Storage::queues_logged_saves`] is false).
+    /// As [`Storage::save_logged`], queued: both backends' writers apply a thread's writes in
+    /// the order they come (as [`Checkpointer::queue`]), so the save is queued before this
+    /// returns, and the receipt resolves once it is committed.
     ///
     /// [`Checkpointer::queue`]: spindle_graph::checkpoint::Checkpointer::queue
-    fn queue_logged(
-        &self,
-        save: LoggedSave,
-    ) -> Result<spindle_graph::checkpoint::WriteReceipt, Box<LoggedSave>> {
-        Err(Box::new(save))
-    }
-    /// Whether [`Storage::queue_logged`] queues.
-    fn queues_logged_saves(&self) -> bool {
-        false
-    }
+    fn queue_logged(&self, save: LoggedSave) -> spindle_graph::checkpoint::WriteReceipt;
     /// Queues events for their threads' logs, as [`RunStore::append_events`] appends them,
     /// behind the writes queued before (both backends' writers apply a thread's writes in
     /// order); the receipt resolves once they are committed. Queued before this returns.

@@ -45,6 +45,11 @@ pub(crate) async fn notify(
     Ok(())
 }
 
+/// Tells every process's workers that a run may be claimable now (at the commit).
+pub(crate) async fn notify_runs(conn: &mut PgConnection) -> StorageResult<()> {
+    notify(conn, RUNS, [String::new()]).await
+}
+
 /// Tells other processes that the thread's log grew to its current `event_seq` (in the
 /// caller's transaction, delivered at its commit).
 pub(crate) async fn notify_logged(

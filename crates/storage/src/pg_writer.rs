@@ -17,14 +17,14 @@
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
 
-use spindle_graph::checkpoint::QueuedWrite;
 use sqlx::postgres::PgPool;
 use sqlx::{Connection, PgConnection};
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
 use crate::checkpoints::{
-    as_storage_error, insert_checkpoints_pg, insert_writes_of_pg, store_logged_pg, Put, WritesOf,
+    as_storage_error, insert_checkpoints_pg, insert_writes_of_pg, store_logged_pg, Put, Save,
+    WritesOf,
 };
 use crate::pg_notify;
 use crate::runs::{end_run_pg, insert_event_refs_pg, insert_events_pg, EndPrepared};
@@ -46,12 +46,26 @@ pub(crate) enum Write {
     /// Events of a run's log ([`crate::RunStore::append_events`]).
     Events(Vec<LoggedEvent>),
     /// A run's end ([`crate::RunStore::finish_run`]).
-    End {
-        thread_id: ResourceId,
-        run_id: Uuid,
-        worker_id: String,
-        end: Box<RunEnd>,
-    },
+    End(Box<EndWrite>),
+}
+
+/// A run's end as its worker reports it.
+pub(crate) struct EndWrite {
+    thread_id: ResourceId,
+    run_id: Uuid,
+    worker_id: String,
+    end: RunEnd,
+}
+
+impl Write {
+    /// Whether applying it logs events (its thread's followers elsewhere are told).
+    fn logs_events(&self) -> bool {
+        match self {
+            Write::Save(save) => !save.events.is_empty(),
+            Write::Events(events) => !events.is_empty(),
+            Write::End(_) => true,
+        }
+    }
 }
 
 /// What a write answers.
@@ -118,7 +132,8 @@ impl PgWriter {
         &self,
         save: LoggedSave,
     ) -> impl std::future::Future<Output = StorageResult<()>> + Send + 'static {
-        let thread = saved_thread(&save.write).to_owned();
+        let (thread, _, _) = Save::of(&save.write).key();
+        let thread = thread.to_owned();
         let done = self.submit(thread, Write::Save(save));
         async move { done.await.map(|_| ()) }
     }
@@ -138,11 +153,6 @@ impl PgWriter {
         }
     }
 
-    /// Appends events to their thread's log.
-    pub(crate) async fn events(&self, events: Vec<LoggedEvent>) -> StorageResult<()> {
-        self.queue_events(events).await
-    }
-
     /// Queues a run's end, behind the writes queued for its thread before it.
     pub(crate) async fn end(
         &self,
@@ -152,12 +162,12 @@ impl PgWriter {
         end: RunEnd,
     ) -> StorageResult<Option<Run>> {
         let thread = thread_id.to_string();
-        let write = Write::End {
+        let write = Write::End(Box::new(EndWrite {
             thread_id,
             run_id,
             worker_id,
-            end: Box::new(end),
-        };
+            end,
+        }));
         match self.submit(thread, write).await? {
             Written::Ended(run) => Ok(run.map(|run| *run)),
             Written::Done => Ok(None),
@@ -173,14 +183,6 @@ fn writer_of(thread: &str) -> usize {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     thread.hash(&mut hasher);
     (hasher.finish() % WRITERS as u64) as usize
-}
-
-fn saved_thread(write: &QueuedWrite) -> &str {
-    match write {
-        QueuedWrite::Checkpoint { thread_id, .. } | QueuedWrite::Writes { thread_id, .. } => {
-            thread_id
-        }
-    }
 }
 
 /// One writer task: takes what is queued, applies it as one group, answers, again.
@@ -222,7 +224,7 @@ async fn apply(
                     .to_owned(),
             ))
         } else {
-            apply_alone(conn, &job.write, origin).await
+            apply_alone(conn, job, origin).await
         };
         if result.is_err() && matches!(job.write, Write::Save(_)) {
             failed_threads.insert(job.thread.clone());
@@ -246,7 +248,7 @@ async fn apply_together(
     };
     match applied {
         Ok(results) => {
-            notify_logged(&mut tx, group.iter().map(|job| &job.write), origin).await?;
+            notify_logged(&mut tx, group, origin).await?;
             tx.commit().await?;
             Ok(results)
         }
@@ -294,10 +296,10 @@ async fn apply_in_order(
 struct Batch<'a> {
     events: Vec<&'a LoggedEvent>,
     rounds: Vec<Round<'a>>,
-    /// Each end with what the batch did for it before.
-    ends: Vec<(&'a Write, EndPrepared)>,
-    /// Where each write's answer comes from: an end's index in `ends`, or none (done).
-    answers: Vec<Option<usize>>,
+    /// Each end, with its place in the group and what the batch did for it before.
+    ends: Vec<(usize, &'a EndWrite, EndPrepared)>,
+    /// How many writes the group holds.
+    writes: usize,
 }
 
 /// Saves no two of which touch the same checkpoint in a way that their order would tell.
@@ -322,35 +324,30 @@ impl<'a> Batch<'a> {
             events: Vec::new(),
             rounds: vec![Round::default()],
             ends: Vec::new(),
-            answers: Vec::with_capacity(group.len()),
+            writes: group.len(),
         };
         let mut ended: HashSet<&str> = HashSet::new();
-        for job in group {
+        for (place, job) in group.iter().enumerate() {
             if ended.contains(job.thread.as_str()) {
                 return None;
             }
             match &job.write {
                 Write::Save(save) => {
                     batch.events.extend(&save.events);
-                    batch.add_save(&save.write);
-                    batch.answers.push(None);
+                    batch.add_save(Save::of(&save.write));
                 }
-                Write::Events(events) => {
-                    batch.events.extend(events);
-                    batch.answers.push(None);
-                }
-                Write::End { end, .. } => {
-                    batch.events.extend(&end.events);
-                    let checkpoint_saved = end.after_checkpoint.as_deref().is_some_and(|id| {
+                Write::Events(events) => batch.events.extend(events),
+                Write::End(end) => {
+                    batch.events.extend(&end.end.events);
+                    let checkpoint_saved = end.end.after_checkpoint.as_deref().is_some_and(|id| {
                         let key = (job.thread.as_str(), "", id);
-                        batch.rounds.iter().any(|round| round.saves(key))
+                        batch.rounds.iter().any(|round| round.saved.contains(&key))
                     });
                     let prepared = EndPrepared {
                         events_logged: true,
                         checkpoint_saved,
                     };
-                    batch.answers.push(Some(batch.ends.len()));
-                    batch.ends.push((&job.write, prepared));
+                    batch.ends.push((place, end, prepared));
                     ended.insert(job.thread.as_str());
                 }
             }
@@ -362,76 +359,27 @@ impl<'a> Batch<'a> {
     /// checkpoints first, then its pending writes) would not do what saving one after the
     /// other does: a checkpoint saved again (it drops its earlier writes, which may be this
     /// round's), or a task's special write replacing its earlier one of this round.
-    fn add_save(&mut self, write: &'a QueuedWrite) {
+    fn add_save(&mut self, save: Save<'a>) {
+        let key = save.key();
         let last = self.rounds.last().expect("a batch has a round");
-        let apart = match write {
-            QueuedWrite::Checkpoint {
-                thread_id,
-                checkpoint_ns,
-                checkpoint,
-                ..
-            } => {
-                let key = (
-                    thread_id.as_str(),
-                    checkpoint_ns.as_str(),
-                    checkpoint.id.as_str(),
-                );
-                last.saved.contains(&key) || last.written.contains(&key)
-            }
-            QueuedWrite::Writes {
-                thread_id,
-                checkpoint_ns,
-                checkpoint_id,
-                writes,
-            } => {
-                let key = (
-                    thread_id.as_str(),
-                    checkpoint_ns.as_str(),
-                    checkpoint_id.as_str(),
-                );
-                writes.iter().any(|w| w.channel.starts_with("__")) && last.written.contains(&key)
+        let apart = match &save {
+            Save::Checkpoint(_) => last.saved.contains(&key) || last.written.contains(&key),
+            Save::Writes(of) => {
+                of.writes.iter().any(|w| w.channel.starts_with("__")) && last.written.contains(&key)
             }
         };
         if apart {
             self.rounds.push(Round::default());
         }
         let round = self.rounds.last_mut().expect("a batch has a round");
-        match write {
-            QueuedWrite::Checkpoint {
-                thread_id,
-                checkpoint_ns,
-                checkpoint,
-                metadata,
-                parent_id,
-                blobs,
-            } => {
-                round
-                    .saved
-                    .insert((thread_id, checkpoint_ns, checkpoint.id.as_str()));
-                round.checkpoints.push(Put {
-                    thread_id,
-                    checkpoint_ns,
-                    checkpoint,
-                    metadata,
-                    parent_id: parent_id.as_deref(),
-                    blobs,
-                })
+        match save {
+            Save::Checkpoint(put) => {
+                round.saved.insert(key);
+                round.checkpoints.push(put);
             }
-            QueuedWrite::Writes {
-                thread_id,
-                checkpoint_ns,
-                checkpoint_id,
-                writes,
-            } => {
-                round
-                    .written
-                    .insert((thread_id, checkpoint_ns, checkpoint_id));
-                round.writes.push(WritesOf {
-                    thread_id,
-                    checkpoint_ns,
-                    checkpoint_id,
-                    writes,
-                })
+            Save::Writes(of) => {
+                round.written.insert(key);
+                round.writes.push(of);
             }
         }
     }
@@ -450,46 +398,22 @@ impl<'a> Batch<'a> {
                     .map_err(as_storage_error)?;
             }
         }
-        let mut ended = Vec::with_capacity(self.ends.len());
-        for (write, prepared) in &self.ends {
-            ended.push(Some(end_write(conn, write, *prepared).await?));
+        let mut answers: Vec<StorageResult<Written>> =
+            (0..self.writes).map(|_| Ok(Written::Done)).collect();
+        for (place, end, prepared) in self.ends {
+            answers[place] = Ok(end_write(conn, end, prepared).await?);
         }
-        Ok(self
-            .answers
-            .into_iter()
-            .map(|answer| {
-                Ok(match answer {
-                    Some(i) => ended[i].take().unwrap_or(Written::Done),
-                    None => Written::Done,
-                })
-            })
-            .collect())
-    }
-}
-
-impl Round<'_> {
-    /// Whether the round saves that checkpoint.
-    fn saves(&self, (thread, ns, id): (&str, &str, &str)) -> bool {
-        self.checkpoints.iter().any(|put| {
-            put.thread_id == thread && put.checkpoint_ns == ns && put.checkpoint.id == id
-        })
+        Ok(answers)
     }
 }
 
 /// Tells other processes (and this one's listener) how far the logs the writes grew reach,
 /// at the commit: one notification per thread, each with the thread's last seq.
-async fn notify_logged<'a>(
-    conn: &mut PgConnection,
-    writes: impl Iterator<Item = &'a Write>,
-    origin: &str,
-) -> StorageResult<()> {
-    let mut threads: Vec<&str> = writes
-        .filter_map(|write| match write {
-            Write::Save(save) if !save.events.is_empty() => Some(saved_thread(&save.write)),
-            Write::Save(_) => None,
-            Write::Events(events) => events.first().map(|e| e.thread_id.as_str()),
-            Write::End { thread_id, .. } => Some(thread_id.as_str()),
-        })
+async fn notify_logged(conn: &mut PgConnection, jobs: &[Job], origin: &str) -> StorageResult<()> {
+    let mut threads: Vec<&str> = jobs
+        .iter()
+        .filter(|job| job.write.logs_events())
+        .map(|job| job.thread.as_str())
         .collect();
     threads.sort_unstable();
     threads.dedup();
@@ -509,16 +433,12 @@ async fn notify_logged<'a>(
 }
 
 /// One write in a transaction of its own.
-async fn apply_alone(
-    conn: &mut PgConnection,
-    write: &Write,
-    origin: &str,
-) -> StorageResult<Written> {
+async fn apply_alone(conn: &mut PgConnection, job: &Job, origin: &str) -> StorageResult<Written> {
     let mut tx = conn.begin().await?;
     index_lookups_only(&mut tx).await?;
-    match apply_one(&mut tx, write).await {
+    match apply_one(&mut tx, &job.write).await {
         Ok(written) => {
-            notify_logged(&mut tx, std::iter::once(write), origin).await?;
+            notify_logged(&mut tx, std::slice::from_ref(job), origin).await?;
             tx.commit().await?;
             Ok(written)
         }
@@ -543,24 +463,21 @@ async fn apply_one(conn: &mut PgConnection, write: &Write) -> StorageResult<Writ
             insert_events_pg(conn, events).await?;
             Ok(Written::Done)
         }
-        Write::End { .. } => end_write(conn, write, EndPrepared::default()).await,
+        Write::End(end) => end_write(conn, end, EndPrepared::default()).await,
     }
 }
 
 async fn end_write(
     conn: &mut PgConnection,
-    write: &Write,
+    write: &EndWrite,
     prepared: EndPrepared,
 ) -> StorageResult<Written> {
-    let Write::End {
+    let EndWrite {
         thread_id,
         run_id,
         worker_id,
         end,
-    } = write
-    else {
-        return Ok(Written::Done);
-    };
+    } = write;
     let ended = end_run_pg(conn, *thread_id, *run_id, worker_id, end, prepared).await?;
     Ok(Written::Ended(ended.map(Box::new)))
 }

@@ -708,13 +708,9 @@ impl Storage for PostgresStorage {
         Ok(self.writer.save(save).await?)
     }
 
-    fn queue_logged(&self, save: LoggedSave) -> Result<WriteReceipt, Box<LoggedSave>> {
+    fn queue_logged(&self, save: LoggedSave) -> WriteReceipt {
         let saved = self.writer.save(save);
-        Ok(Box::pin(async move { Ok(saved.await?) }))
-    }
-
-    fn queues_logged_saves(&self) -> bool {
-        true
+        Box::pin(async move { Ok(saved.await?) })
     }
 
     fn queue_events(&self, events: Vec<LoggedEvent>) -> crate::EventsReceipt {

@@ -810,12 +810,8 @@ impl Storage for SqliteStorage {
         self.logged.submit_logged(save).await
     }
 
-    fn queue_logged(&self, save: LoggedSave) -> Result<WriteReceipt, Box<LoggedSave>> {
-        Ok(self.logged.submit_logged(save))
-    }
-
-    fn queues_logged_saves(&self) -> bool {
-        true
+    fn queue_logged(&self, save: LoggedSave) -> WriteReceipt {
+        self.logged.submit_logged(save)
     }
 
     fn queue_events(&self, events: Vec<crate::LoggedEvent>) -> crate::EventsReceipt {

@@ -142,7 +142,13 @@ forward!(RunStore {
         worker_id: &str,
         lease: std::time::Duration
     ) -> Option<Run>;
-    fn finish_run(&self, run_id: Uuid, worker_id: &str, end: RunEnd) -> Option<Run>;
+    fn finish_run(
+        &self,
+        thread_id: ResourceId,
+        run_id: Uuid,
+        worker_id: &str,
+        end: RunEnd
+    ) -> Option<Run>;
     fn append_events(&self, events: &[LoggedEvent]) -> ();
     fn read_events(
         &self,
@@ -197,19 +203,15 @@ impl Storage for MeteredStorage {
     }
 
     /// Timed from the call to the save's commit, when its receipt resolves.
-    fn queue_logged(&self, save: LoggedSave) -> Result<WriteReceipt, Box<LoggedSave>> {
+    fn queue_logged(&self, save: LoggedSave) -> WriteReceipt {
         let started = Instant::now();
-        let receipt = self.inner.queue_logged(save)?;
+        let receipt = self.inner.queue_logged(save);
         let metrics = self.metrics.clone();
-        Ok(Box::pin(async move {
+        Box::pin(async move {
             let saved = receipt.await;
             metrics.storage_call("queue_logged", started.elapsed(), saved.is_err());
             saved
-        }))
-    }
-
-    fn queues_logged_saves(&self) -> bool {
-        self.inner.queues_logged_saves()
+        })
     }
 
     /// Timed from the call to the events' commit, when their receipt resolves.

@@ -25,7 +25,7 @@ use serde_json::Value;
 use spindle_graph::checkpoint::blob::materialize;
 use spindle_graph::checkpoint::{
     is_trigger_channel, BlobValue, ChannelBlob, ChannelVersion, Checkpoint, CheckpointError,
-    CheckpointRef, CheckpointTuple, PendingWrite,
+    CheckpointRef, CheckpointTuple, PendingWrite, QueuedWrite,
 };
 use sqlx::types::Json;
 
@@ -36,7 +36,7 @@ pub(crate) use postgres::insert_checkpoint as insert_checkpoint_pg;
 pub(crate) use postgres::store_logged as store_logged_pg;
 pub use postgres::PostgresCheckpointer;
 pub(crate) use postgres::{
-    insert_checkpoints as insert_checkpoints_pg, insert_writes_of as insert_writes_of_pg, WritesOf,
+    insert_checkpoints as insert_checkpoints_pg, insert_writes_of as insert_writes_of_pg,
 };
 pub(crate) use sqlite::checkpoint_stored as checkpoint_stored_sqlite;
 pub(crate) use sqlite::copy_checkpoints as copy_checkpoints_sqlite;
@@ -68,6 +68,61 @@ pub(crate) struct Put<'a> {
     pub metadata: &'a Value,
     pub parent_id: Option<&'a str>,
     pub blobs: &'a [ChannelBlob],
+}
+
+/// The pending writes of a checkpoint, borrowed, for the backends' insert functions.
+pub(crate) struct WritesOf<'a> {
+    pub thread_id: &'a str,
+    pub checkpoint_ns: &'a str,
+    pub checkpoint_id: &'a str,
+    pub writes: &'a [PendingWrite],
+}
+
+/// A queued save ([`QueuedWrite`]), borrowed as what the insert functions take.
+pub(crate) enum Save<'a> {
+    Checkpoint(Put<'a>),
+    Writes(WritesOf<'a>),
+}
+
+impl<'a> Save<'a> {
+    pub(crate) fn of(write: &'a QueuedWrite) -> Self {
+        match write {
+            QueuedWrite::Checkpoint {
+                thread_id,
+                checkpoint_ns,
+                checkpoint,
+                metadata,
+                parent_id,
+                blobs,
+            } => Save::Checkpoint(Put {
+                thread_id,
+                checkpoint_ns,
+                checkpoint,
+                metadata,
+                parent_id: parent_id.as_deref(),
+                blobs,
+            }),
+            QueuedWrite::Writes {
+                thread_id,
+                checkpoint_ns,
+                checkpoint_id,
+                writes,
+            } => Save::Writes(WritesOf {
+                thread_id,
+                checkpoint_ns,
+                checkpoint_id,
+                writes,
+            }),
+        }
+    }
+
+    /// The checkpoint saved, or written to: (thread, namespace, id).
+    pub(crate) fn key(&self) -> (&'a str, &'a str, &'a str) {
+        match self {
+            Save::Checkpoint(put) => (put.thread_id, put.checkpoint_ns, put.checkpoint.id.as_str()),
+            Save::Writes(of) => (of.thread_id, of.checkpoint_ns, of.checkpoint_id),
+        }
+    }
 }
 
 /// The columns a checkpoint row is read with, in [`CheckpointRow`]'s order.

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use serde_json::Value;
 use spindle_graph::checkpoint::{
     ChannelBlob, Checkpoint, CheckpointError, CheckpointTuple, Checkpointer, ListFilter,
-    PendingWrite, QueuedWrite,
+    PendingWrite,
 };
 use sqlx::postgres::PgPool;
 use sqlx::types::Json;
@@ -19,8 +19,8 @@ use sqlx::{PgConnection, Postgres, QueryBuilder};
 
 use super::{
     assemble, backend, encode_blobs, encode_write, limit_to_db, metadata_filter, plan_writes,
-    run_gone, saved_by, stored_checkpoint, wanted_blobs, BlobRow, Blobs, CheckpointRow, Put,
-    WriteRow, CHECKPOINT_COLUMNS,
+    run_gone, saved_by, stored_checkpoint, wanted_blobs, BlobRow, Blobs, CheckpointRow, Put, Save,
+    WriteRow, WritesOf, CHECKPOINT_COLUMNS,
 };
 use crate::runs::postgres::insert_events;
 use crate::LoggedSave;
@@ -311,14 +311,6 @@ pub(crate) async fn insert_checkpoints(
     Ok(())
 }
 
-/// The pending writes of a checkpoint, for [`insert_writes_of`].
-pub(crate) struct WritesOf<'a> {
-    pub thread_id: &'a str,
-    pub checkpoint_ns: &'a str,
-    pub checkpoint_id: &'a str,
-    pub writes: &'a [PendingWrite],
-}
-
 /// Saves the pending writes of several checkpoints in two statements (a writer's group, see
 /// `pg_writer`), each batch as [`insert_writes`] saves one, in order: batches of one checkpoint
 /// are numbered one after the other. That holds while no batch replaces writes of a
@@ -572,31 +564,18 @@ pub(crate) async fn store_logged(
     save: &LoggedSave,
 ) -> Result<(), CheckpointError> {
     insert_events(conn, &save.events).await?;
-    match &save.write {
-        QueuedWrite::Checkpoint {
-            thread_id,
-            checkpoint_ns,
-            checkpoint,
-            metadata,
-            parent_id,
-            blobs,
-        } => {
-            let put = Put {
-                thread_id,
-                checkpoint_ns,
-                checkpoint,
-                metadata,
-                parent_id: parent_id.as_deref(),
-                blobs,
-            };
-            insert_checkpoint(conn, &put, saved_by(metadata)).await
+    match Save::of(&save.write) {
+        Save::Checkpoint(put) => insert_checkpoint(conn, &put, saved_by(put.metadata)).await,
+        Save::Writes(of) => {
+            insert_writes(
+                conn,
+                of.thread_id,
+                of.checkpoint_ns,
+                of.checkpoint_id,
+                of.writes,
+            )
+            .await
         }
-        QueuedWrite::Writes {
-            thread_id,
-            checkpoint_ns,
-            checkpoint_id,
-            writes,
-        } => insert_writes(conn, thread_id, checkpoint_ns, checkpoint_id, writes).await,
     }
 }
 

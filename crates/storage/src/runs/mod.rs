@@ -304,6 +304,11 @@ pub struct ClaimedRun {
     pub start_logged: bool,
 }
 
+/// The data of the event that closes a run's events ([`RUN_END_EVENT`]), `{run_id, status}`.
+pub(crate) fn end_event_data(run_id: Uuid, status: RunStatus) -> Value {
+    serde_json::json!({"run_id": run_id.to_string(), "status": status.as_str()})
+}
+
 /// The data of an attempt's first event, `metadata {run_id, attempt}`.
 pub fn start_event_data(run_id: Uuid, attempt: i32) -> Value {
     serde_json::json!({"run_id": run_id.to_string(), "attempt": attempt})
@@ -447,9 +452,11 @@ pub trait RunStore: Send + Sync {
     /// concurrent deletion of the thread could beat. `NotFound` when the worker no longer
     /// holds the run (its lease was taken over, or the run or its thread was deleted);
     /// `Invalid` for an active `end.status`; `Checkpoint` when `end.after_checkpoint` is not
-    /// stored.
+    /// stored. `thread_id` is the run's (its worker holds the run): PostgreSQL's writer queues
+    /// the end behind the saves of that thread.
     async fn finish_run(
         &self,
+        thread_id: ResourceId,
         run_id: Uuid,
         worker_id: &str,
         end: RunEnd,

@@ -23,7 +23,7 @@ use super::*;
 use crate::checkpoints::delete_run_checkpoints_pg as delete_run_checkpoints;
 use crate::crons::firing_made;
 use crate::error::conflict_if_taken;
-use crate::pg_notify::{notify, notify_logged, CANCEL, RUNS};
+use crate::pg_notify::{notify, notify_logged, notify_runs, CANCEL, RUNS};
 use crate::postgres::PostgresStorage;
 use crate::StorageError;
 
@@ -204,7 +204,7 @@ async fn log_run_end(
     .bind(thread_id)
     .fetch_one(&mut *conn)
     .await?;
-    let data = serde_json::json!({"run_id": run_id.to_string(), "status": status.as_str()});
+    let data = end_event_data(run_id, status);
     sqlx::query(
         "INSERT INTO run_events (thread_id, seq, run_id, event, data, created_at) \
          VALUES ($1, $2, $3, $4, $5, $6)",
@@ -570,8 +570,7 @@ pub(crate) async fn end_run(
          ) \
          SELECT r.*, t.busy FROM r, t"
     );
-    let end_event =
-        serde_json::json!({"run_id": run_id.to_string(), "status": end.status.as_str()});
+    let end_event = end_event_data(run_id, end.status);
     let row = sqlx::query(&sql)
         .bind(thread_id)
         .bind(run_id)
@@ -587,7 +586,7 @@ pub(crate) async fn end_run(
         .await?;
     if row.try_get::<bool, _>("busy")? {
         // A run queued behind this one can start now.
-        notify(&mut *conn, RUNS, [String::new()]).await?;
+        notify_runs(&mut *conn).await?;
     }
     Ok(Some(Run::try_from(RunRow::<Uuid>::from_row(&row)?)?))
 }
@@ -720,7 +719,7 @@ impl RunStore for PostgresStorage {
                 RunStatus::Running => Some(claim_start(&mut tx, &run).await?),
                 // Workers of every process may claim it (its creator's too).
                 _ => {
-                    notify(&mut tx, RUNS, [String::new()]).await?;
+                    notify_runs(&mut tx).await?;
                     None
                 }
             };
@@ -993,6 +992,7 @@ impl RunStore for PostgresStorage {
 
     async fn finish_run(
         &self,
+        thread_id: ResourceId,
         run_id: Uuid,
         worker_id: &str,
         end: RunEnd,
@@ -1004,19 +1004,13 @@ impl RunStore for PostgresStorage {
             )));
         }
         // The end goes to its thread's writer, behind the run's saves queued before it.
-        let thread_id: Option<ResourceId> =
-            sqlx::query_scalar("SELECT thread_id FROM runs WHERE run_id = $1")
-                .bind(run_id)
-                .fetch_optional(&self.pool)
-                .await?;
-        let thread_id = thread_id.ok_or(StorageError::NotFound("run"))?;
         self.writer
             .end(thread_id, run_id, worker_id.to_owned(), end)
             .await
     }
 
     async fn append_events(&self, events: &[LoggedEvent]) -> StorageResult<()> {
-        self.writer.events(events.to_vec()).await
+        self.writer.queue_events(events.to_vec()).await
     }
 
     async fn read_events(

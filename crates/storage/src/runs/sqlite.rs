@@ -220,7 +220,7 @@ fn insert_run_end(
     status: RunStatus,
     now: DateTime<Utc>,
 ) -> StorageResult<()> {
-    let data = serde_json::json!({"run_id": run_id.to_string(), "status": status.as_str()});
+    let data = end_event_data(run_id, status);
     exec(
         conn,
         INSERT_EVENT,
@@ -1030,6 +1030,7 @@ impl RunStore for SqliteStorage {
 
     async fn finish_run(
         &self,
+        _thread_id: ResourceId,
         run_id: Uuid,
         worker_id: &str,
         end: RunEnd,

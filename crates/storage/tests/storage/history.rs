@@ -207,9 +207,14 @@ async fn a_rolled_back_run_takes_its_checkpoints_writes_and_blobs() {
             .thread_id;
         let first = running(s, &alice, thread, "w").await;
         turn(&saver, thread, first.run_id, "one").await;
-        s.finish_run(first.run_id, "w", ended(RunStatus::Success))
-            .await
-            .unwrap();
+        s.finish_run(
+            first.thread_id,
+            first.run_id,
+            "w",
+            ended(RunStatus::Success),
+        )
+        .await
+        .unwrap();
         let before = (footprint(&db, thread).await, history(&saver, thread).await);
         assert_eq!(messages(&saver, thread).await.len(), 2);
 
@@ -225,7 +230,12 @@ async fn a_rolled_back_run_takes_its_checkpoints_writes_and_blobs() {
             .unwrap();
         assert_eq!(next.cancelled, vec![second.run_id]);
         let end = s
-            .finish_run(second.run_id, "w", ended(RunStatus::Interrupted))
+            .finish_run(
+                second.thread_id,
+                second.run_id,
+                "w",
+                ended(RunStatus::Interrupted),
+            )
             .await
             .unwrap();
         assert_eq!(end, None, "a rolled-back run is deleted");
@@ -324,7 +334,7 @@ async fn a_copy_carries_the_whole_history_and_outlives_its_original() {
         s.claim_run("w", LEASE, 3).await.unwrap().unwrap();
         turn(&saver, thread, run.run_id, "one").await;
         turn(&saver, thread, run.run_id, "two!").await;
-        s.finish_run(run.run_id, "w", ended(RunStatus::Success))
+        s.finish_run(run.thread_id, run.run_id, "w", ended(RunStatus::Success))
             .await
             .unwrap();
         let original = s.get_thread(&alice, thread).await.unwrap();
@@ -477,7 +487,7 @@ async fn a_run_names_its_graph_and_assistant_in_its_threads_metadata() {
         for run in [first, queued] {
             let claimed = s.claim_run("w", LEASE, 3).await.unwrap().unwrap();
             assert_eq!(claimed.run.run_id, run.run_id);
-            s.finish_run(run.run_id, "w", ended(RunStatus::Success))
+            s.finish_run(run.thread_id, run.run_id, "w", ended(RunStatus::Success))
                 .await
                 .unwrap();
         }
@@ -564,7 +574,7 @@ async fn deleting_an_assistant_stops_and_deletes_its_runs_and_keeps_their_thread
         }])
         .await
         .unwrap();
-        s.finish_run(done.run_id, "w", ended(RunStatus::Success))
+        s.finish_run(done.thread_id, done.run_id, "w", ended(RunStatus::Success))
             .await
             .unwrap();
         // A running one, with another assistant's run queued behind it.

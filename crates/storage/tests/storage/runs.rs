@@ -185,6 +185,7 @@ async fn a_run_created_claimed_knows_whether_its_thread_is_new() {
 
         save_checkpoint(s, thread, &new_checkpoint_id()).await;
         s.finish_run(
+            first.run.thread_id,
             first.run.run_id,
             "w",
             end(RunStatus::Success, ThreadStatus::Idle),
@@ -235,7 +236,7 @@ async fn an_end_behind_a_checkpoint_is_refused_until_that_checkpoint_is_stored()
             after_checkpoint: Some(last.clone()),
             ..end(RunStatus::Success, ThreadStatus::Idle)
         };
-        let refused = s.finish_run(run.run_id, "w", behind()).await;
+        let refused = s.finish_run(run.thread_id, run.run_id, "w", behind()).await;
         assert!(
             matches!(refused, Err(StorageError::Checkpoint(_))),
             "{refused:?}"
@@ -249,7 +250,9 @@ async fn an_end_behind_a_checkpoint_is_refused_until_that_checkpoint_is_stored()
         assert!(logged.is_empty(), "a refused end logged {logged:?}");
 
         save_checkpoint(s, thread, &last).await;
-        s.finish_run(run.run_id, "w", behind()).await.unwrap();
+        s.finish_run(run.thread_id, run.run_id, "w", behind())
+            .await
+            .unwrap();
         assert_eq!(
             run_status(s, &alice, thread, run.run_id).await,
             RunStatus::Success
@@ -282,25 +285,12 @@ fn checkpoint_write(thread: ResourceId, id: &str) -> spindle_graph::checkpoint::
     }
 }
 
-/// Stores a logged save the way the worker does: queued where the backend queues saves,
-/// else awaited.
+/// Stores a logged save the way the worker does: queued, then its receipt awaited.
 async fn store_logged(
     s: &dyn Storage,
     save: LoggedSave,
 ) -> Result<(), spindle_graph::checkpoint::CheckpointError> {
-    match s.queue_logged(save) {
-        Ok(receipt) => {
-            assert!(
-                s.queues_logged_saves(),
-                "queued by a backend that says it cannot"
-            );
-            receipt.await
-        }
-        Err(save) => {
-            assert!(!s.queues_logged_saves(), "a backend that queues did not");
-            s.save_logged(*save).await
-        }
-    }
+    s.queue_logged(save).await
 }
 
 async fn checkpoint_stored(s: &dyn Storage, thread: ResourceId, id: &str) -> bool {
@@ -446,6 +436,7 @@ async fn a_run_created_with_a_claim_starts_claimed_only_when_it_can_start_now() 
 
         // The claimed run ends like any other, and the queued one is claimed next.
         s.finish_run(
+            first.run.thread_id,
             first.run.run_id,
             "w1",
             end(RunStatus::Success, ThreadStatus::Idle),
@@ -526,9 +517,14 @@ async fn another_users_runs_do_not_exist() {
             "bob cancels",
         );
         let claimed = claim(s, "w").await.unwrap();
-        s.finish_run(run.run_id, "w", end(RunStatus::Success, ThreadStatus::Idle))
-            .await
-            .unwrap();
+        s.finish_run(
+            run.thread_id,
+            run.run_id,
+            "w",
+            end(RunStatus::Success, ThreadStatus::Idle),
+        )
+        .await
+        .unwrap();
         assert_eq!(claimed.run.run_id, run.run_id);
         assert_not_found(s.delete_run(&bob, thread, run.run_id).await, "bob deletes");
         assert_eq!(
@@ -623,6 +619,7 @@ async fn reject_conflicts_while_a_run_is_pending_or_running() {
             .unwrap();
         assert_eq!(listed.len(), 1, "a refused run is not stored");
         s.finish_run(
+            first.thread_id,
             first.run_id,
             "w",
             end(RunStatus::Success, ThreadStatus::Idle),
@@ -660,6 +657,7 @@ async fn enqueue_runs_one_after_the_other_oldest_first() {
         );
 
         s.finish_run(
+            first.thread_id,
             first.run_id,
             "w1",
             end(RunStatus::Success, ThreadStatus::Idle),
@@ -673,6 +671,7 @@ async fn enqueue_runs_one_after_the_other_oldest_first() {
         let claimed = claim(s, "w2").await.unwrap();
         assert_eq!(claimed.run.run_id, second.run_id);
         s.finish_run(
+            second.thread_id,
             second.run_id,
             "w2",
             end(RunStatus::Success, ThreadStatus::Idle),
@@ -716,6 +715,7 @@ async fn interrupt_ends_pending_runs_and_flags_the_running_one() {
 
         assert!(claim(s, "w2").await.is_none(), "still running");
         s.finish_run(
+            running.thread_id,
             running.run_id,
             "w1",
             end(RunStatus::Interrupted, ThreadStatus::Idle),
@@ -766,6 +766,7 @@ async fn rollback_deletes_pending_runs_and_the_running_one_when_it_ends() {
             Some(CancelAction::Rollback)
         );
         s.finish_run(
+            running.thread_id,
             running.run_id,
             "w1",
             end(RunStatus::Interrupted, ThreadStatus::Idle),
@@ -854,6 +855,7 @@ async fn racing_claims_run_one_run_per_thread() {
                     "only the owner renews"
                 );
                 s.finish_run(
+                    run.thread_id,
                     run.run_id,
                     &worker,
                     end(RunStatus::Success, ThreadStatus::Idle),
@@ -951,6 +953,7 @@ async fn an_expired_lease_is_reclaimed_until_attempts_run_out() {
         assert_eq!(s.renew_lease(run.run_id, "w1", LEASE).await.unwrap(), None);
         assert_not_found(
             s.finish_run(
+                run.thread_id,
                 run.run_id,
                 "w1",
                 end(RunStatus::Success, ThreadStatus::Idle),
@@ -1088,6 +1091,7 @@ async fn finishing_sets_the_threads_status_values_and_error() {
 
         match s
             .finish_run(
+                first.thread_id,
                 first.run_id,
                 "w",
                 end(RunStatus::Running, ThreadStatus::Idle),
@@ -1099,6 +1103,7 @@ async fn finishing_sets_the_threads_status_values_and_error() {
         }
         assert_not_found(
             s.finish_run(
+                first.thread_id,
                 first.run_id,
                 "other",
                 end(RunStatus::Success, ThreadStatus::Idle),
@@ -1109,6 +1114,7 @@ async fn finishing_sets_the_threads_status_values_and_error() {
 
         let failure = json!({"error": "ValueError", "message": "boom"});
         s.finish_run(
+            first.thread_id,
             first.run_id,
             "w",
             RunEnd {
@@ -1130,6 +1136,7 @@ async fn finishing_sets_the_threads_status_values_and_error() {
         claim(s, "w").await.unwrap();
         let interrupts = obj(json!({"task-1": [{"id": "i1", "value": "approve?"}]}));
         s.finish_run(
+            second.thread_id,
             second.run_id,
             "w",
             RunEnd {
@@ -1148,6 +1155,7 @@ async fn finishing_sets_the_threads_status_values_and_error() {
         let third = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
         claim(s, "w").await.unwrap();
         s.finish_run(
+            third.thread_id,
             third.run_id,
             "w",
             RunEnd {
@@ -1165,6 +1173,7 @@ async fn finishing_sets_the_threads_status_values_and_error() {
         let fourth = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
         claim(s, "w").await.unwrap();
         s.finish_run(
+            fourth.thread_id,
             fourth.run_id,
             "w",
             end(RunStatus::Success, ThreadStatus::Idle),
@@ -1176,6 +1185,7 @@ async fn finishing_sets_the_threads_status_values_and_error() {
         assert_eq!(t.error, None);
         assert_not_found(
             s.finish_run(
+                fourth.thread_id,
                 fourth.run_id,
                 "w",
                 end(RunStatus::Success, ThreadStatus::Idle),
@@ -1210,6 +1220,7 @@ async fn a_run_records_when_it_started_and_ended() {
         let failure = json!({"error": "ValueError", "message": "boom"});
         let ended = s
             .finish_run(
+                run.thread_id,
                 run.run_id,
                 "w2",
                 RunEnd {
@@ -1249,6 +1260,7 @@ async fn a_run_records_when_it_started_and_ended() {
             .unwrap();
         let rolled_back = s
             .finish_run(
+                blocker.thread_id,
                 blocker.run_id,
                 "w1",
                 end(RunStatus::Interrupted, ThreadStatus::Idle),
@@ -1345,6 +1357,7 @@ async fn cancel_ends_pending_runs_and_flags_running_ones() {
             Some(CancelAction::Rollback)
         );
         s.finish_run(
+            running.thread_id,
             running.run_id,
             "w",
             end(RunStatus::Interrupted, ThreadStatus::Idle),
@@ -1373,9 +1386,14 @@ async fn delete_refuses_an_active_run_and_takes_its_events() {
         s.append_events(&[event(thread, run.run_id, 1)])
             .await
             .unwrap();
-        s.finish_run(run.run_id, "w", end(RunStatus::Success, ThreadStatus::Idle))
-            .await
-            .unwrap();
+        s.finish_run(
+            run.thread_id,
+            run.run_id,
+            "w",
+            end(RunStatus::Success, ThreadStatus::Idle),
+        )
+        .await
+        .unwrap();
         let kept = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
         // The first run's end event took seq 2.
         let next = claim(s, "w").await.unwrap().last_seq + 1;
@@ -1535,6 +1553,7 @@ async fn deleting_a_thread_takes_its_runs_and_events() {
         );
         assert_not_found(
             s.finish_run(
+                running.thread_id,
                 running.run_id,
                 "w",
                 end(RunStatus::Success, ThreadStatus::Idle),
@@ -1593,6 +1612,7 @@ async fn every_way_a_run_ends_logs_its_end_event() {
             .await
             .unwrap();
         s.finish_run(
+            finished.thread_id,
             finished.run_id,
             "w",
             end(RunStatus::Success, ThreadStatus::Idle),
@@ -1643,6 +1663,7 @@ async fn a_runs_last_events_are_logged_with_its_end() {
             event(thread, run.run_id, first + 2),
         ];
         s.finish_run(
+            run.thread_id,
             run.run_id,
             "w",
             RunEnd {
@@ -1670,6 +1691,7 @@ async fn a_runs_last_events_are_logged_with_its_end() {
         claim(s, "w").await.unwrap();
         let refused = s
             .finish_run(
+                next.thread_id,
                 next.run_id,
                 "w",
                 RunEnd {
@@ -1703,6 +1725,7 @@ async fn retention_prunes_old_events_of_ended_runs_and_keeps_the_counter() {
             .await
             .unwrap();
         s.finish_run(
+            ended.thread_id,
             ended.run_id,
             "w",
             end(RunStatus::Success, ThreadStatus::Idle),
@@ -1775,7 +1798,12 @@ async fn a_runs_end_stores_its_output() {
             None
         );
         let ended = s
-            .finish_run(run.run_id, "w", end(RunStatus::Success, ThreadStatus::Idle))
+            .finish_run(
+                run.thread_id,
+                run.run_id,
+                "w",
+                end(RunStatus::Success, ThreadStatus::Idle),
+            )
             .await
             .unwrap()
             .unwrap();
@@ -1874,10 +1902,7 @@ async fn saves_queued_together_are_stored_as_if_one_after_the_other() {
             },
             writes_of(a, &c2, "t4", &["w"]),
         ];
-        let receipts: Vec<_> = saves
-            .into_iter()
-            .map(|save| s.queue_logged(save).expect("both backends queue saves"))
-            .collect();
+        let receipts: Vec<_> = saves.into_iter().map(|save| s.queue_logged(save)).collect();
         let mut outcomes = Vec::new();
         for receipt in receipts {
             outcomes.push(receipt.await.is_ok());
@@ -1981,7 +2006,9 @@ async fn other_processes_are_told_of_runs_to_claim_logs_that_grew_and_cancels() 
             }
         );
         let ended = end(RunStatus::Interrupted, ThreadStatus::Interrupted);
-        s.finish_run(first.run_id, "w", ended).await.unwrap();
+        s.finish_run(first.thread_id, first.run_id, "w", ended)
+            .await
+            .unwrap();
         let mut told = vec![next(&mut wakeups).await, next(&mut wakeups).await];
         told.sort_by_key(|w| format!("{w:?}"));
         assert!(
@@ -2009,19 +2036,15 @@ async fn events_queued_between_saves_keep_their_place() {
         let thread = thread_of(s, &alice).await;
         let run = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
         let seq = claim(s, "w").await.unwrap().last_seq;
-        let first = s
-            .queue_logged(LoggedSave {
-                write: checkpoint_write(thread, &new_checkpoint_id()),
-                events: vec![event(thread, run.run_id, seq + 1)],
-            })
-            .expect("both backends queue saves");
+        let first = s.queue_logged(LoggedSave {
+            write: checkpoint_write(thread, &new_checkpoint_id()),
+            events: vec![event(thread, run.run_id, seq + 1)],
+        });
         let between = s.queue_events(vec![event(thread, run.run_id, seq + 2)]);
-        let second = s
-            .queue_logged(LoggedSave {
-                write: checkpoint_write(thread, &new_checkpoint_id()),
-                events: vec![event(thread, run.run_id, seq + 3)],
-            })
-            .expect("both backends queue saves");
+        let second = s.queue_logged(LoggedSave {
+            write: checkpoint_write(thread, &new_checkpoint_id()),
+            events: vec![event(thread, run.run_id, seq + 3)],
+        });
         first.await.unwrap();
         between.await.unwrap();
         second.await.unwrap();
