@@ -17,7 +17,7 @@
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
 
-use sqlx::postgres::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPool};
 use sqlx::{Connection, PgConnection};
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
@@ -188,19 +188,54 @@ fn writer_of(thread: &str) -> usize {
 /// One writer task: takes what is queued, applies it as one group, answers, again.
 async fn write_groups(pool: PgPool, origin: String, mut jobs: mpsc::UnboundedReceiver<Job>) {
     let mut group = Vec::with_capacity(MAX_GROUP);
+    let mut conn = None;
     while jobs.recv_many(&mut group, MAX_GROUP).await > 0 {
-        let results = match pool.acquire().await {
-            Ok(mut conn) => apply(&mut conn, &group, &origin).await,
+        let results = match connected(&pool, &mut conn).await {
+            Ok(conn) => apply(conn, &group, &origin).await,
             Err(error) => group
                 .iter()
                 .map(|_| Err(StorageError::Commit(error.to_string())))
                 .collect(),
         };
+        if results.iter().any(Result::is_err) {
+            // The connection may be what failed: the next group starts on a new one.
+            conn = None;
+        }
         for (job, result) in group.drain(..).zip(results) {
             // The caller may have stopped waiting; its write stands.
             let _ = job.reply.send(result);
         }
     }
+}
+
+/// The writer's own connection, opened on first use: outside the pool, so that its session
+/// settings ([`index_lookups_only`]) and its prepared statements are the writer's alone.
+async fn connected<'c>(
+    pool: &PgPool,
+    conn: &'c mut Option<PgConnection>,
+) -> StorageResult<&'c mut PgConnection> {
+    if conn.is_none() {
+        let options = index_lookups_only((*pool.connect_options()).clone());
+        *conn = Some(PgConnection::connect_with(&options).await?);
+    }
+    Ok(conn.as_mut().expect("connected above"))
+}
+
+/// Plans the writers' statements once each (a generic plan, kept by the connection's prepared
+/// statement) and as lookups by index, one small input row at a time, whatever the tables'
+/// size. Their inputs are arrays of a few rows (`UNNEST`, `= ANY`), whose size a generic plan
+/// cannot know: plans made while the tables were small scanned them whole, hashing or merging
+/// the inputs, and kept doing so as they grew (create + wait fell from 600 to 261 runs/s in
+/// 30 s on a fresh database; `threads` was read whole about once per run). Planning every
+/// execution instead (custom plans) cost PostgreSQL a quarter of its CPU. Without hash joins,
+/// merge joins and sequential scans (where an index serves), the one plan fits every size.
+fn index_lookups_only(options: PgConnectOptions) -> PgConnectOptions {
+    options.options([
+        ("enable_hashjoin", "off"),
+        ("enable_mergejoin", "off"),
+        ("enable_seqscan", "off"),
+        ("plan_cache_mode", "force_generic_plan"),
+    ])
 }
 
 /// Applies a group in one transaction; when that fails, each write in its own.
@@ -241,7 +276,6 @@ async fn apply_together(
     origin: &str,
 ) -> StorageResult<Vec<StorageResult<Written>>> {
     let mut tx = conn.begin().await?;
-    index_lookups_only(&mut tx).await?;
     let applied = match Batch::of(group) {
         Some(batch) => batch.apply(&mut tx).await,
         None => apply_in_order(&mut tx, group).await,
@@ -257,24 +291,6 @@ async fn apply_together(
             Err(error)
         }
     }
-}
-
-/// Makes the group's statements find rows by index, one small input row at a time, planned
-/// for the arrays they are given. Their inputs are arrays of a few rows (`UNNEST`, `= ANY`),
-/// whose size a cached generic plan cannot know: plans made while the tables were small
-/// scanned whole tables (hashing or merging the inputs), and kept doing so as the tables grew
-/// (create + wait fell from 600 to 261 runs/s in 30 s on a fresh database; `threads` was read
-/// whole about once per run). Custom plans, without hash or merge joins: 177 scans of
-/// `threads` reading 39 thousand rows in 30 s, against 9,687 scans reading 83 million.
-async fn index_lookups_only(conn: &mut PgConnection) -> StorageResult<()> {
-    sqlx::query(
-        "SELECT set_config('enable_hashjoin', 'off', true), \
-                set_config('enable_mergejoin', 'off', true), \
-                set_config('plan_cache_mode', 'force_custom_plan', true)",
-    )
-    .execute(conn)
-    .await?;
-    Ok(())
 }
 
 /// The group's writes one after the other (on one transaction), each with its own
@@ -435,7 +451,6 @@ async fn notify_logged(conn: &mut PgConnection, jobs: &[Job], origin: &str) -> S
 /// One write in a transaction of its own.
 async fn apply_alone(conn: &mut PgConnection, job: &Job, origin: &str) -> StorageResult<Written> {
     let mut tx = conn.begin().await?;
-    index_lookups_only(&mut tx).await?;
     match apply_one(&mut tx, &job.write).await {
         Ok(written) => {
             notify_logged(&mut tx, std::slice::from_ref(job), origin).await?;

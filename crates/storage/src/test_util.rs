@@ -375,6 +375,22 @@ impl TestDb {
         }
     }
 
+    /// Ends every other session on the storage's database, as a restart of PostgreSQL or a
+    /// cut network would: the storage's pool and writers must connect again. On SQLite, whose
+    /// connections are open files, nothing.
+    pub async fn cut_connections(&self) {
+        if let Raw::Postgres(pool) = &self.raw {
+            sqlx::query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE application_name = current_setting('application_name') \
+                 AND pid <> pg_backend_pid()",
+            )
+            .execute(pool)
+            .await
+            .expect("end the storage's sessions");
+        }
+    }
+
     /// The query plan the database chooses for `sql` with text parameters `params`, one line
     /// per plan step (`EXPLAIN QUERY PLAN` on SQLite; `EXPLAIN` on PostgreSQL, with sequential
     /// scans disabled).

@@ -2053,3 +2053,52 @@ async fn events_queued_between_saves_keep_their_place() {
     })
     .await;
 }
+
+/// A write whose connection was cut (PostgreSQL restarted, the network failed) fails, and the
+/// writes after it are stored: the writer connects again rather than failing every write from
+/// then on.
+#[tokio::test]
+async fn writes_are_stored_again_once_the_database_connections_were_cut() {
+    for_each_backend(|db| async move {
+        let s = db.storage();
+        let alice = fresh_user();
+        let thread = thread_of(s, &alice).await;
+        let run = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        let seq = claim(s, "w").await.unwrap().last_seq;
+        s.queue_events(vec![event(thread, run.run_id, seq + 1)])
+            .await
+            .expect("a write before the cut");
+        db.cut_connections().await;
+        let mut next = seq + 2;
+        // The first write after the cut may go to the cut connection and fail.
+        if s.queue_events(vec![event(thread, run.run_id, next)])
+            .await
+            .is_ok()
+        {
+            next += 1;
+        }
+        s.queue_events(vec![event(thread, run.run_id, next)])
+            .await
+            .expect("a write after the cut");
+        let logged = s.read_events(thread, seq, None, 10).await.unwrap();
+        assert_eq!(seqs(&logged).last(), Some(&next));
+    })
+    .await;
+}
+
+/// A thread's active runs, looked up at every run's creation and end, are found through an
+/// index of the active runs alone: ended runs (and, on PostgreSQL, the entries their ends
+/// left behind until vacuum) are never read.
+#[tokio::test]
+async fn a_threads_active_runs_are_found_without_reading_ended_ones() {
+    for_each_backend(|db| async move {
+        let sql = "SELECT run_id, status FROM runs WHERE thread_id = $1 \
+                   AND status IN ('pending', 'running') ORDER BY created_at";
+        let plan = db.query_plan(sql, &["t"]).await;
+        match db.backend() {
+            Backend::Sqlite => assert!(plan.contains("SEARCH runs USING INDEX"), "{plan}"),
+            Backend::Postgres => assert!(plan.contains("runs_active_by_thread"), "{plan}"),
+        }
+    })
+    .await;
+}
