@@ -27,7 +27,9 @@ use crate::checkpoints::{
     WritesOf,
 };
 use crate::pg_notify;
-use crate::runs::{end_run_pg, insert_event_refs_pg, insert_events_pg, EndPrepared};
+use crate::runs::{
+    end_run_pg, end_runs_pg, insert_event_refs_pg, insert_events_pg, EndOf, EndPrepared,
+};
 use crate::{LoggedEvent, LoggedSave, ResourceId, Run, RunEnd, StorageError, StorageResult};
 
 /// Writer tasks, each with its own connection (a connection applies one statement at a time;
@@ -416,6 +418,23 @@ impl<'a> Batch<'a> {
         }
         let mut answers: Vec<StorageResult<Written>> =
             (0..self.writes).map(|_| Ok(Written::Done)).collect();
+        let ends: Vec<EndOf> = self
+            .ends
+            .iter()
+            .map(|(_, write, prepared)| EndOf {
+                thread_id: write.thread_id,
+                run_id: write.run_id,
+                worker_id: &write.worker_id,
+                end: &write.end,
+                prepared: *prepared,
+            })
+            .collect();
+        if let Some(ended) = end_runs_pg(conn, &ends).await? {
+            for ((place, _, _), run) in self.ends.iter().zip(ended) {
+                answers[*place] = Ok(Written::Ended(Some(Box::new(run))));
+            }
+            return Ok(answers);
+        }
         for (place, end, prepared) in self.ends {
             answers[place] = Ok(end_write(conn, end, prepared).await?);
         }

@@ -493,8 +493,8 @@ pub trait RunStore: Send + Sync {
 
 pub(crate) mod postgres;
 pub(crate) use postgres::{
-    end_run as end_run_pg, insert_event_refs as insert_event_refs_pg,
-    insert_events as insert_events_pg, EndPrepared,
+    end_run as end_run_pg, end_runs as end_runs_pg, insert_event_refs as insert_event_refs_pg,
+    insert_events as insert_events_pg, EndOf, EndPrepared,
 };
 pub(crate) mod sqlite;
 

@@ -27,6 +27,9 @@ use crate::pg_notify::{notify, notify_logged, notify_runs, CANCEL, RUNS};
 use crate::postgres::PostgresStorage;
 use crate::StorageError;
 
+mod end;
+pub(crate) use end::{end_run, end_runs, EndOf, EndPrepared};
+
 /// Whether the caller sees the thread; `lock` also locks its row for the transaction.
 async fn thread_visible(
     conn: &mut PgConnection,
@@ -256,33 +259,6 @@ async fn last_seq(conn: &mut PgConnection, thread_id: ResourceId) -> StorageResu
     Ok(seq.unwrap_or(0))
 }
 
-/// For a run claimed as it is created: logs its first event ([`start_event_data`]) after the
-/// thread's last, and tells whether the thread has no checkpoint yet, in one round trip.
-async fn claim_start(conn: &mut PgConnection, run: &Run) -> StorageResult<ClaimStart> {
-    let (seq, thread_is_new): (i64, bool) = sqlx::query_as(
-        "WITH s AS ( \
-             UPDATE threads SET event_seq = event_seq + 1 WHERE thread_id = $1 \
-             RETURNING event_seq \
-         ), e AS ( \
-             INSERT INTO run_events (thread_id, seq, run_id, event, data, created_at) \
-             SELECT $1, s.event_seq, $3, 'metadata', $4, $5 FROM s \
-         ) \
-         SELECT (SELECT event_seq FROM s), \
-                NOT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = $2)",
-    )
-    .bind(run.thread_id)
-    .bind(run.thread_id.to_string())
-    .bind(run.run_id)
-    .bind(Json(start_event_data(run.run_id, run.attempt)))
-    .bind(run.created_at)
-    .fetch_one(conn)
-    .await?;
-    Ok(ClaimStart {
-        last_seq: seq,
-        thread_is_new,
-    })
-}
-
 /// Appends events to their threads' logs and moves the threads' counters past them.
 pub(crate) async fn insert_events(
     conn: &mut PgConnection,
@@ -292,7 +268,10 @@ pub(crate) async fn insert_events(
     insert_event_refs(conn, &events).await
 }
 
-/// [`insert_events`] of events gathered from several writes.
+/// [`insert_events`] of events gathered from several writes, in one statement whatever their
+/// number (arrays, not a row of parameters per event, so it stays one prepared statement):
+/// the events go in, and each thread's counter moves past them. A batch that does not continue
+/// its thread's counter reuses a seq (`Conflict`).
 pub(crate) async fn insert_event_refs(
     conn: &mut PgConnection,
     events: &[&LoggedEvent],
@@ -300,9 +279,6 @@ pub(crate) async fn insert_event_refs(
     if events.is_empty() {
         return Ok(());
     }
-    // One statement whatever the batch size (arrays, not a row of parameters per event), so
-    // it stays one prepared statement. `data` goes in as text cast to json, which keeps it as
-    // written.
     let mut thread_ids = Vec::with_capacity(events.len());
     let mut seqs = Vec::with_capacity(events.len());
     let mut run_ids = Vec::with_capacity(events.len());
@@ -317,10 +293,25 @@ pub(crate) async fn insert_event_refs(
         data.push(event.data.to_string());
         created.push(event.created_at);
     }
-    sqlx::query(
-        "INSERT INTO run_events (thread_id, seq, run_id, event, data, created_at) \
-         SELECT t, s, r, e, d::json, c FROM UNNEST($1::text[], $2::int8[], $3::uuid[], \
-         $4::text[], $5::text[], $6::timestamptz[]) AS x(t, s, r, e, d, c)",
+    let ranges = seq_ranges(events.iter().copied());
+    let threads: Vec<ResourceId> = ranges.iter().map(|(thread, _, _)| *thread).collect();
+    let lows: Vec<i64> = ranges.iter().map(|(_, low, _)| *low).collect();
+    let highs: Vec<i64> = ranges.iter().map(|(_, _, high)| *high).collect();
+    // `data` goes in as text cast to json, which keeps it as written. `= ANY($7)` gives the
+    // planner the threads' keys: without it a plan may read the whole table for the few rows
+    // of the batch.
+    let moved: i64 = sqlx::query_scalar(
+        "WITH e AS ( \
+             INSERT INTO run_events (thread_id, seq, run_id, event, data, created_at) \
+             SELECT t, s, r, e, d::json, c FROM UNNEST($1::text[], $2::int8[], $3::uuid[], \
+                 $4::text[], $5::text[], $6::timestamptz[]) AS x(t, s, r, e, d, c) \
+         ), moved AS ( \
+             UPDATE threads t SET event_seq = u.high \
+             FROM UNNEST($7::text[], $8::int8[], $9::int8[]) AS u(id, low, high) \
+             WHERE t.thread_id = ANY($7) AND t.thread_id = u.id AND t.event_seq < u.low \
+             RETURNING 1 \
+         ) \
+         SELECT count(*) FROM moved",
     )
     .bind(&thread_ids)
     .bind(&seqs)
@@ -328,37 +319,18 @@ pub(crate) async fn insert_event_refs(
     .bind(&names)
     .bind(&data)
     .bind(&created)
-    .execute(&mut *conn)
-    .await
-    .map_err(event_insert_error)?;
-    advance_event_seq(conn, events).await
-}
-
-/// Moves each thread's event counter past a batch just inserted, in one statement; a batch
-/// that does not continue a thread's counter reuses a seq (`Conflict`).
-async fn advance_event_seq(conn: &mut PgConnection, events: &[&LoggedEvent]) -> StorageResult<()> {
-    let ranges = seq_ranges(events.iter().copied());
-    let threads: Vec<ResourceId> = ranges.iter().map(|(thread, _, _)| *thread).collect();
-    let lows: Vec<i64> = ranges.iter().map(|(_, low, _)| *low).collect();
-    let highs: Vec<i64> = ranges.iter().map(|(_, _, high)| *high).collect();
-    let moved = sqlx::query(
-        // `= ANY($1)` gives the planner the threads' keys: without it a plan may read the
-        // whole table for the few rows of the batch.
-        "UPDATE threads t SET event_seq = u.high \
-         FROM UNNEST($1::text[], $2::int8[], $3::int8[]) AS u(id, low, high) \
-         WHERE t.thread_id = ANY($1) AND t.thread_id = u.id AND t.event_seq < u.low",
-    )
     .bind(&threads)
     .bind(lows)
     .bind(highs)
-    .execute(&mut *conn)
-    .await?;
-    if moved.rows_affected() != ranges.len() as u64 {
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(event_insert_error)?;
+    if moved != ranges.len() as i64 {
         return Err(match threads.as_slice() {
             [thread] => seq_taken(*thread),
             _ => StorageError::Conflict(format!(
                 "{} of {} threads have logged events at or after those seqs",
-                ranges.len() as u64 - moved.rows_affected(),
+                ranges.len() as i64 - moved,
                 ranges.len()
             )),
         });
@@ -496,99 +468,80 @@ async fn claimed(conn: &mut PgConnection, row: RunRow<Uuid>) -> StorageResult<Cl
     })
 }
 
-/// What a writer's group already did for a run's end, earlier in its transaction.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct EndPrepared {
-    /// The end's own events ([`RunEnd::events`]) are inserted.
-    pub events_logged: bool,
-    /// Its [`RunEnd::after_checkpoint`] was saved.
-    pub checkpoint_saved: bool,
-}
-
-/// Ends a run as its worker reports it (see [`RunStore::finish_run`]), on the caller's
-/// transaction (the writer's group, `pg_writer`): the run's row, its end event and its
-/// thread's columns in one statement.
-pub(crate) async fn end_run(
+/// Inserts a run decided on by [`RunStore::create_run`] and marks its thread busy, in one
+/// statement. A run claimed as it is created also logs its first event ([`start_event_data`])
+/// after the thread's last and learns whether the thread has a checkpoint yet ([`ClaimStart`]);
+/// a pending one tells every process's workers at the commit. (The thread is locked and its
+/// active runs read before this, by statements of their own: each sees what committed before
+/// it began.)
+async fn insert_run(
     conn: &mut PgConnection,
-    thread_id: ResourceId,
-    run_id: Uuid,
-    worker_id: &str,
-    end: &RunEnd,
-    prepared: EndPrepared,
-) -> StorageResult<Option<Run>> {
-    // The thread's row and the run's, held for the rest of the transaction.
-    let held: Option<Option<String>> = sqlx::query_scalar(
-        "SELECT r.cancel FROM threads t JOIN runs r ON r.thread_id = t.thread_id \
-         WHERE t.thread_id = $1 AND r.run_id = $2 AND r.status = 'running' \
-         AND r.lease_owner = $3 FOR NO KEY UPDATE OF t, r",
-    )
-    .bind(thread_id)
-    .bind(run_id)
-    .bind(worker_id)
-    .fetch_optional(&mut *conn)
-    .await?;
-    let cancel = held.ok_or(StorageError::NotFound("run"))?;
-    if let Some(checkpoint_id) = end
-        .after_checkpoint
-        .as_ref()
-        .filter(|_| !prepared.checkpoint_saved)
-    {
-        require_checkpoint(&mut *conn, thread_id, checkpoint_id).await?;
-    }
-    let now = Utc::now();
-    if cancel.as_deref() == Some(CancelAction::Rollback.as_str()) {
-        // Its saves all committed before this transaction (`after_checkpoint` was
-        // checked, and the engine waits for a cancelled run's saves), so deleting them
-        // here leaves none behind. The thread keeps the values and interrupts it had
-        // before the run, as the reference does.
-        roll_back(&mut *conn, thread_id, run_id).await?;
-        release_thread(&mut *conn, thread_id, ThreadStatus::Idle, None, now).await?;
-        return Ok(None);
-    }
-    if !prepared.events_logged {
-        insert_events(&mut *conn, &end.events).await?;
-    }
-    // The thread stays busy while another of its runs is active; its error is the run's only
-    // when it ends `error`.
+    scope: &Scope,
+    new: &NewRun,
+    start: Start,
+    now: DateTime<Utc>,
+) -> StorageResult<(Run, Option<ClaimStart>)> {
+    let claimed = start.status == RunStatus::Running;
+    // A run on a thread that is not busy names its graph and assistant in the thread's
+    // metadata, over what was there, as the reference does (UIs list a graph's threads by
+    // them). A run queued behind another leaves them to the one running.
     let sql = format!(
         "WITH r AS ( \
-             UPDATE runs SET status = $3, error = $4, lease_expires_at = NULL, \
-             updated_at = $5, ended_at = $5, output = $6 WHERE run_id = $2 \
+             INSERT INTO runs (run_id, thread_id, assistant_id, user_id, status, kwargs, \
+                 metadata, multitask_strategy, attempt, run_after, created_at, updated_at, \
+                 lease_owner, lease_expires_at, started_at) \
+             VALUES ($1, $2, $3, $4, $5, {KWARGS_WITH_THREAD_METADATA}, $7, $8, $9, $10, $11, \
+                     $11, $12, $13, $14) \
              RETURNING {RUN_COLUMNS} \
-         ), a AS ( \
-             SELECT EXISTS (SELECT 1 FROM runs WHERE thread_id = $1 AND run_id <> $2 \
-                            AND status IN ('pending', 'running')) AS busy \
          ), t AS ( \
-             UPDATE threads SET event_seq = event_seq + 1, \
-                 status = CASE WHEN a.busy THEN 'busy' ELSE $7 END, state_values = $6, \
-                 interrupts = $8, error = CASE WHEN NOT a.busy AND $7 = 'error' THEN $4 END, \
-                 state_updated_at = $5, updated_at = $5 \
-             FROM a WHERE thread_id = $1 RETURNING event_seq, a.busy \
+             UPDATE threads SET metadata = COALESCE(CASE WHEN status <> 'busy' THEN ( \
+                     SELECT threads.metadata || jsonb_build_object('graph_id', a.graph_id, \
+                                                                   'assistant_id', a.assistant_id) \
+                     FROM assistants a WHERE a.assistant_id = $3) END, metadata), \
+                 status = 'busy', updated_at = $11, \
+                 event_seq = event_seq + CASE WHEN $15 THEN 1 ELSE 0 END \
+             WHERE thread_id = $2 RETURNING event_seq \
          ), e AS ( \
              INSERT INTO run_events (thread_id, seq, run_id, event, data, created_at) \
-             SELECT $1, t.event_seq, $2, $9, $10, $5 FROM t \
+             SELECT $2, t.event_seq, $1, 'metadata', $16, $11 FROM t WHERE $15 \
          ) \
-         SELECT r.*, t.busy FROM r, t"
+         SELECT r.*, t.event_seq AS last_seq, \
+             $15 AND NOT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = $17) \
+                 AS thread_is_new, \
+             CASE WHEN NOT $15 THEN pg_notify('{RUNS}', '') END AS notified \
+         FROM r, t"
     );
-    let end_event = end_event_data(run_id, end.status);
     let row = sqlx::query(&sql)
-        .bind(thread_id)
-        .bind(run_id)
-        .bind(end.status.as_str())
-        .bind(end.error.as_ref().map(Json))
+        .bind(new.run_id)
+        .bind(new.thread_id)
+        .bind(new.assistant_id)
+        .bind(&scope.user_id)
+        .bind(start.status.as_str())
+        .bind(Json(&new.kwargs))
+        .bind(Json(&new.metadata))
+        .bind(new.multitask_strategy.as_str())
+        .bind(start.attempt)
+        .bind(new.run_after)
         .bind(now)
-        .bind(end.thread_values.as_ref().map(Json))
-        .bind(end.thread_status.as_str())
-        .bind(Json(&end.thread_interrupts))
-        .bind(RUN_END_EVENT)
-        .bind(Json(&end_event))
+        .bind(&start.lease_owner)
+        .bind(start.lease_expires_at)
+        .bind(start.started_at)
+        .bind(claimed)
+        .bind(Json(start_event_data(new.run_id, start.attempt)))
+        .bind(new.thread_id.to_string())
         .fetch_one(&mut *conn)
-        .await?;
-    if row.try_get::<bool, _>("busy")? {
-        // A run queued behind this one can start now.
-        notify_runs(&mut *conn).await?;
-    }
-    Ok(Some(Run::try_from(RunRow::<Uuid>::from_row(&row)?)?))
+        .await
+        .map_err(|e| conflict_if_taken(e, || format!("run {} already exists", new.run_id)))?;
+    let run = Run::try_from(RunRow::<Uuid>::from_row(&row)?)?;
+    let start = claimed
+        .then(|| -> StorageResult<ClaimStart> {
+            Ok(ClaimStart {
+                last_seq: row.try_get("last_seq")?,
+                thread_is_new: row.try_get("thread_is_new")?,
+            })
+        })
+        .transpose()?;
+    Ok((run, start))
 }
 
 impl PostgresStorage {
@@ -673,56 +626,7 @@ impl RunStore for PostgresStorage {
             };
 
             let start = Start::of(new.claim_now(&active, now), now);
-            let sql = format!(
-                "INSERT INTO runs (run_id, thread_id, assistant_id, user_id, status, kwargs, metadata, \
-                 multitask_strategy, attempt, run_after, created_at, updated_at, lease_owner, \
-                 lease_expires_at, started_at) \
-                 VALUES ($1, $2, $3, $4, $5, {KWARGS_WITH_THREAD_METADATA}, $7, $8, $9, $10, $11, \
-                         $11, $12, $13, $14) \
-                 RETURNING {RUN_COLUMNS}"
-            );
-            let row: RunRow<Uuid> = sqlx::query_as(&sql)
-                .bind(new.run_id)
-                .bind(new.thread_id)
-                .bind(new.assistant_id)
-                .bind(&scope.user_id)
-                .bind(start.status.as_str())
-                .bind(Json(&new.kwargs))
-                .bind(Json(&new.metadata))
-                .bind(new.multitask_strategy.as_str())
-                .bind(start.attempt)
-                .bind(new.run_after)
-                .bind(now)
-                .bind(&start.lease_owner)
-                .bind(start.lease_expires_at)
-                .bind(start.started_at)
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(|e| conflict_if_taken(e, || format!("run {} already exists", new.run_id)))?;
-            // A run on a thread that is not busy names its graph and assistant in the thread's
-            // metadata, over what was there, as the reference does (UIs list a graph's threads
-            // by them). A run queued behind another leaves them to the one running.
-            sqlx::query(
-                "UPDATE threads SET metadata = COALESCE(CASE WHEN status <> 'busy' THEN ( \
-                     SELECT threads.metadata || jsonb_build_object('graph_id', a.graph_id, \
-                                                                   'assistant_id', a.assistant_id) \
-                     FROM assistants a WHERE a.assistant_id = $3) END, metadata), \
-                 status = 'busy', updated_at = $2 WHERE thread_id = $1",
-            )
-            .bind(new.thread_id)
-            .bind(now)
-            .bind(new.assistant_id)
-            .execute(&mut *tx)
-            .await?;
-            let run = Run::try_from(row)?;
-            let claimed = match run.status {
-                RunStatus::Running => Some(claim_start(&mut tx, &run).await?),
-                // Workers of every process may claim it (its creator's too).
-                _ => {
-                    notify_runs(&mut tx).await?;
-                    None
-                }
-            };
+            let (run, claimed) = insert_run(&mut tx, scope, &new, start, now).await?;
             Ok(CreatedRun {
                 run,
                 cancelled,

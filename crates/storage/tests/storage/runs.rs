@@ -2102,3 +2102,117 @@ async fn a_threads_active_runs_are_found_without_reading_ended_ones() {
     })
     .await;
 }
+
+/// Ends queued together (applied by one PostgreSQL writer group, its plain ends in one
+/// statement) end each run as if ended alone: a thread with a run queued behind stays busy and
+/// its next run becomes claimable, a failed run puts its thread in error, an interrupted one
+/// keeps its interrupts, a run cancelled with `rollback` leaves nothing behind, an end its
+/// worker no longer holds fails without failing the others, and every end logs its end event
+/// last.
+#[tokio::test]
+async fn ends_queued_together_end_each_run_as_if_alone() {
+    for_each_backend(|db| async move {
+        let s = db.storage();
+        let alice = fresh_user();
+        let queued = thread_of(s, &alice).await;
+        let (failed, interrupted, rolled_back, lost) = (
+            thread_of(s, &alice).await,
+            thread_of(s, &alice).await,
+            thread_of(s, &alice).await,
+            thread_of(s, &alice).await,
+        );
+        let first = run_on(s, &alice, queued, MultitaskStrategy::Enqueue).await;
+        let behind = run_on(s, &alice, queued, MultitaskStrategy::Enqueue).await;
+        let mut runs = vec![first.clone()];
+        for thread in [failed, interrupted, rolled_back, lost] {
+            runs.push(run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await);
+        }
+        for _ in &runs {
+            claim(s, "w").await.expect("a run to claim");
+        }
+        s.cancel_runs(
+            &alice,
+            rolled_back,
+            &[runs[3].run_id],
+            CancelAction::Rollback,
+        )
+        .await
+        .unwrap();
+
+        let failure = json!({"error": "ValueError", "message": "boom"});
+        let interrupts = obj(json!({"task-1": [{"id": "i1", "value": "approve?"}]}));
+        let ends = [
+            ("w", end(RunStatus::Success, ThreadStatus::Idle)),
+            (
+                "w",
+                RunEnd {
+                    error: Some(failure.clone()),
+                    ..end(RunStatus::Error, ThreadStatus::Error)
+                },
+            ),
+            (
+                "w",
+                RunEnd {
+                    thread_interrupts: interrupts.clone(),
+                    ..end(RunStatus::Interrupted, ThreadStatus::Interrupted)
+                },
+            ),
+            ("w", end(RunStatus::Interrupted, ThreadStatus::Idle)),
+            ("someone else", end(RunStatus::Success, ThreadStatus::Idle)),
+        ];
+        // The plain ends together, then the others.
+        let mut ends = runs
+            .iter()
+            .zip(ends)
+            .map(|(run, (worker, end))| s.finish_run(run.thread_id, run.run_id, worker, end));
+        let plain = futures::future::join_all(ends.by_ref().take(3)).await;
+        let others = futures::future::join_all(ends).await;
+        let [done, failed_run, interrupted_run]: [_; 3] = plain.try_into().unwrap();
+        let [rolled_back_run, lost_run]: [_; 2] = others.try_into().unwrap();
+        assert_eq!(done.unwrap().unwrap().status, RunStatus::Success);
+        assert_eq!(failed_run.unwrap().unwrap().error, Some(failure.clone()));
+        assert_eq!(
+            interrupted_run.unwrap().unwrap().status,
+            RunStatus::Interrupted
+        );
+        assert!(rolled_back_run.unwrap().is_none(), "a rolled-back run");
+        assert_not_found(lost_run, "an end by a worker that does not hold the run");
+
+        let t = s.get_thread(&alice, queued).await.unwrap();
+        assert_eq!(t.status, ThreadStatus::Busy, "a run is queued behind");
+        assert_eq!(t.values, Some(json!({"done": "success"})));
+        let next = claim(s, "w").await.expect("the queued run can start now");
+        assert_eq!(next.run.run_id, behind.run_id);
+
+        let t = s.get_thread(&alice, failed).await.unwrap();
+        assert_eq!((t.status, t.error), (ThreadStatus::Error, Some(failure)));
+        let t = s.get_thread(&alice, interrupted).await.unwrap();
+        assert_eq!(t.status, ThreadStatus::Interrupted);
+        assert_eq!(t.interrupts, interrupts);
+        assert_eq!(
+            thread_status(s, &alice, rolled_back).await,
+            ThreadStatus::Idle
+        );
+        assert_not_found(
+            s.get_run(&alice, rolled_back, runs[3].run_id).await,
+            "a rolled-back run",
+        );
+        assert_eq!(
+            run_status(s, &alice, lost, runs[4].run_id).await,
+            RunStatus::Running
+        );
+        for (thread, run) in [
+            (queued, &runs[0]),
+            (failed, &runs[1]),
+            (interrupted, &runs[2]),
+        ] {
+            let logged = s
+                .read_events(thread, 0, Some(run.run_id), 100)
+                .await
+                .unwrap();
+            let last = logged.last().expect("the run's events");
+            assert_eq!(last.event, RUN_END_EVENT, "{thread}");
+        }
+    })
+    .await;
+}
