@@ -8,7 +8,7 @@
 //! [`Wakeup::Resync`], and whoever waits looks again once.
 
 use sqlx::postgres::{PgListener, PgPool};
-use sqlx::PgConnection;
+use sqlx::{Connection, PgConnection};
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
@@ -63,6 +63,97 @@ pub(crate) async fn notify_logged(
     .bind(thread_id)
     .execute(conn)
     .await?;
+    Ok(())
+}
+
+/// Notifications sent after their transactions commit, by one task on a connection of its own.
+///
+/// A `NOTIFY` takes a lock on the database's notification queue at its transaction's commit
+/// and holds it until the commit is flushed, so notifying transactions, of every process,
+/// commit one at a time, each waiting for its own WAL flush. The runs' writers notify for
+/// nearly every group they commit, hundreds a second: in their transactions, that lock was
+/// what they waited for most (`Lock:object` on `COMMIT` in pg_stat_activity). Here lines
+/// queue, and the task sends all that is queued in one transaction that has nothing to make
+/// durable (`synchronous_commit` off: it waits for no flush), holding the lock for an instant.
+///
+/// Sent after the commit, a notification still tells only of what is committed. One lost to a
+/// crash between the commit and the send only delays a stream in another process until the
+/// run's next events (the run is resumed elsewhere, which notifies): notifications whose loss
+/// would leave work undone (a run to claim, a cancel) stay in their transactions.
+pub(crate) struct Announcer {
+    lines: mpsc::UnboundedSender<(&'static str, String)>,
+}
+
+/// Most lines one announcing transaction sends.
+const ANNOUNCE_MAX: usize = 4096;
+
+impl Announcer {
+    /// Starts the announcing task on the current runtime; it stops when this is dropped.
+    pub(crate) fn start(pool: PgPool) -> Self {
+        let (lines, queued) = mpsc::unbounded_channel();
+        tokio::spawn(announce(pool, queued));
+        Self { lines }
+    }
+
+    /// Queues `line` for `channel`; the caller's transaction has committed.
+    pub(crate) fn send(&self, channel: &'static str, line: String) {
+        // The task ends only when this is dropped.
+        let _ = self.lines.send((channel, line));
+    }
+}
+
+async fn announce(pool: PgPool, mut queued: mpsc::UnboundedReceiver<(&'static str, String)>) {
+    let mut conn = None;
+    let mut lines = Vec::with_capacity(ANNOUNCE_MAX);
+    while queued.recv_many(&mut lines, ANNOUNCE_MAX).await > 0 {
+        let mut channels = Vec::new();
+        let mut payloads_of = Vec::new();
+        for channel in [LOG, RUNS, CANCEL, CRONS] {
+            let of_channel = lines
+                .iter()
+                .filter(|(c, _)| *c == channel)
+                .map(|(_, line)| line.clone());
+            for payload in payloads(of_channel) {
+                channels.push(channel);
+                payloads_of.push(payload);
+            }
+        }
+        lines.clear();
+        // Once more on a new connection if the one kept failed (PostgreSQL restarted).
+        for attempt in 1..=2 {
+            match send_all(&pool, &mut conn, &channels, &payloads_of).await {
+                Ok(()) => break,
+                Err(error) => {
+                    conn = None;
+                    if attempt == 2 {
+                        tracing::warn!(%error, lost = payloads_of.len(),
+                            "cannot tell other processes of new events; their streams catch up \
+                             with the runs' next events");
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn send_all(
+    pool: &PgPool,
+    conn: &mut Option<PgConnection>,
+    channels: &[&str],
+    payloads: &[String],
+) -> sqlx::Result<()> {
+    if conn.is_none() {
+        let options = (*pool.connect_options())
+            .clone()
+            .options([("synchronous_commit", "off")]);
+        *conn = Some(PgConnection::connect_with(&options).await?);
+    }
+    let conn = conn.as_mut().expect("connected above");
+    sqlx::query("SELECT pg_notify(c, p) FROM UNNEST($1::text[], $2::text[]) AS n(c, p)")
+        .bind(channels)
+        .bind(payloads)
+        .execute(conn)
+        .await?;
     Ok(())
 }
 

@@ -16,6 +16,7 @@
 
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 
 use sqlx::postgres::{PgConnectOptions, PgPool};
 use sqlx::{Connection, PgConnection};
@@ -26,7 +27,7 @@ use crate::checkpoints::{
     as_storage_error, insert_checkpoints_pg, insert_writes_of_pg, store_logged_pg, Put, Save,
     WritesOf,
 };
-use crate::pg_notify;
+use crate::pg_notify::{self, Announcer};
 use crate::runs::{
     end_run_pg, end_runs_pg, insert_event_refs_pg, insert_events_pg, EndOf, EndPrepared,
 };
@@ -88,20 +89,37 @@ pub(crate) struct PgWriter {
     queues: Vec<mpsc::UnboundedSender<Job>>,
     /// Names this process in the writers' notifications (`pg_notify::LOG`).
     origin: String,
+    /// Sends the notifications of what the writers (and others) committed.
+    announcer: Arc<Announcer>,
 }
 
 impl PgWriter {
     /// Starts the writer tasks on the current runtime; they stop when the writer is dropped.
     pub(crate) fn start(pool: PgPool) -> Self {
         let origin = Uuid::new_v4().simple().to_string();
+        let announcer = Arc::new(Announcer::start(pool.clone()));
         let queues = (0..WRITERS)
             .map(|_| {
                 let (queue, jobs) = mpsc::unbounded_channel();
-                tokio::spawn(write_groups(pool.clone(), origin.clone(), jobs));
+                tokio::spawn(write_groups(
+                    pool.clone(),
+                    origin.clone(),
+                    announcer.clone(),
+                    jobs,
+                ));
                 queue
             })
             .collect();
-        Self { queues, origin }
+        Self {
+            queues,
+            origin,
+            announcer,
+        }
+    }
+
+    /// Sends a notification once the caller's transaction has committed ([`Announcer`]).
+    pub(crate) fn announce(&self, channel: &'static str, line: String) {
+        self.announcer.send(channel, line);
     }
 
     /// What names this process in its writers' notifications.
@@ -188,12 +206,18 @@ fn writer_of(thread: &str) -> usize {
 }
 
 /// One writer task: takes what is queued, applies it as one group, answers, again.
-async fn write_groups(pool: PgPool, origin: String, mut jobs: mpsc::UnboundedReceiver<Job>) {
+async fn write_groups(
+    pool: PgPool,
+    origin: String,
+    announcer: Arc<Announcer>,
+    mut jobs: mpsc::UnboundedReceiver<Job>,
+) {
     let mut group = Vec::with_capacity(MAX_GROUP);
     let mut conn = None;
+    let mut logged = Vec::new();
     while jobs.recv_many(&mut group, MAX_GROUP).await > 0 {
         let results = match connected(&pool, &mut conn).await {
-            Ok(conn) => apply(conn, &group, &origin).await,
+            Ok(conn) => apply(conn, &group, &origin, &mut logged).await,
             Err(error) => group
                 .iter()
                 .map(|_| Err(StorageError::Commit(error.to_string())))
@@ -202,6 +226,9 @@ async fn write_groups(pool: PgPool, origin: String, mut jobs: mpsc::UnboundedRec
         if results.iter().any(Result::is_err) {
             // The connection may be what failed: the next group starts on a new one.
             conn = None;
+        }
+        for line in logged.drain(..) {
+            announcer.send(pg_notify::LOG, line);
         }
         for (job, result) in group.drain(..).zip(results) {
             // The caller may have stopped waiting; its write stands.
@@ -240,14 +267,16 @@ fn index_lookups_only(options: PgConnectOptions) -> PgConnectOptions {
     ])
 }
 
-/// Applies a group in one transaction; when that fails, each write in its own.
+/// Applies a group in one transaction; when that fails, each write in its own. Adds to
+/// `logged` what is to be announced of the committed writes ([`logged_lines`]).
 async fn apply(
     conn: &mut PgConnection,
     group: &[Job],
     origin: &str,
+    logged: &mut Vec<String>,
 ) -> Vec<StorageResult<Written>> {
     if group.len() > 1 {
-        if let Ok(results) = apply_together(conn, group, origin).await {
+        if let Ok(results) = apply_together(conn, group, origin, logged).await {
             return results;
         }
     }
@@ -261,7 +290,7 @@ async fn apply(
                     .to_owned(),
             ))
         } else {
-            apply_alone(conn, job, origin).await
+            apply_alone(conn, job, origin, logged).await
         };
         if result.is_err() && matches!(job.write, Write::Save(_)) {
             failed_threads.insert(job.thread.clone());
@@ -276,6 +305,7 @@ async fn apply_together(
     conn: &mut PgConnection,
     group: &[Job],
     origin: &str,
+    logged: &mut Vec<String>,
 ) -> StorageResult<Vec<StorageResult<Written>>> {
     let mut tx = conn.begin().await?;
     let applied = match Batch::of(group) {
@@ -284,8 +314,9 @@ async fn apply_together(
     };
     match applied {
         Ok(results) => {
-            notify_logged(&mut tx, group, origin).await?;
+            let lines = logged_lines(&mut tx, group, origin).await?;
             tx.commit().await?;
+            logged.extend(lines);
             Ok(results)
         }
         Err(error) => {
@@ -442,9 +473,14 @@ impl<'a> Batch<'a> {
     }
 }
 
-/// Tells other processes (and this one's listener) how far the logs the writes grew reach,
-/// at the commit: one notification per thread, each with the thread's last seq.
-async fn notify_logged(conn: &mut PgConnection, jobs: &[Job], origin: &str) -> StorageResult<()> {
+/// What tells other processes (and this one's listener) how far the logs the writes grew
+/// reach, read in their transaction and sent once it commits ([`Announcer`]): a line per
+/// thread, with its last seq and this process's name.
+async fn logged_lines(
+    conn: &mut PgConnection,
+    jobs: &[Job],
+    origin: &str,
+) -> StorageResult<Vec<String>> {
     let mut threads: Vec<&str> = jobs
         .iter()
         .filter(|job| job.write.logs_events())
@@ -453,27 +489,32 @@ async fn notify_logged(conn: &mut PgConnection, jobs: &[Job], origin: &str) -> S
     threads.sort_unstable();
     threads.dedup();
     if threads.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
     }
-    sqlx::query(
-        "SELECT pg_notify($1, thread_id || ' ' || event_seq || ' ' || $3) FROM threads \
-         WHERE thread_id = ANY($2)",
-    )
-    .bind(pg_notify::LOG)
-    .bind(threads)
-    .bind(origin)
-    .execute(conn)
-    .await?;
-    Ok(())
+    let seqs: Vec<(String, i64)> =
+        sqlx::query_as("SELECT thread_id, event_seq FROM threads WHERE thread_id = ANY($1)")
+            .bind(threads)
+            .fetch_all(conn)
+            .await?;
+    Ok(seqs
+        .into_iter()
+        .map(|(thread, seq)| format!("{thread} {seq} {origin}"))
+        .collect())
 }
 
 /// One write in a transaction of its own.
-async fn apply_alone(conn: &mut PgConnection, job: &Job, origin: &str) -> StorageResult<Written> {
+async fn apply_alone(
+    conn: &mut PgConnection,
+    job: &Job,
+    origin: &str,
+    logged: &mut Vec<String>,
+) -> StorageResult<Written> {
     let mut tx = conn.begin().await?;
     match apply_one(&mut tx, &job.write).await {
         Ok(written) => {
-            notify_logged(&mut tx, std::slice::from_ref(job), origin).await?;
+            let lines = logged_lines(&mut tx, std::slice::from_ref(job), origin).await?;
             tx.commit().await?;
+            logged.extend(lines);
             Ok(written)
         }
         Err(error) => {

@@ -470,10 +470,9 @@ async fn claimed(conn: &mut PgConnection, row: RunRow<Uuid>) -> StorageResult<Cl
 
 /// Inserts a run decided on by [`RunStore::create_run`] and marks its thread busy, in one
 /// statement. A run claimed as it is created also logs its first event ([`start_event_data`])
-/// after the thread's last and learns whether the thread has a checkpoint yet ([`ClaimStart`]);
-/// a pending one tells every process's workers at the commit. (The thread is locked and its
-/// active runs read before this, by statements of their own: each sees what committed before
-/// it began.)
+/// after the thread's last and learns whether the thread has a checkpoint yet ([`ClaimStart`]).
+/// (The thread is locked and its active runs read before this, by statements of their own:
+/// each sees what committed before it began.)
 async fn insert_run(
     conn: &mut PgConnection,
     scope: &Scope,
@@ -507,8 +506,7 @@ async fn insert_run(
          ) \
          SELECT r.*, t.event_seq AS last_seq, \
              $15 AND NOT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = $17) \
-                 AS thread_is_new, \
-             CASE WHEN NOT $15 THEN pg_notify('{RUNS}', '') END AS notified \
+                 AS thread_is_new \
          FROM r, t"
     );
     let row = sqlx::query(&sql)
@@ -634,7 +632,18 @@ impl RunStore for PostgresStorage {
             })
         }
         .await;
-        settle(tx, result).await
+        let created = settle(tx, result).await?;
+        if created.run.status == RunStatus::Pending {
+            // Workers of every process may claim it (its creator's too). Told after the
+            // commit (`pg_notify::Announcer`): a notification in the transaction would hold
+            // the database's notification lock through its flush, and runs created while
+            // every slot is busy would commit one at a time. Lost to a crash before it is
+            // sent, the run waits for the workers' next look: the creator's once restarted,
+            // the others' at the next run created or ended, or when a lease of the creator's
+            // runs (which filled its slots) runs out.
+            self.writer.announce(RUNS, String::new());
+        }
+        Ok(created)
     }
 
     async fn get_run(
