@@ -297,7 +297,8 @@ pub struct ClaimedRun {
     /// The seq of the thread's last logged event; the worker numbers new events after it.
     pub last_seq: i64,
     /// The thread had no checkpoint when the run was claimed, so the run need not look for
-    /// one (a thread's first run spares a read). `false` when the claim did not look.
+    /// one (a thread's first run spares a read). `false` when the claim did not look (SQLite's
+    /// claims from the queue).
     pub thread_is_new: bool,
     /// The attempt's first event ([`start_event_data`]) is logged, at `last_seq` (a run
     /// claimed as it was created, [`ClaimStart`]).

@@ -468,6 +468,72 @@ async fn claimed(conn: &mut PgConnection, row: RunRow<Uuid>) -> StorageResult<Cl
     })
 }
 
+/// What [`claim_pending`] found.
+enum PendingClaim {
+    Claimed(Box<ClaimedRun>),
+    Nothing,
+    /// A running run's lease ran out: the claim must deal with it first
+    /// ([`PostgresStorage::claim_expired_first`]).
+    ExpiredFirst,
+}
+
+/// The common claim in one statement, outside a transaction: the oldest due pending run
+/// whose thread runs nothing, taken with a lease, with its thread's last seq and whether the
+/// thread has a checkpoint yet; nothing when
+/// a lease ran out (the transaction of `claim_expired_first` takes it over first). A unique
+/// violation means another claim started a run of the same thread first: the caller looks
+/// again.
+async fn claim_pending(
+    pool: &sqlx::PgPool,
+    worker_id: &str,
+    lease: Duration,
+) -> sqlx::Result<PendingClaim> {
+    let now = Utc::now();
+    let sql = format!(
+        "WITH expired AS ( \
+             SELECT 1 FROM runs WHERE status = 'running' AND lease_expires_at < $1 LIMIT 1 \
+         ), c AS ( \
+             SELECT run_id FROM runs r WHERE status = 'pending' AND run_after <= $1 \
+             AND NOT EXISTS (SELECT 1 FROM expired) \
+             AND NOT EXISTS (SELECT 1 FROM runs o WHERE o.thread_id = r.thread_id \
+                             AND o.status = 'running') \
+             ORDER BY created_at LIMIT 1 FOR NO KEY UPDATE OF r SKIP LOCKED \
+         ), u AS ( \
+             UPDATE runs r SET status = 'running', attempt = attempt + 1, lease_owner = $2, \
+                 lease_expires_at = $3, updated_at = $1, started_at = COALESCE(started_at, $1) \
+             FROM c WHERE r.run_id = c.run_id AND r.status = 'pending' \
+             RETURNING {} \
+         ) \
+         SELECT EXISTS (SELECT 1 FROM expired) AS expired, u.*, \
+             (SELECT event_seq FROM threads t WHERE t.thread_id = u.thread_id) AS last_seq, \
+             NOT EXISTS (SELECT 1 FROM checkpoints k WHERE k.thread_id = u.thread_id) \
+                 AS thread_is_new \
+         FROM (SELECT 1) AS one LEFT JOIN u ON true",
+        qualified_run_columns()
+    );
+    let row = sqlx::query(&sql)
+        .bind(now)
+        .bind(worker_id)
+        .bind(lease_end(now, lease))
+        .fetch_one(pool)
+        .await?;
+    if row.try_get::<Option<Uuid>, _>("run_id")?.is_some() {
+        let run = Run::try_from(RunRow::<Uuid>::from_row(&row)?)
+            .map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+        return Ok(PendingClaim::Claimed(Box::new(ClaimedRun {
+            run,
+            last_seq: row.try_get::<Option<i64>, _>("last_seq")?.unwrap_or(0),
+            thread_is_new: row.try_get("thread_is_new")?,
+            start_logged: false,
+        })));
+    }
+    Ok(if row.try_get("expired")? {
+        PendingClaim::ExpiredFirst
+    } else {
+        PendingClaim::Nothing
+    })
+}
+
 /// Inserts a run decided on by [`RunStore::create_run`] and marks its thread busy, in one
 /// statement. A run claimed as it is created also logs its first event ([`start_event_data`])
 /// after the thread's last and learns whether the thread has a checkpoint yet ([`ClaimStart`]).
@@ -573,6 +639,108 @@ const KWARGS_WITH_THREAD_METADATA: &str = "(SELECT CASE WHEN t.metadata IS NULL 
      ELSE jsonb_set($6::jsonb, '{inherited_metadata}', \
           COALESCE($6::jsonb -> 'inherited_metadata', '{}'::jsonb) || t.metadata) END \
      FROM (SELECT (SELECT metadata FROM threads WHERE thread_id = $2) AS metadata) t)";
+
+impl PostgresStorage {
+    /// [`RunStore::claim_run`] when runs whose worker died may be waiting: those first (their
+    /// leases taken over, or the runs ended), then a pending run, in one transaction.
+    async fn claim_expired_first(
+        &self,
+        worker_id: &str,
+        lease: Duration,
+        max_attempts: i32,
+    ) -> StorageResult<Option<ClaimedRun>> {
+        let mut tx = self.pool.begin().await?;
+        let result = async {
+            let now = Utc::now();
+            let expires = lease_end(now, lease);
+
+            // Runs whose worker died first: they still hold their thread.
+            // The thread's row is locked with the run's (skipping both when either is busy), as
+            // ending the run sets the thread's status.
+            let expired_sql = format!(
+                "SELECT {} FROM runs r JOIN threads t ON t.thread_id = r.thread_id \
+                 WHERE r.status = 'running' AND r.lease_expires_at < $1 \
+                 ORDER BY r.lease_expires_at LIMIT 1 FOR NO KEY UPDATE OF r, t SKIP LOCKED",
+                qualified_run_columns()
+            );
+            let reclaim_sql = format!(
+                "UPDATE runs SET attempt = attempt + 1, lease_owner = $2, lease_expires_at = $3, \
+                 updated_at = $4 WHERE run_id = $1 RETURNING {RUN_COLUMNS}"
+            );
+            for _ in 0..EXPIRED_PER_CLAIM {
+                let row: Option<RunRow<Uuid>> = sqlx::query_as(&expired_sql)
+                    .bind(now)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                let Some(row) = row else { break };
+                let run = Run::try_from(row)?;
+                skip_unlogged(&mut tx, run.thread_id).await?;
+                if run.cancel.is_none() && run.attempt < max_attempts {
+                    let row: RunRow<Uuid> = sqlx::query_as(&reclaim_sql)
+                        .bind(run.run_id)
+                        .bind(worker_id)
+                        .bind(expires)
+                        .bind(now)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                    let claimed = claimed(&mut tx, row).await?;
+                    return Ok(Some(claimed));
+                }
+                end_abandoned(&mut tx, &run, now).await?;
+                notify_logged(&mut tx, run.thread_id).await?;
+            }
+
+            let claim_sql = format!(
+                "UPDATE runs SET status = 'running', attempt = attempt + 1, lease_owner = $2, \
+                 lease_expires_at = $3, updated_at = $4, started_at = COALESCE(started_at, $4) \
+                 WHERE run_id = $1 AND status = 'pending' \
+                 RETURNING {RUN_COLUMNS}"
+            );
+            for _ in 0..CANDIDATES_PER_CLAIM {
+                // In a savepoint: a claim that loses the race for a thread rolls back to here,
+                // releasing the candidate's lock, and looks again.
+                let mut savepoint = sqlx::Connection::begin(&mut *tx).await?;
+                let candidate: Option<Uuid> = sqlx::query_scalar(
+                    "SELECT run_id FROM runs r WHERE status = 'pending' AND run_after <= $1 \
+                     AND NOT EXISTS (SELECT 1 FROM runs o WHERE o.thread_id = r.thread_id \
+                                     AND o.status = 'running') \
+                     ORDER BY created_at LIMIT 1 FOR NO KEY UPDATE OF r SKIP LOCKED",
+                )
+                .bind(now)
+                .fetch_optional(&mut *savepoint)
+                .await?;
+                let Some(candidate) = candidate else {
+                    savepoint.rollback().await?;
+                    break;
+                };
+                let row: Result<Option<RunRow<Uuid>>, _> = sqlx::query_as(&claim_sql)
+                    .bind(candidate)
+                    .bind(worker_id)
+                    .bind(expires)
+                    .bind(now)
+                    .fetch_optional(&mut *savepoint)
+                    .await;
+                match row {
+                    Ok(Some(row)) => {
+                        savepoint.commit().await?;
+                        let claimed = claimed(&mut tx, row).await?;
+                        return Ok(Some(claimed));
+                    }
+                    Ok(None) => savepoint.rollback().await?,
+                    // Another claim started a run of this thread first.
+                    Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+                        savepoint.rollback().await?
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            // Commits the ends of abandoned runs, if any.
+            Ok(None)
+        }
+        .await;
+        settle(tx, result).await
+    }
+}
 
 #[async_trait]
 impl RunStore for PostgresStorage {
@@ -752,96 +920,18 @@ impl RunStore for PostgresStorage {
         lease: Duration,
         max_attempts: i32,
     ) -> StorageResult<Option<ClaimedRun>> {
-        let mut tx = self.pool.begin().await?;
-        let result = async {
-            let now = Utc::now();
-            let expires = lease_end(now, lease);
-
-            // Runs whose worker died first: they still hold their thread.
-            // The thread's row is locked with the run's (skipping both when either is busy), as
-            // ending the run sets the thread's status.
-            let expired_sql = format!(
-                "SELECT {} FROM runs r JOIN threads t ON t.thread_id = r.thread_id \
-                 WHERE r.status = 'running' AND r.lease_expires_at < $1 \
-                 ORDER BY r.lease_expires_at LIMIT 1 FOR NO KEY UPDATE OF r, t SKIP LOCKED",
-                qualified_run_columns()
-            );
-            let reclaim_sql = format!(
-                "UPDATE runs SET attempt = attempt + 1, lease_owner = $2, lease_expires_at = $3, \
-                 updated_at = $4 WHERE run_id = $1 RETURNING {RUN_COLUMNS}"
-            );
-            for _ in 0..EXPIRED_PER_CLAIM {
-                let row: Option<RunRow<Uuid>> = sqlx::query_as(&expired_sql)
-                    .bind(now)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-                let Some(row) = row else { break };
-                let run = Run::try_from(row)?;
-                skip_unlogged(&mut tx, run.thread_id).await?;
-                if run.cancel.is_none() && run.attempt < max_attempts {
-                    let row: RunRow<Uuid> = sqlx::query_as(&reclaim_sql)
-                        .bind(run.run_id)
-                        .bind(worker_id)
-                        .bind(expires)
-                        .bind(now)
-                        .fetch_one(&mut *tx)
-                        .await?;
-                    let claimed = claimed(&mut tx, row).await?;
-                    return Ok(Some(claimed));
-                }
-                end_abandoned(&mut tx, &run, now).await?;
-                notify_logged(&mut tx, run.thread_id).await?;
+        for _ in 0..CANDIDATES_PER_CLAIM {
+            match claim_pending(&self.pool, worker_id, lease).await {
+                Ok(PendingClaim::Claimed(claimed)) => return Ok(Some(*claimed)),
+                Ok(PendingClaim::Nothing) => return Ok(None),
+                Ok(PendingClaim::ExpiredFirst) => break,
+                // Another claim started a run of this thread first.
+                Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {}
+                Err(e) => return Err(e.into()),
             }
-
-            let claim_sql = format!(
-                "UPDATE runs SET status = 'running', attempt = attempt + 1, lease_owner = $2, \
-                 lease_expires_at = $3, updated_at = $4, started_at = COALESCE(started_at, $4) \
-                 WHERE run_id = $1 AND status = 'pending' \
-                 RETURNING {RUN_COLUMNS}"
-            );
-            for _ in 0..CANDIDATES_PER_CLAIM {
-                // In a savepoint: a claim that loses the race for a thread rolls back to here,
-                // releasing the candidate's lock, and looks again.
-                let mut savepoint = sqlx::Connection::begin(&mut *tx).await?;
-                let candidate: Option<Uuid> = sqlx::query_scalar(
-                    "SELECT run_id FROM runs r WHERE status = 'pending' AND run_after <= $1 \
-                     AND NOT EXISTS (SELECT 1 FROM runs o WHERE o.thread_id = r.thread_id \
-                                     AND o.status = 'running') \
-                     ORDER BY created_at LIMIT 1 FOR NO KEY UPDATE OF r SKIP LOCKED",
-                )
-                .bind(now)
-                .fetch_optional(&mut *savepoint)
-                .await?;
-                let Some(candidate) = candidate else {
-                    savepoint.rollback().await?;
-                    break;
-                };
-                let row: Result<Option<RunRow<Uuid>>, _> = sqlx::query_as(&claim_sql)
-                    .bind(candidate)
-                    .bind(worker_id)
-                    .bind(expires)
-                    .bind(now)
-                    .fetch_optional(&mut *savepoint)
-                    .await;
-                match row {
-                    Ok(Some(row)) => {
-                        savepoint.commit().await?;
-                        let claimed = claimed(&mut tx, row).await?;
-                        return Ok(Some(claimed));
-                    }
-                    Ok(None) => savepoint.rollback().await?,
-                    // Another claim started a run of this thread first.
-                    Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
-                        savepoint.rollback().await?
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            // Commits the ends of abandoned runs, if any.
-            Ok(None)
         }
-        .await;
-        settle(tx, result).await
+        self.claim_expired_first(worker_id, lease, max_attempts)
+            .await
     }
 
     async fn has_claimable_run(&self) -> StorageResult<bool> {

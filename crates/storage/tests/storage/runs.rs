@@ -199,6 +199,34 @@ async fn a_run_created_claimed_knows_whether_its_thread_is_new() {
     .await;
 }
 
+/// A run claimed from the queue is never told its thread is new when the thread has a
+/// checkpoint (the run would start over and lose the thread's state); PostgreSQL's claim also
+/// tells a new thread so, sparing the run a read.
+#[tokio::test]
+async fn a_run_claimed_from_the_queue_knows_whether_its_thread_is_new() {
+    for_each_backend(|db| async move {
+        let s = db.storage();
+        let alice = fresh_user();
+        let fresh = thread_of(s, &alice).await;
+        let kept = thread_of(s, &alice).await;
+        save_checkpoint(s, kept, &new_checkpoint_id()).await;
+        run_on(s, &alice, fresh, MultitaskStrategy::Enqueue).await;
+        run_on(s, &alice, kept, MultitaskStrategy::Enqueue).await;
+        let first = claim(s, "w").await.expect("a run to claim");
+        let second = claim(s, "w").await.expect("another run to claim");
+        assert_eq!(
+            (first.run.thread_id, second.run.thread_id),
+            (fresh, kept),
+            "oldest first"
+        );
+        assert!(!second.thread_is_new, "the thread has a checkpoint");
+        if db.backend() == Backend::Postgres {
+            assert!(first.thread_is_new, "no checkpoint yet");
+        }
+    })
+    .await;
+}
+
 /// Saves an empty root checkpoint `id` on `thread`.
 async fn save_checkpoint(s: &dyn Storage, thread: ResourceId, id: &str) {
     let checkpoint = spindle_graph::checkpoint::Checkpoint {
