@@ -2244,3 +2244,57 @@ async fn ends_queued_together_end_each_run_as_if_alone() {
     })
     .await;
 }
+
+/// Runs created at once on one idle thread (each in one statement on PostgreSQL, as long as
+/// the thread stays idle) behave as if created one after the other: with `reject`, one is
+/// created and the others refused; with `enqueue`, all are created and one starts.
+#[tokio::test]
+async fn runs_created_at_once_on_an_idle_thread_start_one() {
+    for_each_backend(|db| async move {
+        let alice = fresh_user();
+        for strategy in [MultitaskStrategy::Reject, MultitaskStrategy::Enqueue] {
+            let thread = thread_of(db.storage(), &alice).await;
+            let creations = (0..6).map(|i| {
+                let (s, alice) = (db.storage_arc(), alice.clone());
+                tokio::spawn(async move {
+                    let new = NewRun {
+                        claim: Some(Claim {
+                            worker_id: format!("w{i}"),
+                            lease: LEASE,
+                        }),
+                        ..new_run(thread, strategy)
+                    };
+                    s.create_run(&alice, new).await
+                })
+            });
+            let results: Vec<_> = futures::future::join_all(creations)
+                .await
+                .into_iter()
+                .map(|joined| joined.unwrap())
+                .collect();
+            let created: Vec<_> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+            let started = created.iter().filter(|c| c.claimed.is_some()).count();
+            assert_eq!(started, 1, "{strategy:?}: {results:?}");
+            match strategy {
+                MultitaskStrategy::Reject => {
+                    assert_eq!(created.len(), 1, "{results:?}");
+                    for refused in results.iter().filter(|r| r.is_err()) {
+                        assert!(
+                            matches!(refused, Err(StorageError::Conflict(_))),
+                            "{refused:?}"
+                        );
+                    }
+                }
+                _ => {
+                    assert_eq!(created.len(), 6, "{results:?}");
+                    let pending = created
+                        .iter()
+                        .filter(|c| c.run.status == RunStatus::Pending)
+                        .count();
+                    assert_eq!(pending, 5);
+                }
+            }
+        }
+    })
+    .await;
+}
