@@ -139,7 +139,7 @@ async def test_every_metric_is_served_with_its_type(client, http, metrics_server
     for outcome in ["success", "failed", "refused"]:
         assert metrics.has("spindle_webhook_deliveries_total", outcome=outcome), outcome
     # The process's own settings and pools, read at each scrape.
-    assert metrics.value("spindle_worker_slots") == 16
+    assert metrics.value("spindle_worker_slots") == 64  # the default --workers
     pools = {labels["pool"] for labels in metrics.labels_of("spindle_db_connections_max")}
     if metrics_server.backend == "sqlite":
         assert pools == {"read", "write"}, pools

@@ -68,7 +68,12 @@ const RETENTION_SWEEP: Duration = Duration::from_secs(600);
 impl Default for WorkerConfig {
     fn default() -> Self {
         Self {
-            concurrency: 16,
+            // A run is a task that mostly waits (for a model, a tool, a Python worker), so a
+            // process holds many at little cost; a run created while every slot is busy is
+            // queued in the database and claimed later, which costs the database about twice
+            // as much. Measured on PostgreSQL, 64 clients: 660 runs/s with 16 slots, 1,009
+            // with 64.
+            concurrency: 64,
             lease: Duration::from_secs(30),
             max_attempts: 3,
             poll_interval: Duration::from_millis(500),

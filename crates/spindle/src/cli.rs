@@ -42,7 +42,7 @@ pub struct ServerArgs {
     #[arg(long, env = "SPINDLE_PORT")]
     pub port: Option<u16>,
 
-    /// Runs this process executes at once [default: 16]
+    /// Runs this process executes at once [default: 64]
     #[arg(long, env = "SPINDLE_WORKERS")]
     pub workers: Option<usize>,
 
