@@ -138,6 +138,50 @@ def goals(agg: dict) -> list:
     return rows
 
 
+# The goals of issue 29, item 1 (and 7), with `spindle serve` on PostgreSQL: judged on the
+# native 16-client cells, CPU per run for Spindle's process and PostgreSQL's.
+GOAL_PG_RATIO = 12
+GOAL_PG_P99_MS = 40
+GOAL_PG_CPU_MS = 1.0
+GOAL_PG_SPINDLE_CPU_MS = 0.6
+GOAL_PG_AEGRA_RATIO = 40
+
+
+def postgres_goals(agg: dict) -> list:
+    """(goal, measured, verdict) rows for issue 29's goals on PostgreSQL."""
+    def cell(server, scenario, clients=16):
+        return agg.get((server, scenario, GOAL_CELL["client"], clients))
+
+    wait, stream = cell("spindle", "wait"), cell("spindle", "stream")
+    wait64 = cell("spindle", "wait", 64)
+    rows = []
+
+    def check(goal, value, ok, shown):
+        rows.append((goal, shown if value is not None else "not measured",
+                     "–" if value is None else ("met" if ok(value) else "NOT met")))
+
+    for other, name, goal in (("reference", "the reference", GOAL_PG_RATIO),
+                              ("aegra", "Aegra", GOAL_PG_AEGRA_RATIO)):
+        theirs = cell(other, "wait")
+        ratio = wait and theirs and theirs["runs_per_s"] and wait["runs_per_s"] / theirs["runs_per_s"]
+        check(f"create + wait, 16 clients: ≥ {goal}× {name}'s runs/s", ratio,
+              lambda v, goal=goal: v >= goal, ratio and f"{ratio:,.1f}×")
+    check(f"create + wait, 16 clients: p99 < {GOAL_PG_P99_MS} ms", wait and wait["p99"],
+          lambda v: v < GOAL_PG_P99_MS, wait and f"{fmt_ms(wait['p99'])} ms")
+    for key, goal, who in (("pg_cpu_ms_per_run", GOAL_PG_CPU_MS, "PostgreSQL"),
+                           ("cpu_ms_per_run", GOAL_PG_SPINDLE_CPU_MS, "Spindle")):
+        value = wait and wait[key]
+        check(f"create + wait, 16 clients: {who} CPU ≤ {goal} ms/run", value,
+              lambda v, goal=goal: v <= goal, value is not None and f"{fmt_ms(value)} ms")
+    ratio = wait and wait64 and wait["runs_per_s"] and wait64["runs_per_s"] / wait["runs_per_s"]
+    check("create + wait: 64 clients no slower than 16", ratio, lambda v: v >= 1,
+          ratio and f"{fmt_rate(wait64['runs_per_s'])} vs {fmt_rate(wait['runs_per_s'])} runs/s")
+    value = stream and stream["fe_p50"]
+    check(f"create + stream, 16 clients: first SSE event p50 < {GOAL_FIRST_EVENT_MS} ms", value,
+          lambda v: v < GOAL_FIRST_EVENT_MS, value is not None and f"{fmt_ms(value)} ms")
+    return rows
+
+
 # The goals of issue 27, item 9, for Python graphs (`--graphs python`): the reference's own
 # Python `chain` run by Spindle's workers, on the same machine.
 GOAL_PYTHON_RATIO = 3
@@ -185,7 +229,12 @@ def errors_section(agg: dict) -> str:
 def markdown(command: str, facts: dict, agg: dict, cells: list, notes: list,
              baseline: dict | None = None) -> str:
     """The whole of RESULTS.md (`baseline` given: Spindle ran the Python graphs)."""
-    goal_rows = python_goals(agg, baseline) if baseline else goals(agg)
+    if baseline:
+        goal_rows = python_goals(agg, baseline)
+    elif str(facts.get("Backend", "")).startswith("PostgreSQL"):
+        goal_rows = postgres_goals(agg)
+    else:
+        goal_rows = goals(agg)
     graphs = "Python graphs through Spindle's workers" if baseline else "graph files"
     facts_md = "\n".join(f"- {k}: {v}" for k, v in facts.items())
     notes_md = "\n".join(f"- {n}" for n in notes)
