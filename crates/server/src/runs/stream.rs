@@ -16,14 +16,13 @@ use bytes::Bytes;
 use futures::Stream;
 use serde_json::json;
 use spindle_storage::{LoggedEvent, Scope, Storage, StorageError, RUN_END_EVENT};
-use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
 use crate::protocol::envelope::Framer;
 use crate::protocol::is_lifecycle;
 use crate::sse;
-use spindle_execution::hub::{EventHub, HubMessage, Subscription};
+use spindle_execution::hub::{EventHub, HubMessage, Lagged, Subscription};
 
 /// How often a stream re-reads the log in case the run executes in another process, where
 /// commits to the log are not announced (see `spindle_execution::wakeups`).
@@ -313,8 +312,8 @@ async fn pump(
                     // after a gap in what this one streamed live).
                     Ok(HubMessage::Logged { seq }) if seq > at.seq => break,
                     Ok(_) => {}
-                    // Fell behind or the hub went away: the log has everything.
-                    Err(RecvError::Lagged(_)) | Err(RecvError::Closed) => {
+                    // Fell behind: the log has everything.
+                    Err(Lagged(_)) => {
                         all_live = false;
                         break;
                     }
