@@ -63,8 +63,8 @@ pub struct EventHub {
 }
 
 /// One followed thread: its buffer, and who waits on it.
-#[derive(Default)]
 struct Channel {
+    thread_id: ResourceId,
     buffer: Mutex<Buffer>,
     /// Woken at each message. A waiter registers before it looks at the buffer (see
     /// [`Subscription::recv`]), so a message pushed between its look and its sleep wakes it.
@@ -152,7 +152,16 @@ impl EventHub {
     /// million threads holds channels only for the ones being followed now.
     pub fn subscribe(self: &Arc<Self>, thread_id: ResourceId) -> Subscription {
         let mut threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
-        let channel = threads.entry(thread_id).or_default().clone();
+        let channel = threads
+            .entry(thread_id)
+            .or_insert_with(|| {
+                Arc::new(Channel {
+                    thread_id,
+                    buffer: Mutex::default(),
+                    ready: Notify::new(),
+                })
+            })
+            .clone();
         let next = {
             let mut buffer = channel.buffer.lock().unwrap_or_else(|e| e.into_inner());
             buffer.subscribers += 1;
@@ -160,7 +169,6 @@ impl EventHub {
         };
         Subscription {
             hub: self.clone(),
-            thread_id,
             channel,
             next,
         }
@@ -215,12 +223,12 @@ impl EventHub {
     /// Un-counts a subscription being dropped, and forgets the thread's channel when it was
     /// the last. Runs under the map's lock, which `subscribe` also takes, so no subscriber can
     /// appear between the count and the removal.
-    fn release(&self, thread_id: ResourceId, channel: &Channel, next: u64) {
+    fn release(&self, channel: &Channel, next: u64) {
         let mut threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
         let mut buffer = channel.buffer.lock().unwrap_or_else(|e| e.into_inner());
         buffer.leave(next);
         if buffer.subscribers == 0 {
-            threads.remove(&thread_id);
+            threads.remove(&channel.thread_id);
         }
     }
 
@@ -267,7 +275,8 @@ impl Channel {
 /// A live view of one thread's messages; see [`EventHub::subscribe`].
 pub struct Subscription {
     hub: Arc<EventHub>,
-    thread_id: ResourceId,
+    /// The thread's channel, which keeps the thread's id once for all its subscribers (an
+    /// id takes 132 bytes).
     channel: Arc<Channel>,
     /// The position of the next message this subscriber reads.
     next: u64,
@@ -303,7 +312,7 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        self.hub.release(self.thread_id, &self.channel, self.next);
+        self.hub.release(&self.channel, self.next);
     }
 }
 
