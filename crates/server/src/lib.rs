@@ -5,6 +5,7 @@
 //! of storage and of run execution (`spindle_execution`), and their answers to responses.
 
 pub mod auth;
+mod connections;
 pub mod cors;
 pub mod error;
 pub mod extract;
@@ -18,8 +19,6 @@ pub mod sse;
 pub mod state;
 pub mod ttl;
 pub mod wire;
-
-use std::net::SocketAddr;
 
 use axum::middleware::from_fn_with_state;
 use axum::Router;
@@ -95,33 +94,21 @@ pub async fn serve(
         state.store.sweep_every,
         stop_workers.clone(),
     ));
-    // Without TCP_NODELAY a response written as headers then body waits for the client's
-    // delayed ACK (~40 ms per request on a kept-alive connection).
-    use axum::serve::ListenerExt;
-    let listener = listener.tap_io(|tcp| {
-        if let Err(err) = tcp.set_nodelay(true) {
-            tracing::warn!(error = %err, "cannot set TCP_NODELAY on a connection");
-        }
-    });
     let stopping = tokio_util::sync::CancellationToken::new();
-    let server = axum::serve(
-        listener,
-        app(state.clone()).into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(stopping.clone().cancelled_owned());
-    let mut server = tokio::spawn(async move { server.await });
+    let server = connections::serve(listener, app(state.clone()), stopping.clone());
+    let mut server = tokio::spawn(server);
     tokio::select! {
-        // The listener failed by itself.
+        // The server's task ended by itself (it panicked).
         served = &mut server => {
             stop_workers.cancel();
-            return served.unwrap_or_else(|e| Err(std::io::Error::other(e)));
+            return served.map_err(std::io::Error::other);
         }
         () = shutdown => {}
     }
     stop(&state, &stopping).await;
     stop_workers.cancel();
     match tokio::time::timeout(REQUESTS_GRACE, server).await {
-        Ok(served) => served.unwrap_or_else(|e| Err(std::io::Error::other(e))),
+        Ok(served) => served.map_err(std::io::Error::other),
         Err(_) => {
             tracing::warn!(
                 secs = REQUESTS_GRACE.as_secs(),

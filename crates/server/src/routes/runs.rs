@@ -9,6 +9,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use spindle_storage::{
@@ -593,15 +594,19 @@ fn stream_response(
     let mut headers = sse::headers();
     headers.extend(locations(run));
     let (thread_id, run_id) = (run.thread_id, run.run_id);
-    let done_state = state.clone();
-    let done_scope = scope.clone();
-    let done_run = run.clone();
+    // What the stream's end may have to do, with what it needs for that: a join stream has
+    // nothing to do, and keeps nothing (the state and the run are a kilobyte).
+    let todo = (cancel_on_disconnect || delete_after)
+        .then(|| Box::new((state.clone(), scope.clone(), run.clone())));
     let on_done = move |ended: bool| {
+        let Some(todo) = todo else {
+            return;
+        };
         if ended && !delete_after {
             return;
         }
         tokio::spawn(async move {
-            let (state, scope) = (done_state, done_scope);
+            let (state, scope, run) = *todo;
             if !ended && cancel_on_disconnect {
                 tracing::info!(%run_id, "client disconnected; cancelling the run (on_disconnect=cancel)");
                 match state
@@ -614,7 +619,7 @@ fn stream_response(
                 }
             }
             if delete_after {
-                let _ = wait_for_end(&state, &scope, &done_run).await;
+                let _ = wait_for_end(&state, &scope, &run).await;
                 if let Err(err) = spindle_execution::threads::delete_thread(
                     state.storage.as_ref(),
                     &scope,
@@ -639,15 +644,16 @@ fn stream_response(
         Source::New(..) => StreamKind::Run,
     };
     let body = match source {
-        Source::Log(after) => Body::from_stream(follow_stream(
+        Source::Log(after) => follow_stream(
             storage,
             state.hub.clone(),
             scope,
             follow(after),
             keepalive,
             on_done,
-        )),
-        Source::New(live, first) => Body::from_stream(follow_new_run(
+        )
+        .left_stream(),
+        Source::New(live, first) => follow_new_run(
             storage,
             live,
             scope,
@@ -655,10 +661,11 @@ fn stream_response(
             first.as_deref(),
             keepalive,
             on_done,
-        )),
+        )
+        .right_stream(),
     };
     let open = state.metrics.stream_opened(kind);
-    let body = Body::from_stream(sse::held_open(body.into_data_stream(), open));
+    let body = Body::from_stream(sse::held_open(body, open));
     (headers, body).into_response()
 }
 

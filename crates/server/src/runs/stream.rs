@@ -7,23 +7,30 @@
 //! The worker hands events to the hub before their batch is committed, and a subscriber that
 //! lags loses messages; in both cases the next live event may be ahead of what the stream has
 //! sent, and the stream goes back to the log instead of skipping over the gap.
+//!
+//! A stream's pump runs in the response body itself, polled by the connection's task: no task
+//! and no channel of its own, which an idle stream (most are) would hold for nothing (a tokio
+//! channel is 1.6 KB before its first frame). The pump hands each frame to the body and waits
+//! until the body is polled again, so the client's pace paces the pump, and a client that
+//! leaves drops the pump with the body.
 
 use spindle_storage::ResourceId;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::Stream;
 use serde_json::json;
 use spindle_storage::{LoggedEvent, Scope, Storage, StorageError, RUN_END_EVENT};
-use tokio::sync::broadcast::error::RecvError;
-use tokio::sync::mpsc;
 use uuid::Uuid;
 
 use crate::protocol::envelope::Framer;
 use crate::protocol::is_lifecycle;
 use crate::sse;
-use spindle_execution::hub::{EventHub, HubMessage, Subscription};
+use spindle_execution::hub::{EventHub, HubMessage, Lagged, Subscription};
 
 /// How often a stream re-reads the log in case the run executes in another process, where
 /// commits to the log are not announced (see `spindle_execution::wakeups`).
@@ -200,45 +207,141 @@ fn stream_body(
     keepalive: Duration,
     on_done: impl FnOnce(bool) + Send + 'static,
 ) -> impl Stream<Item = Result<Bytes, std::convert::Infallible>> {
-    let (tx, rx) = mpsc::channel::<Bytes>(64);
+    let mut first = None;
     let opening = match opening {
         Opening::Log => Opened::Log,
         Opening::Live { first: None } => Opened::Live(None),
         Opening::Live { first: Some(event) } => {
-            if let Some(frame) = follow.target.frame(event, follow.with_ids) {
-                // Into the channel now, not from the task below: the frame is then ready the
-                // moment the response is first polled. The channel is new, so there is room.
-                let _ = tx.try_send(frame);
-            }
+            // Sent before the pump is first polled: the frame is ready the moment the response
+            // is first polled.
+            first = follow.target.frame(event, follow.with_ids);
             Opened::Live(Some(Position {
                 seq: event.seq,
                 anchored: true,
             }))
         }
     };
-    tokio::spawn(async move {
-        // A stream the stopping process closed is neither over nor left by its client: what
-        // it followed goes on, and `on_done` (which may cancel a run) is not told.
-        if let Some(ended) = pump(storage, live, scope, follow, opening, keepalive, &tx).await {
-            on_done(ended);
-        }
-    });
-    futures::stream::unfold(
-        rx,
-        |mut rx| async move { rx.recv().await.map(|b| (Ok(b), rx)) },
-    )
+    let closing = live.closing();
+    let outbox = Outbox::default();
+    let pump = pump(
+        storage,
+        live,
+        scope,
+        follow,
+        opening,
+        keepalive,
+        outbox.clone(),
+    );
+    Body {
+        first,
+        pump: Some(Box::pin(pump)),
+        outbox,
+        closing,
+        on_done: Some(on_done),
+    }
 }
 
-/// A stream's opening once its first event, if it had one, is in its channel: where the
-/// stream stands then, if that is known without the log.
+/// Where the pump puts a frame for the body to send: one at a time, both in the connection's
+/// task.
+#[derive(Clone, Default)]
+struct Outbox(Arc<Mutex<Option<Bytes>>>);
+
+impl Outbox {
+    /// Hands `frame` to the body, which sends it when the pump next waits: the pump waits here
+    /// once, without a waker, and goes on when the body is polled for the next frame.
+    async fn send(&self, frame: Bytes) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(frame);
+        let mut handed = false;
+        std::future::poll_fn(|_| {
+            if std::mem::replace(&mut handed, true) {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
+    }
+
+    fn take(&self) -> Option<Bytes> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
+/// The SSE body of a stream: its opening frame, then what its pump hands over.
+struct Body<F, D: FnOnce(bool)> {
+    first: Option<Bytes>,
+    /// `None` once the pump has stopped.
+    pump: Option<Pin<Box<F>>>,
+    outbox: Outbox,
+    closing: tokio_util::sync::CancellationToken,
+    /// Told whether what the stream followed ended (false: the client left first); not told
+    /// when the process closes its streams.
+    on_done: Option<D>,
+}
+
+// Nothing of the body is pinned in place (the pump is boxed).
+impl<F, D: FnOnce(bool)> Unpin for Body<F, D> {}
+
+impl<F: Future<Output = Stopped>, D: FnOnce(bool)> Stream for Body<F, D> {
+    type Item = Result<Bytes, std::convert::Infallible>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        if let Some(frame) = this.first.take() {
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        let Some(pump) = this.pump.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let polled = pump.as_mut().poll(cx);
+        let frame = this.outbox.take();
+        if let Poll::Ready(stopped) = polled {
+            this.pump = None;
+            let on_done = this.on_done.take();
+            if let (Stopped::Ended, Some(on_done)) = (stopped, on_done) {
+                on_done(true);
+            }
+        }
+        match frame {
+            Some(frame) => Poll::Ready(Some(Ok(frame))),
+            None if this.pump.is_none() => Poll::Ready(None),
+            // The pump waits on something that wakes this task.
+            None => Poll::Pending,
+        }
+    }
+}
+
+impl<F, D: FnOnce(bool)> Drop for Body<F, D> {
+    fn drop(&mut self) {
+        // Dropped while its pump still runs: the client went away (hyper drops the body of a
+        // connection that closed), unless the process is closing its streams.
+        if self.pump.is_some() && !self.closing.is_cancelled() {
+            if let Some(on_done) = self.on_done.take() {
+                on_done(false);
+            }
+        }
+    }
+}
+
+/// A stream's opening once its first event, if it had one, is the body's first frame: where
+/// the stream stands then, if that is known without the log.
 enum Opened {
     Log,
     Live(Option<Position>),
 }
 
-/// Feeds the stream until what it follows ends (true), the client leaves (false) or the
-/// process closes its streams (`None`). Opening live, the log holds nothing the subscription
-/// will not bring, so the first read of the log is skipped.
+/// Why a stream's pump stopped. (A client that leaves drops it instead.)
+enum Stopped {
+    /// What the stream follows ended, or its log cannot be read: the stream is over.
+    Ended,
+    /// The process is closing its streams: the client resumes elsewhere, and what the stream
+    /// followed goes on.
+    Closing,
+}
+
+/// Feeds the stream until what it follows ends or the process closes its streams. Opening
+/// live, the log holds nothing the subscription will not bring, so the first read of the log
+/// is skipped.
 async fn pump(
     storage: Arc<dyn Storage>,
     mut live: Subscription,
@@ -246,8 +349,8 @@ async fn pump(
     follow: Follow,
     opening: Opened,
     keepalive: Duration,
-    tx: &mpsc::Sender<Bytes>,
-) -> Option<bool> {
+    out: Outbox,
+) -> Stopped {
     let closing = live.closing();
     let mut live_first = matches!(opening, Opened::Live(_));
     let start = match opening {
@@ -258,7 +361,7 @@ async fn pump(
         Ok(at) => at,
         Err(err) => {
             tracing::warn!(error = %err, thread_id = %follow.thread_id, "cannot open the event stream");
-            return Some(true);
+            return Stopped::Ended;
         }
     };
     let mut heartbeat = tokio::time::interval(keepalive);
@@ -277,15 +380,14 @@ async fn pump(
         let read = if std::mem::take(&mut live_first) {
             Ok(false)
         } else {
-            catch_up(&storage, &scope, &follow, &mut at, tx).await
+            catch_up(&storage, &scope, &follow, &mut at, &out).await
         };
         match read {
-            Ok(true) => return Some(true),
+            Ok(true) => return Stopped::Ended,
             Ok(false) => {}
-            Err(CatchUp::ClientGone) => return Some(false),
-            Err(CatchUp::Failed(err)) => {
+            Err(err) => {
                 tracing::warn!(error = %err, thread_id = %follow.thread_id, "cannot read the event log");
-                return Some(true);
+                return Stopped::Ended;
             }
         }
         loop {
@@ -298,36 +400,29 @@ async fn pump(
                         }
                         at = Position { seq: event.seq, anchored: true };
                         if let Some(frame) = follow.target.frame(&event, follow.with_ids) {
-                            if tx.send(frame).await.is_err() {
-                                return Some(false);
-                            }
+                            out.send(frame).await;
                         }
                     }
                     Ok(HubMessage::RunEnded { run_id, .. })
                         if all_live && at.anchored && follow.target.run_id() == Some(run_id) =>
                     {
-                        return Some(true);
+                        return Stopped::Ended;
                     }
                     Ok(HubMessage::RunEnded { .. }) => break,
                     // Committed beyond what the stream has sent (by another process, or
                     // after a gap in what this one streamed live).
                     Ok(HubMessage::Logged { seq }) if seq > at.seq => break,
                     Ok(_) => {}
-                    // Fell behind or the hub went away: the log has everything.
-                    Err(RecvError::Lagged(_)) | Err(RecvError::Closed) => {
+                    // Fell behind: the log has everything.
+                    Err(Lagged(_)) => {
                         all_live = false;
                         break;
                     }
                 },
-                _ = heartbeat.tick() => {
-                    if tx.send(Bytes::from_static(sse::HEARTBEAT)).await.is_err() {
-                        return Some(false);
-                    }
-                }
+                _ = heartbeat.tick() => out.send(Bytes::from_static(sse::HEARTBEAT)).await,
                 _ = tick(&mut poll) => break,
-                () = tx.closed() => return Some(false),
                 // The process is stopping: the client resumes elsewhere.
-                () = closing.cancelled() => return None,
+                () = closing.cancelled() => return Stopped::Closing,
             }
         }
     }
@@ -362,11 +457,6 @@ async fn start(storage: &Arc<dyn Storage>, follow: &Follow) -> Result<Position, 
     })
 }
 
-enum CatchUp {
-    ClientGone,
-    Failed(String),
-}
-
 /// Sends what the log holds after `at`; answers whether what the stream follows has ended
 /// (so every event it will ever have is in the log and has been sent).
 async fn catch_up(
@@ -374,22 +464,18 @@ async fn catch_up(
     scope: &Scope,
     follow: &Follow,
     at: &mut Position,
-    tx: &mpsc::Sender<Bytes>,
-) -> Result<bool, CatchUp> {
+    out: &Outbox,
+) -> Result<bool, StorageError> {
     // Read the end condition first: if it holds now, the log below is complete.
-    let ended = match ended(storage, scope, follow).await {
-        Ok(ended) => ended,
-        Err(err) => return Err(CatchUp::Failed(err.to_string())),
-    };
+    let ended = ended(storage, scope, follow).await?;
     loop {
         let events = storage
             .read_events(follow.thread_id, at.seq, follow.target.run_id(), PAGE)
-            .await
-            .map_err(|e| CatchUp::Failed(e.to_string()))?;
+            .await?;
         let full = events.len() as i64 == PAGE;
         for event in &events {
             if let Some(frame) = follow.target.frame(event, follow.with_ids) {
-                tx.send(frame).await.map_err(|_| CatchUp::ClientGone)?;
+                out.send(frame).await;
             }
             *at = Position {
                 seq: event.seq,
@@ -553,6 +639,149 @@ mod tests {
         assert_eq!(rest.len(), 2, "{rest:?}");
         assert!(rest[0].starts_with("event: values\r\n") && rest[0].contains("id: 9\r\n"));
         assert!(rest[1].starts_with("event: updates\r\n") && rest[1].contains("id: 10\r\n"));
+    }
+
+    /// A thread stream on a new SQLite database, with its thread created.
+    async fn thread_stream(
+        on_done: impl FnOnce(bool) + Send + 'static,
+    ) -> (
+        Arc<dyn Storage>,
+        Arc<EventHub>,
+        ResourceId,
+        impl Stream<Item = Result<Bytes, std::convert::Infallible>>,
+        tempfile::TempDir,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let url = dir.path().join("stream.db").to_string_lossy().into_owned();
+        let storage = spindle_storage::connect(&url).await.unwrap();
+        let thread_id = ResourceId::generate();
+        let new = spindle_storage::NewThread::new(
+            thread_id,
+            Default::default(),
+            spindle_storage::IfExists::Raise,
+        );
+        storage.create_thread(&Scope::new(""), new).await.unwrap();
+        let hub = Arc::new(EventHub::default());
+        let follow = Follow {
+            thread_id,
+            target: Target::Thread(ThreadModes {
+                run_modes: true,
+                ..ThreadModes::default()
+            }),
+            after: Some(0),
+            with_ids: true,
+        };
+        let body = follow_stream(
+            storage.clone(),
+            hub.clone(),
+            Scope::new(""),
+            follow,
+            Duration::from_secs(60),
+            on_done,
+        );
+        (storage, hub, thread_id, body, dir)
+    }
+
+    /// Whether the body has nothing to send for now.
+    async fn waits<S: Stream + Unpin>(body: &mut S) -> bool {
+        tokio::time::timeout(Duration::from_millis(50), body.next())
+            .await
+            .is_err()
+    }
+
+    /// A stream whose subscription fell behind (the hub keeps 1024 messages for it) reads the
+    /// log instead, and its client gets every event once, in order.
+    #[tokio::test]
+    async fn a_stream_that_lags_sends_each_event_once_from_the_log() {
+        let (storage, hub, thread_id, body, _dir) = thread_stream(|_| {}).await;
+        let mut body = std::pin::pin!(body);
+        assert!(waits(&mut body).await, "the log is empty");
+        let events: Vec<LoggedEvent> = (1..=1500)
+            .map(|seq| LoggedEvent {
+                thread_id,
+                ..event(Uuid::nil(), seq, "values")
+            })
+            .collect();
+        storage.append_events(&events).await.unwrap();
+        // Published while the stream is not polled: more than the hub keeps for it.
+        for event in events {
+            hub.publish(thread_id, HubMessage::Event(Arc::new(event)));
+        }
+        let mut ids = Vec::new();
+        while ids.len() < 1500 {
+            let frame = text(body.next().await.map(Result::unwrap)).unwrap();
+            let id = frame.lines().find_map(|l| l.strip_prefix("id: ")).unwrap();
+            ids.push(id.parse::<i64>().unwrap());
+        }
+        assert_eq!(ids, (1..=1500).collect::<Vec<_>>());
+        assert!(waits(&mut body).await, "nothing more, no duplicate");
+    }
+
+    /// The stream's end is told whether what it followed ended: not when its client leaves,
+    /// and nothing at all when the process closes its streams (the client resumes elsewhere).
+    #[tokio::test]
+    async fn a_stream_tells_its_end_whether_its_client_left() {
+        let (told, outcomes) = std::sync::mpsc::channel();
+        let (_, _, _, body, _dir) = thread_stream(move |ended| told.send(ended).unwrap()).await;
+        let mut body = Box::pin(body);
+        assert!(waits(&mut body).await);
+        drop(body);
+        assert_eq!(outcomes.try_recv(), Ok(false), "the client left");
+
+        let (told, outcomes) = std::sync::mpsc::channel();
+        let (_, hub, _, body, _dir) = thread_stream(move |ended| told.send(ended).unwrap()).await;
+        let mut body = Box::pin(body);
+        assert!(waits(&mut body).await);
+        hub.close_streams();
+        assert!(body.next().await.is_none(), "the stream ends");
+        drop(body);
+        assert!(
+            outcomes.try_recv().is_err(),
+            "closed by the process: not told"
+        );
+    }
+
+    /// A run's stream that ends with the run tells so once.
+    #[tokio::test]
+    async fn a_run_stream_that_ends_tells_so_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = dir.path().join("stream.db").to_string_lossy().into_owned();
+        let storage = spindle_storage::connect(&url).await.unwrap();
+        let hub = Arc::new(EventHub::default());
+        let (thread_id, run) = (ResourceId::generate(), Uuid::new_v4());
+        let follow = Follow {
+            thread_id,
+            target: Target::Run(run),
+            after: None,
+            with_ids: true,
+        };
+        let first = LoggedEvent {
+            thread_id,
+            ..event(run, 1, "metadata")
+        };
+        let (told, outcomes) = std::sync::mpsc::channel();
+        let live = hub.subscribe(thread_id);
+        let body = follow_new_run(
+            storage,
+            live,
+            Scope::new(""),
+            follow,
+            Some(&first),
+            Duration::from_secs(60),
+            move |ended| told.send(ended).unwrap(),
+        );
+        let mut body = Box::pin(body);
+        assert!(body.next().await.is_some(), "the run's first event");
+        assert!(waits(&mut body).await);
+        let ended = HubMessage::RunEnded {
+            run_id: run,
+            status: spindle_storage::RunStatus::Success,
+            ended: None,
+        };
+        hub.publish(thread_id, ended);
+        assert!(body.next().await.is_none());
+        drop(body);
+        assert_eq!(outcomes.try_iter().collect::<Vec<_>>(), [true]);
     }
 
     #[test]
