@@ -2,7 +2,7 @@
 //! transaction, one end at a time ([`end_run`]) or all of a group's plain ends together
 //! ([`end_runs`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::*;
 
@@ -123,10 +123,11 @@ pub(crate) async fn end_runs(
     if ends.is_empty() {
         return Ok(Some(Vec::new()));
     }
-    let mut threads: Vec<ResourceId> = ends.iter().map(|end| end.thread_id).collect();
-    threads.sort_unstable();
-    threads.dedup();
-    if threads.len() != ends.len() || ends.iter().any(|end| !end.prepared.events_logged) {
+    let mut threads = HashSet::with_capacity(ends.len());
+    let plain = ends
+        .iter()
+        .all(|end| end.prepared.events_logged && threads.insert(end.thread_id));
+    if !plain {
         return Ok(None);
     }
     if !lock_plain_ends(conn, ends).await? {
