@@ -611,6 +611,7 @@ impl ThreadStore for PostgresStorage {
     }
 
     async fn delete_thread(&self, scope: &Scope, id: ResourceId) -> StorageResult<()> {
+        let mut tx = self.pool.begin().await?;
         // Streams of the thread, in any process, are woken to find it gone.
         let done = sqlx::query(
             "WITH gone AS (DELETE FROM threads WHERE thread_id = $1 \
@@ -621,11 +622,13 @@ impl ThreadStore for PostgresStorage {
         .bind(&scope.user_id)
         .bind(crate::pg_notify::LOG)
         .bind(i64::MAX.to_string())
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
         if done.rows_affected() == 0 {
             return Err(StorageError::NotFound("thread"));
         }
+        crate::runs::postgres::delete_runs_of_threads(&mut tx, &[id]).await?;
+        tx.commit().await?;
         Ok(())
     }
 

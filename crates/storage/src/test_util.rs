@@ -59,8 +59,17 @@ pub struct TestDatabase {
 }
 
 enum Place {
-    Sqlite { path: PathBuf, _dir: TempDir },
-    Postgres { base_url: String, schema: String },
+    Sqlite {
+        path: PathBuf,
+        _dir: TempDir,
+    },
+    /// A schema of the database at `base_url`; or, with `database`, that database of its own
+    /// (created on the server of the `base_url` it replaced), in its `public` schema.
+    Postgres {
+        base_url: String,
+        schema: String,
+        database: Option<String>,
+    },
 }
 
 impl TestDatabase {
@@ -101,6 +110,34 @@ impl TestDatabase {
             place: Place::Postgres {
                 base_url: base_url.to_owned(),
                 schema,
+                database: None,
+            },
+            removed: false,
+        }
+    }
+
+    /// A fresh database of its own on the PostgreSQL server at `base_url`, for tests of what
+    /// PostgreSQL shares across a database's schemas: its notifications reach every session
+    /// of the database, so tests on schemas of one database hear each other's.
+    pub async fn postgres_alone(base_url: &str) -> Self {
+        let database = format!("spindle_test_{}", Uuid::new_v4().simple());
+        let mut conn = PgConnection::connect(base_url)
+            .await
+            .unwrap_or_else(|e| panic!("{POSTGRES_URL_ENV}={base_url}: cannot connect: {e}"));
+        sqlx::query(&format!("CREATE DATABASE \"{database}\""))
+            .execute(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("create database {database}: {e}"));
+        let _ = conn.close().await;
+        let own_url = with_database(base_url, &database);
+        let separator = if own_url.contains('?') { '&' } else { '?' };
+        Self {
+            backend: Backend::Postgres,
+            url: format!("{own_url}{separator}application_name={database}"),
+            place: Place::Postgres {
+                base_url: own_url,
+                schema: "public".to_owned(),
+                database: Some(database),
             },
             removed: false,
         }
@@ -141,11 +178,15 @@ impl TestDatabase {
                     .expect("open SQLite side connection");
                 (Arc::new(storage), Raw::Sqlite(raw))
             }
-            Place::Postgres { base_url, schema } => {
+            Place::Postgres {
+                base_url,
+                schema,
+                database,
+            } => {
                 let options = PgConnectOptions::from_str(base_url)
                     .expect("parse the PostgreSQL URL")
                     .options([("search_path", schema.as_str())])
-                    .application_name(schema);
+                    .application_name(database.as_deref().unwrap_or(schema));
                 let pool = PgPoolOptions::new()
                     .max_connections(4)
                     .connect_with(options)
@@ -168,8 +209,13 @@ impl TestDatabase {
     /// Removes the database. Dropping does it too, but must block the thread to do it.
     pub async fn remove(mut self) {
         self.removed = true;
-        if let Place::Postgres { base_url, schema } = &self.place {
-            if let Err(e) = drop_schema(base_url, schema).await {
+        if let Place::Postgres {
+            base_url,
+            schema,
+            database,
+        } = &self.place
+        {
+            if let Err(e) = drop_place(base_url, schema, database.as_deref()).await {
                 let _ = writeln!(
                     std::io::stderr(),
                     "warning: could not drop test schema {schema}: {e}"
@@ -199,9 +245,50 @@ async fn drop_schema(base_url: &str, schema: &str) -> Result<(), sqlx::Error> {
     conn.close().await
 }
 
+/// Drops a test's schema, or its database when it has one of its own.
+async fn drop_place(
+    base_url: &str,
+    schema: &str,
+    database: Option<&str>,
+) -> Result<(), sqlx::Error> {
+    let Some(database) = database else {
+        return drop_schema(base_url, schema).await;
+    };
+    // Connected to the server's default database: one cannot drop the database one is in.
+    let mut conn = PgConnection::connect(&with_database(base_url, "postgres")).await?;
+    sqlx::query(&format!(
+        "DROP DATABASE IF EXISTS \"{database}\" WITH (FORCE)"
+    ))
+    .execute(&mut conn)
+    .await?;
+    conn.close().await
+}
+
+/// `url` with its database replaced by `database`.
+fn with_database(url: &str, database: &str) -> String {
+    let (address, query) = match url.split_once('?') {
+        Some((address, query)) => (address, Some(query)),
+        None => (url, None),
+    };
+    let after_scheme = address.find("://").map_or(0, |at| at + 3);
+    let server = match address[after_scheme..].find('/') {
+        Some(slash) => &address[..after_scheme + slash],
+        None => address,
+    };
+    match query {
+        Some(query) => format!("{server}/{database}?{query}"),
+        None => format!("{server}/{database}"),
+    }
+}
+
 impl Drop for TestDatabase {
     fn drop(&mut self) {
-        let Place::Postgres { base_url, schema } = &self.place else {
+        let Place::Postgres {
+            base_url,
+            schema,
+            database,
+        } = &self.place
+        else {
             return;
         };
         if self.removed {
@@ -209,14 +296,14 @@ impl Drop for TestDatabase {
         }
         // Maybe inside a runtime, maybe unwinding: nothing can be awaited here, but a runtime
         // of its own on its own thread can.
-        let (base_url, schema) = (base_url.clone(), schema.clone());
+        let (base_url, schema, database) = (base_url.clone(), schema.clone(), database.clone());
         let dropped = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .map_err(|e| e.to_string())?;
             runtime
-                .block_on(drop_schema(&base_url, &schema))
+                .block_on(drop_place(&base_url, &schema, database.as_deref()))
                 .map_err(|e| format!("{schema}: {e}"))
         })
         .join();
@@ -455,8 +542,30 @@ where
     F: Fn(TestDb) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
+    run_on_each(TestDatabase::all().await, test).await
+}
+
+/// [`for_each_backend`], with PostgreSQL on a database of its own
+/// ([`TestDatabase::postgres_alone`]) instead of a schema.
+pub async fn for_each_backend_alone<F, Fut>(test: F)
+where
+    F: Fn(TestDb) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let mut databases = vec![TestDatabase::sqlite()];
+    if let Some(url) = postgres_url() {
+        databases.push(TestDatabase::postgres_alone(&url).await);
+    }
+    run_on_each(databases, test).await
+}
+
+async fn run_on_each<F, Fut>(databases: Vec<TestDatabase>, test: F)
+where
+    F: Fn(TestDb) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
     let mut failures = Vec::new();
-    for database in TestDatabase::all().await {
+    for database in databases {
         let name = database.backend().as_str();
         let db = database.open().await;
         // A task, so that a panic is caught and labelled instead of ending the loop.

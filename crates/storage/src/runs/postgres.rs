@@ -124,12 +124,7 @@ async fn stop_runs(
                 }
                 notify_logged(conn, thread_id).await?;
             }
-            CancelAction::Rollback => {
-                sqlx::query("DELETE FROM runs WHERE run_id = ANY($1)")
-                    .bind(&pending)
-                    .execute(&mut *conn)
-                    .await?;
-            }
+            CancelAction::Rollback => delete_runs(conn, &pending).await?,
         }
     }
     if !running.is_empty() {
@@ -297,10 +292,17 @@ pub(crate) async fn insert_event_refs(
     let threads: Vec<ResourceId> = ranges.iter().map(|(thread, _, _)| *thread).collect();
     let lows: Vec<i64> = ranges.iter().map(|(_, low, _)| *low).collect();
     let highs: Vec<i64> = ranges.iter().map(|(_, _, high)| *high).collect();
+    let mut runs = run_ids.clone();
+    runs.sort_unstable();
+    runs.dedup();
     // `data` goes in as text cast to json, which keeps it as written. `= ANY($7)` gives the
     // planner the threads' keys: without it a plan may read the whole table for the few rows
-    // of the batch.
-    let moved: i64 = sqlx::query_scalar(
+    // of the batch. The runs are locked as a foreign key's trigger would lock them, once per
+    // run instead of once per event (migration 0013), and after the threads' rows (the lock
+    // order, which `moved >= 0` makes explicit): a run deleted before this statement is
+    // missing from `runs`; one deleted after waits for this transaction, and deletes these
+    // events after it.
+    let (moved, runs_found): (i64, i64) = sqlx::query_as(
         "WITH e AS ( \
              INSERT INTO run_events (thread_id, seq, run_id, event, data, created_at) \
              SELECT t, s, r, e, d::json, c FROM UNNEST($1::text[], $2::int8[], $3::uuid[], \
@@ -310,8 +312,11 @@ pub(crate) async fn insert_event_refs(
              FROM UNNEST($7::text[], $8::int8[], $9::int8[]) AS u(id, low, high) \
              WHERE t.thread_id = ANY($7) AND t.thread_id = u.id AND t.event_seq < u.low \
              RETURNING 1 \
+         ), held AS ( \
+             SELECT 1 FROM runs WHERE run_id = ANY($10) \
+                 AND (SELECT count(*) FROM moved) >= 0 FOR KEY SHARE \
          ) \
-         SELECT count(*) FROM moved",
+         SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM held)",
     )
     .bind(&thread_ids)
     .bind(&seqs)
@@ -322,9 +327,14 @@ pub(crate) async fn insert_event_refs(
     .bind(&threads)
     .bind(lows)
     .bind(highs)
+    .bind(&runs)
     .fetch_one(&mut *conn)
     .await
     .map_err(event_insert_error)?;
+    // The caller's transaction rolls back what the statement inserted.
+    if runs_found != runs.len() as i64 {
+        return Err(StorageError::NotFound("run"));
+    }
     if moved != ranges.len() as i64 {
         return Err(match threads.as_slice() {
             [thread] => seq_taken(*thread),
@@ -383,8 +393,8 @@ async fn end_abandoned(
 }
 
 /// Deletes every run of an assistant being deleted, the active ones included, and releases
-/// the threads those held (`idle`, or `busy` while another run of theirs is active). The
-/// runs' events go by cascade. Returns the runs that were running, for the caller to stop
+/// the threads those held (`idle`, or `busy` while another run of theirs is active), with
+/// the runs' events. Returns the runs that were running, for the caller to stop
 /// their workers (a worker elsewhere stops when its lease renewal finds the run gone, and
 /// its later saves are refused).
 pub(crate) async fn delete_assistant_runs(
@@ -401,17 +411,63 @@ pub(crate) async fn delete_assistant_runs(
     .bind(assistant)
     .fetch_all(&mut *conn)
     .await?;
-    let running: Vec<Uuid> = sqlx::query_scalar(
-        "WITH gone AS (DELETE FROM runs WHERE assistant_id = $1 RETURNING run_id, status) \
-         SELECT run_id FROM gone WHERE status = 'running'",
-    )
-    .bind(assistant)
-    .fetch_all(&mut *conn)
-    .await?;
+    let gone: Vec<(Uuid, String)> =
+        sqlx::query_as("DELETE FROM runs WHERE assistant_id = $1 RETURNING run_id, status")
+            .bind(assistant)
+            .fetch_all(&mut *conn)
+            .await?;
+    let ids: Vec<Uuid> = gone.iter().map(|(run, _)| *run).collect();
+    delete_events_of_runs(conn, &ids).await?;
+    let running = gone
+        .into_iter()
+        .filter(|(_, status)| status == RunStatus::Running.as_str())
+        .map(|(run, _)| run)
+        .collect();
     for thread in threads {
         release_thread(conn, thread, ThreadStatus::Idle, None, now).await?;
     }
     Ok(running)
+}
+
+/// Deletes runs with their events (migration 0013: no foreign key does it).
+async fn delete_runs(conn: &mut PgConnection, runs: &[Uuid]) -> StorageResult<()> {
+    sqlx::query("DELETE FROM runs WHERE run_id = ANY($1)")
+        .bind(runs)
+        .execute(&mut *conn)
+        .await?;
+    delete_events_of_runs(conn, runs).await
+}
+
+/// Deletes the events of runs just deleted. A statement of its own, after the runs': the
+/// runs' deletion waited for every transaction logging their events (those hold the runs'
+/// rows `FOR KEY SHARE`), and only a later statement's snapshot sees what those committed.
+async fn delete_events_of_runs(conn: &mut PgConnection, runs: &[Uuid]) -> StorageResult<()> {
+    if !runs.is_empty() {
+        sqlx::query("DELETE FROM run_events WHERE run_id = ANY($1)")
+            .bind(runs)
+            .execute(conn)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Deletes the runs and events of threads whose rows this transaction has just deleted
+/// (migration 0013: no foreign key does it). After the threads' rows: a transaction logging
+/// events or creating a run on one of them locks its row first, so it either committed
+/// before the deletion took that row (and this statement's snapshot sees what it wrote) or
+/// finds the thread gone and writes nothing.
+pub(crate) async fn delete_runs_of_threads(
+    conn: &mut PgConnection,
+    threads: &[ResourceId],
+) -> StorageResult<()> {
+    sqlx::query(
+        "WITH r AS (DELETE FROM runs WHERE thread_id = ANY($1)) \
+         DELETE FROM run_events WHERE thread_id = ANY($1)",
+    )
+    .bind(threads)
+    .execute(conn)
+    .await?;
+    Ok(())
 }
 
 /// The running runs of threads, whatever their assistant (their threads are being deleted).
@@ -427,7 +483,7 @@ pub(crate) async fn running_runs_of_threads(
     .await?)
 }
 
-/// Deletes a rolled-back run with what it left on its thread: its events (by cascade), its
+/// Deletes a rolled-back run with what it left on its thread: its events, its
 /// checkpoints in every namespace, their pending writes and the blobs only they reached, so
 /// the thread's next run continues from where it was before this one. The run's row goes
 /// first: a save its worker is making holds that row (`FOR KEY SHARE`), so the deletion
@@ -438,10 +494,7 @@ async fn roll_back(
     thread_id: ResourceId,
     run_id: Uuid,
 ) -> StorageResult<()> {
-    sqlx::query("DELETE FROM runs WHERE run_id = $1")
-        .bind(run_id)
-        .execute(&mut *conn)
-        .await?;
+    delete_runs(conn, &[run_id]).await?;
     delete_run_checkpoints(conn, thread_id.as_str(), run_id).await?;
     Ok(())
 }
@@ -939,12 +992,7 @@ impl RunStore for PostgresStorage {
             if RunStatus::parse(&status).is_some_and(RunStatus::is_active) {
                 return Err(StorageError::Conflict(format!("run {run_id} is {status}")));
             }
-            // Its events go with it (ON DELETE CASCADE).
-            sqlx::query("DELETE FROM runs WHERE run_id = $1")
-                .bind(run_id)
-                .execute(&mut *tx)
-                .await?;
-            Ok(())
+            delete_runs(&mut tx, &[run_id]).await
         }
         .await;
         settle(tx, result).await
@@ -1174,15 +1222,11 @@ fn qualified_run_columns() -> String {
         .join(", ")
 }
 
-/// A taken seq is a conflict; a run or thread that no longer exists (deleted while its
-/// worker ran) is not found.
-pub(super) fn event_insert_error(error: sqlx::Error) -> StorageError {
-    match &error {
-        sqlx::Error::Database(e) if e.is_foreign_key_violation() => StorageError::NotFound("run"),
-        _ => conflict_if_taken(error, || {
-            "an event of that seq is already logged".to_owned()
-        }),
-    }
+/// A taken seq is a conflict.
+fn event_insert_error(error: sqlx::Error) -> StorageError {
+    conflict_if_taken(error, || {
+        "an event of that seq is already logged".to_owned()
+    })
 }
 
 /// Ends a cron firing in flight, in the transaction creating its run; `Conflict` when it is

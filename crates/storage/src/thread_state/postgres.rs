@@ -158,7 +158,7 @@ pub(crate) async fn set_ttl(
     Ok(())
 }
 
-/// Removes a thread with its checkpoints (its runs and events go by cascade).
+/// Removes a thread with its checkpoints, runs and events.
 pub(crate) async fn delete_rows(conn: &mut PgConnection, id: ResourceId) -> StorageResult<bool> {
     sqlx::query(
         "WITH w AS (DELETE FROM checkpoint_writes WHERE thread_id = $1), \
@@ -170,8 +170,9 @@ pub(crate) async fn delete_rows(conn: &mut PgConnection, id: ResourceId) -> Stor
     .await?;
     let done = sqlx::query("DELETE FROM threads WHERE thread_id = $1")
         .bind(id)
-        .execute(conn)
+        .execute(&mut *conn)
         .await?;
+    crate::runs::postgres::delete_runs_of_threads(conn, &[id]).await?;
     Ok(done.rows_affected() > 0)
 }
 

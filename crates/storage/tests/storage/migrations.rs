@@ -6,12 +6,12 @@ use crate::common::*;
 
 /// How many migrations a backend ships (SQLite has three PostgreSQL does not need: an integer
 /// key for embeddings, which its nearest-neighbour indexes refer to, the run tables made
-/// WITHOUT ROWID, and an unread index dropped; PostgreSQL one of its own: partial indexes over
-/// the active runs).
+/// WITHOUT ROWID, and an unread index dropped; PostgreSQL two of its own: partial indexes over
+/// the active runs, and the event log's foreign keys dropped).
 fn migrations(backend: Backend) -> usize {
     match backend {
         Backend::Sqlite => 13,
-        Backend::Postgres => 12,
+        Backend::Postgres => 13,
     }
 }
 

@@ -4,7 +4,7 @@ use std::time::Duration;
 use chrono::Utc;
 use serde_json::json;
 use spindle_graph::checkpoint::new_checkpoint_id;
-use spindle_storage::test_util::for_each_backend;
+use spindle_storage::test_util::{for_each_backend, for_each_backend_alone};
 use spindle_storage::*;
 use uuid::Uuid;
 
@@ -820,6 +820,25 @@ async fn rollback_deletes_pending_runs_and_the_running_one_when_it_ends() {
             s.append_events(&[event(thread, next.run.run_id, 2)]).await,
             "a seq of a removed event",
         );
+        // A worker that lost the rolled-back run cannot log events for it any more, alone or
+        // beside another run's.
+        assert_not_found(
+            s.append_events(&[event(thread, running.run_id, 3)]).await,
+            "events of a rolled-back run",
+        );
+        assert_not_found(
+            s.append_events(&[
+                event(thread, next.run.run_id, 3),
+                event(thread, running.run_id, 4),
+            ])
+            .await,
+            "events of a rolled-back run beside a running one's",
+        );
+        assert!(s
+            .read_events(thread, 0, None, 100)
+            .await
+            .unwrap()
+            .is_empty());
     })
     .await;
 }
@@ -1970,10 +1989,11 @@ async fn next(wakeups: &mut tokio::sync::mpsc::UnboundedReceiver<Wakeup>) -> Wak
 
 /// Where several processes share the database, each is told what the others commit that it
 /// may be waiting for: a run to claim (created pending, or its thread's run ended with
-/// another queued), a thread's log growing, a running run's cancel.
+/// another queued), a thread's log growing, a running run's cancel. On a database of its own:
+/// notifications reach every schema of a database, so other tests' runs would wake it too.
 #[tokio::test]
 async fn other_processes_are_told_of_runs_to_claim_logs_that_grew_and_cancels() {
-    for_each_backend(|db| async move {
+    for_each_backend_alone(|db| async move {
         let s = db.storage();
         // Another process on the same database, listening.
         let other = spindle_storage::connect(db.url()).await.unwrap();
