@@ -7,25 +7,48 @@
 Starts `spindle serve` on a fresh PostgreSQL database (created and dropped here; or, with
 `--backend sqlite`, `spindle dev` on a fresh data dir) and:
 
-1. measures the native load generator (scenario wait) on the fresh server;
+1. measures the native load generator (scenario wait) on the fresh server (for reference only,
+   not vacuumed: see below);
 2. creates the threads, and a run far in the future (`after_seconds`, pending throughout) on
-   each thread of the run join streams, measures the load generator again (the other clients'
-   p99 before the streams), then opens N streams with raw asyncio (a hand-written
-   HTTP/1.1 request per connection, the body read and thrown away): a third each of thread
-   streams (`GET /threads/{id}/stream`), run join streams (`GET /threads/{id}/runs/{run}/stream`
-   of the pending runs) and protocol v2 thread event streams (`POST /threads/{id}/stream/events`,
-   the SSE transport; its GET is the WebSocket one); every one must answer 200, SSE, chunked;
-3. lets them settle, then over an idle window counts the transactions the server's database
+   each thread of the run join streams; measures the load generator with no stream open (the
+   first load point, streams closed);
+3. opens N streams with raw asyncio (a hand-written HTTP/1.1 request per connection, the body
+   read and thrown away): a third each of thread streams (`GET /threads/{id}/stream`), run join
+   streams (`GET /threads/{id}/runs/{run}/stream` of the pending runs) and protocol v2 thread
+   event streams (`POST /threads/{id}/stream/events`, the SSE transport; its GET is the
+   WebSocket one); every one must answer 200, SSE, chunked;
+4. lets them settle, then over an idle window counts the transactions the server's database
    had (pg_stat_database, read from an admin session on the `--postgres-url` database, never
    the measured one), samples pg_stat_activity to see which queries the server sent, and reads
    the server's CPU, its memory (VmRSS, VmHWM) and PostgreSQL's CPU from /proc;
-4. measures the load generator again with the streams open;
 5. starts runs on the thread that some thread and protocol streams follow and times how long
    until each of those streams has the run's first event; on PostgreSQL also with the runs
    created on a second `spindle serve` process, so that the streams can only learn of them
    through the database's notifications;
-6. closes the streams and measures the load generator a last time (drift of the machine);
+6. measures the other clients' latency with the streams open and closed, `--pairs` times
+   (default 3), in mirrored pairs: closed, open | open, closed | closed, open ... (the first
+   pair's closed point is the one of step 2), closing the streams and reopening the same ones
+   (same threads, same pending runs) when the condition changes; compares the median p99 with
+   the streams open against the median with them closed: within 10 % or not;
 7. prints a markdown table and writes it to `--output`.
+
+Why the pairs, the VACUUM and the order: every load point adds runs, threads and checkpoints to
+the database, and the runs' updates leave dead rows that nothing removes while autovacuum is off
+(as on this machine), so the p99 climbs from point to point whatever else happens. A single
+"before the streams" point against a later "with the streams" one mixed the streams' cost with
+that growth (in bench/RESULTS.md the p99 after the streams were closed again was ×1.18 and
+×1.35 the one before they opened). So, on PostgreSQL, before each load run the server's database gets a plain
+`VACUUM` and a `CHECKPOINT` (`--no-vacuum`: not), from a `psql` connected to it for that
+alone and gone before the load starts: every point starts with no dead rows and no dirty pages.
+What VACUUM leaves is the growth of the live rows, slow and steady: the mirrored order weighs it
+on both conditions alike (over two pairs, the closed points' mean position equals the open
+ones'), and the medians over the pairs keep one noisy point from deciding. The fresh server's
+point gets no VACUUM: there is nothing to clean, and VACUUM of the empty tables records them as
+empty (reltuples 0), which the planner then believes while the point fills them (smoke runs:
+p99 ~350 ms and ~130 runs/s with it, 63 ms and 451 runs/s without). Reopening the streams costs
+what opening them did (600 in 0.2 s here; the table lists each reopening), and the mirrored
+order needs it only every other pair, so the streams are really closed and reopened rather than
+compared against one closed point.
 
 Everything it starts (servers, the database, the admin psql session) is stopped and dropped at
 the end, also on failure or Ctrl-C. Only the standard library, httpx (in bench/.venv) for the
@@ -85,6 +108,14 @@ def parse_args(argv):
     p.add_argument("--load-warmup", type=float, default=1.0, help="warm-up of each load run [1]")
     p.add_argument("--load-repeat", type=int, default=1,
                    help="load runs at each point; their medians are reported [1]")
+    p.add_argument("--pairs", type=int, default=3,
+                   help="load points with the streams closed and with them open, alternated "
+                        "(closed, open | open, closed | closed, open ...); the medians are compared [3]")
+    p.add_argument("--reopen-settle", type=float, default=2.0,
+                   help="seconds between reopening (or closing) the streams and a load point [2]")
+    p.add_argument("--no-vacuum", dest="vacuum", action="store_false",
+                   help="PostgreSQL: no VACUUM and CHECKPOINT of the server's database before "
+                        "each load run (the database's dead rows then grow from point to point)")
     p.add_argument("--open-concurrency", type=int, default=200, help="streams being opened at once [200]")
     p.add_argument("--keepalive-interval-secs", type=int,
                    help="passed to the server [the server's default, 5 s]")
@@ -96,10 +127,13 @@ def parse_args(argv):
         p.error("--streams must be at least 3 (one of each kind)")
     if args.streams_per_thread < 1:
         p.error("--streams-per-thread must be at least 1")
+    if args.pairs < 1 or args.load_repeat < 1:
+        p.error("--pairs and --load-repeat must be at least 1")
     args.wake_streams = max(0, min(args.wake_streams, args.streams // 3))
     args.channels = [c for c in args.channels.split(",") if c]
     if args.backend == "sqlite":
         args.second_process = False
+        args.vacuum = False
     return args
 
 
@@ -137,6 +171,11 @@ class Stream:
         self.closing = False
 
     async def open(self, host: str, port: int, timeout: float = 60.0) -> None:
+        # Also a reopening after close(): a new connection; the counts and closed_by_server
+        # (once the server closed it, the stream counts as closed by it) carry on.
+        self.closing = False
+        self.buf = b""
+        self.task = None
         self.reader, self.writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
         head = (f"{self.method} {self.path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
                 "Accept: text/event-stream\r\nUser-Agent: idle-streams\r\n")
@@ -471,9 +510,56 @@ async def loadgen(args, urls: list, label: str) -> dict:
     return report
 
 
-async def load(args, url: str, label: str) -> dict:
-    """`--load-repeat` runs of the load generator: the median of each figure, and every p99."""
-    reports = [await loadgen(args, [url], label) for _ in range(args.load_repeat)]
+class Vacuum:
+    """Before each load run: `VACUUM` (plain, not FULL) and `CHECKPOINT` of the server's
+    database, through a `psql` of its own connected to it (VACUUM works on the database it is
+    connected to), made and gone before the load starts.
+
+    Every load run adds runs, threads and checkpoints, and the runs' updates leave dead rows;
+    with autovacuum off (as on this machine) they pile up, and the latency climbs from point to
+    point whatever else happens. After a VACUUM every point starts with no dead rows, and after
+    a CHECKPOINT with no dirty pages and the next timed checkpoint `checkpoint_timeout` away.
+    What VACUUM cannot undo is the growth of the live rows: the order of the points
+    (`measure`) takes care of that."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.checkpoint = True
+        self.seconds = []
+        self.dead_rows = []  # n_dead_tup of the database's tables before each VACUUM
+
+    async def _psql(self, *sql: str) -> tuple:
+        cmd = ["psql", self.url, "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"]
+        for statement in sql:
+            cmd += ["-c", statement]
+        proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 600)
+        return proc.returncode, out.decode(), err.decode()
+
+    async def __call__(self) -> None:
+        started = time.monotonic()
+        code, out, err = await self._psql(
+            "SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables", "VACUUM")
+        if code != 0:
+            raise RuntimeError(f"VACUUM of the server's database failed: {err.strip()}")
+        self.dead_rows.append(int(out.split()[0]) if out.split() else 0)
+        if self.checkpoint:
+            code, _, err = await self._psql("CHECKPOINT")
+            if code != 0:
+                log(f"    CHECKPOINT refused ({err.strip()}); VACUUM only from now on")
+                self.checkpoint = False
+        self.seconds.append(time.monotonic() - started)
+
+
+async def load(args, url: str, label: str, vacuum: Vacuum | None = None) -> dict:
+    """`--load-repeat` runs of the load generator, each after `vacuum()` when given: the median
+    of each figure, and every p99."""
+    reports = []
+    for _ in range(args.load_repeat):
+        if vacuum:
+            await vacuum()
+        reports.append(await loadgen(args, [url], label))
     return {
         "p99": statistics.median(r["latency_ms"]["p99"] for r in reports),
         "p50": statistics.median(r["latency_ms"]["p50"] for r in reports),
@@ -595,8 +681,22 @@ def port_of(url: str) -> int:
     return int(url.rsplit(":", 1)[1])
 
 
+def pair_order(pairs: int) -> list:
+    """The conditions of the load points, pair by pair: closed, open | open, closed | closed,
+    open ... Each pair is the other's mirror image, so a steady drift of the machine or of the
+    data's size (what VACUUM leaves: the live rows every point adds) weighs on the two
+    conditions alike over two pairs instead of always on the second; and the streams change
+    state only every other point (open, open: no reopening in between)."""
+    return [("closed", "open") if i % 2 == 0 else ("open", "closed") for i in range(pairs)]
+
+
+def close_streams(streams: list) -> None:
+    for s in streams:
+        s.close()
+
+
 async def measure(args, workdir: Path, live: list) -> dict:
-    res = {"kinds": {}}
+    res = {"kinds": {}, "points": [], "reopen_s": []}
     database = None
     if args.backend == "postgres":
         database = servers.PostgresDatabase(args.postgres_url, suffix="idle")
@@ -612,13 +712,19 @@ async def measure(args, workdir: Path, live: list) -> dict:
         database.create()
     log(f"==> spindle ready in {server.start(60):.1f} s at {server.url} ({shlex.join(server.argv)})")
     res["rss_ready_mb"] = server.memory_mb()["rss_mb"]
+    vacuum = Vacuum(database.url) if database and args.vacuum else None
+    res["vacuum"] = vacuum
     psql = None
     streams = []
     try:
         if database:
             psql = Psql(args.postgres_url, workdir / "psql.log")
             await psql.start()
+            res["autovacuum"] = (await psql.rows("SHOW autovacuum"))[0][0]
         log("==> load on the fresh server")
+        # Not vacuumed: there is nothing to clean yet, and VACUUM of the empty tables would
+        # record them as empty (reltuples 0), which the planner then believes while the point
+        # fills them (smoke runs: p99 ×6, a quarter of the runs/s).
         res["load_fresh"] = await load(args, server.url, "on the fresh server")
 
         log(f"==> set-up: threads and pending runs for {args.streams} streams")
@@ -627,68 +733,95 @@ async def measure(args, workdir: Path, live: list) -> dict:
         res["setup_s"] = time.monotonic() - started
         res["plan"] = plan
 
-        log("==> load before the streams (after the set-up)")
-        res["load_before"] = await load(args, server.url, "before the streams")
-        res["rss_before_mb"] = server.memory_mb()["rss_mb"]
+        async def first_open() -> None:
+            """Opens the streams; the idle window; the wake-ups."""
+            log(f"==> opening {len(streams)} streams, {args.open_concurrency} at a time")
+            started = time.monotonic()
+            failures = await open_all(streams, "127.0.0.1", port_of(server.url), args.open_concurrency)
+            res["open_s"] = time.monotonic() - started
+            if failures:
+                raise RuntimeError(f"{len(failures)} of {len(streams)} streams did not open; the first: "
+                                   f"{failures[0][1]}")
+            for kind in KINDS:
+                res["kinds"][kind] = sum(s.kind == kind for s in streams)
+            log(f"    all {len(streams)} open (200, text/event-stream, chunked) in {res['open_s']:.1f} s: "
+                + ", ".join(f"{n} {k}" for k, n in res["kinds"].items()))
 
-        log(f"==> opening {len(streams)} streams, {args.open_concurrency} at a time")
-        started = time.monotonic()
-        failures = await open_all(streams, "127.0.0.1", port_of(server.url), args.open_concurrency)
-        res["open_s"] = time.monotonic() - started
-        if failures:
-            raise RuntimeError(f"{len(failures)} of {len(streams)} streams did not open; the first: "
-                               f"{failures[0][1]}")
-        for kind in KINDS:
-            res["kinds"][kind] = sum(s.kind == kind for s in streams)
-        log(f"    all {len(streams)} open (200, text/event-stream, chunked) in {res['open_s']:.1f} s: "
-            + ", ".join(f"{n} {k}" for k, n in res["kinds"].items()))
+            log(f"==> settling {args.settle:g} s, then the idle window of {args.idle:g} s")
+            await asyncio.sleep(args.settle)
+            res["idle"] = await idle_window(args, server, streams, psql, database.name if database else None)
+            idle = res["idle"]
+            log(f"    server CPU {idle['server_cpu_pct']:.1f} %, RSS {idle['rss_mb']:.0f} MB (peak "
+                f"{idle['peak_mb']:.0f} MB), heartbeats {idle['heartbeats_per_s']:.0f}/s"
+                + (f", database transactions {idle['transactions']}, statements seen "
+                   f"{idle['queries_seen']}" if psql else ""))
+            for kind, query, n in idle.get("queries", []):
+                log(f"      {n} x [{kind}] {query}")
+            for (kind, app), n in idle.get("new_backends", {}).items():
+                log(f"      {n} new connection(s): {kind} {app}")
+            if idle.get("xact_series"):
+                log("      transactions since the window opened, about every second: "
+                    + " ".join(f"{at:g}s:{n}" for at, n in idle["xact_series"]))
+            res["metric_open"] = streams_open_metric(server.url)
+            log(f"    /metrics spindle_streams_open: {res['metric_open']}")
 
-        log(f"==> settling {args.settle:g} s, then the idle window of {args.idle:g} s")
-        await asyncio.sleep(args.settle)
-        res["idle"] = await idle_window(args, server, streams, psql, database.name if database else None)
-        idle = res["idle"]
-        log(f"    server CPU {idle['server_cpu_pct']:.1f} %, RSS {idle['rss_mb']:.0f} MB (peak "
-            f"{idle['peak_mb']:.0f} MB), heartbeats {idle['heartbeats_per_s']:.0f}/s"
-            + (f", database transactions {idle['transactions']}, statements seen "
-               f"{idle['queries_seen']}" if psql else ""))
-        for kind, query, n in idle.get("queries", []):
-            log(f"      {n} x [{kind}] {query}")
-        for (kind, app), n in idle.get("new_backends", {}).items():
-            log(f"      {n} new connection(s): {kind} {app}")
-        if idle.get("xact_series"):
-            log("      transactions since the window opened, about every second: "
-                + " ".join(f"{at:g}s:{n}" for at, n in idle["xact_series"]))
-        res["metric_open"] = streams_open_metric(server.url)
-        log(f"    /metrics spindle_streams_open: {res['metric_open']}")
+            watchers = [s for s in streams if s.thread_id == wake_thread]
+            res["wake"] = []
+            if watchers:
+                log(f"==> wake-up: runs on the thread {len(watchers)} streams follow")
+                res["wake"].append(await wake_up(args, server.url, wake_thread, watchers,
+                                                 "run created on the same process"))
+                if args.second_process:
+                    other = servers.spindle_server(args.spindle_bin, workdir / "spindle-2", database.url)
+                    live.append(other)
+                    log(f"==> a second process ready in {other.start(60):.1f} s at {other.url}")
+                    res["wake"].append(await wake_up(args, other.url, wake_thread, watchers,
+                                                     "run created on another process"))
+                    other.stop()
 
-        log("==> load with the streams open")
-        res["load_with"] = await load(args, server.url, "with the streams open")
+        async def reopen() -> None:
+            log(f"==> reopening the {len(streams)} streams")
+            started = time.monotonic()
+            failures = await open_all(streams, "127.0.0.1", port_of(server.url), args.open_concurrency)
+            res["reopen_s"].append(time.monotonic() - started)
+            if failures:
+                raise RuntimeError(f"{len(failures)} of {len(streams)} streams did not reopen; the first: "
+                                   f"{failures[0][1]}")
+            log(f"    all {len(streams)} open again in {res['reopen_s'][-1]:.1f} s")
 
-        watchers = [s for s in streams if s.thread_id == wake_thread]
-        res["wake"] = []
-        if watchers:
-            log(f"==> wake-up: runs on the thread {len(watchers)} streams follow")
-            res["wake"].append(await wake_up(args, server.url, wake_thread, watchers, "run created on the same process"))
-            if args.second_process:
-                other = servers.spindle_server(args.spindle_bin, workdir / "spindle-2", database.url)
-                live.append(other)
-                log(f"==> a second process ready in {other.start(60):.1f} s at {other.url}")
-                res["wake"].append(await wake_up(args, other.url, wake_thread, watchers,
-                                                 "run created on another process"))
-                other.stop()
+        state = "closed"
+        for i, order in enumerate(pair_order(args.pairs)):
+            for condition in order:
+                if condition != state:
+                    if condition == "closed":
+                        log(f"==> closing the {len(streams)} streams")
+                        close_streams(streams)
+                    elif "idle" not in res:
+                        await first_open()
+                    else:
+                        await reopen()
+                    state = condition
+                    await asyncio.sleep(args.reopen_settle)
+                label = f"pair {i + 1} of {args.pairs}, streams {condition}"
+                log(f"==> load, {label}")
+                point = await load(args, server.url, label, vacuum)
+                point.update(pair=i + 1, streams=condition)
+                if state == "open":
+                    point["open_now"] = sum(s.task is not None and not s.task.done() for s in streams)
+                res["points"].append(point)
+                if i == 0 and condition == "closed":
+                    # After the set-up and a load run: the base of the memory per stream.
+                    res["rss_before_mb"] = server.memory_mb()["rss_mb"]
         res["stray_events"] = sum(s.events for s in streams if s.thread_id != wake_thread)
         res["closed_by_server"] = sum(s.closed_by_server for s in streams)
         res["peak_mb"] = server.memory_mb()["peak_mb"]
     finally:
-        for s in streams:
-            s.close()
+        close_streams(streams)
         await asyncio.sleep(0.5)
         if psql:
             await psql.close()
 
-    log("==> load after closing the streams")
     await asyncio.sleep(2)
-    res["load_after"] = await load(args, server.url, "after closing the streams")
     res["rss_end_mb"] = server.memory_mb()["rss_mb"]
     return res
 
@@ -707,6 +840,29 @@ def facts(args) -> dict:
 
 def fmt_ms(x) -> str:
     return "–" if x is None else f"{x:.2f}"
+
+
+def compare(res: dict) -> dict:
+    """Other clients' p99 with the streams open against closed: each pair's, and the medians
+    over the pairs."""
+    pts = res["points"]
+    pairs = sorted({pt["pair"] for pt in pts})
+    of = {(pt["pair"], pt["streams"]): pt["p99"] for pt in pts}
+    closed = [of[i, "closed"] for i in pairs]
+    opened = [of[i, "open"] for i in pairs]
+    out = {"pairs": list(zip(closed, opened)), "pair_ratios": [o / c for c, o in zip(closed, opened)],
+           "closed": statistics.median(closed), "open": statistics.median(opened)}
+    out["ratio"] = out["open"] / out["closed"]
+    return out
+
+
+def verdict(res: dict) -> str:
+    cmp = compare(res)
+    n = sum(res["kinds"].values())
+    ok = cmp["ratio"] <= 1.10
+    return (f"- other clients' p99 with {n} streams open is within 10 % of without: "
+            f"{'yes' if ok else 'no'} (ratio {cmp['ratio']:.2f}); median p99 {cmp['open']:.2f} ms open, "
+            f"{cmp['closed']:.2f} ms closed, over {len(cmp['pairs'])} pair(s)")
 
 
 def markdown(args, command: str, res: dict) -> str:
@@ -743,23 +899,43 @@ def markdown(args, command: str, res: dict) -> str:
                  f"(client CPU {idle['client_cpu_pct']:.0f} %) |")
     per_stream = (idle["rss_mb"] - res["rss_before_mb"]) * 1024 / max(n, 1)
     lines.append(f"| server memory (VmRSS): ready / after the set-up and a load run / streams open, end of "
-                 f"idle window / streams closed, at the end | {res['rss_ready_mb']:.0f} / "
+                 f"idle window / at the end, streams closed | {res['rss_ready_mb']:.0f} / "
                  f"{res['rss_before_mb']:.0f} / {idle['rss_mb']:.0f} / {res['rss_end_mb']:.0f} MB "
                  f"(≈ {per_stream:.1f} KB more per open stream) |")
     lines.append(f"| server memory peak (VmHWM) with the streams open / at the end | {idle['peak_mb']:.0f} / "
                  f"{res['peak_mb']:.0f} MB |")
-    loads = [res["load_fresh"], res["load_before"], res["load_with"], res["load_after"]]
-    p99 = [r["p99"] for r in loads]
-    ratio = p99[2] / p99[1]
+    cmp = compare(res)
     runs = f"median of {args.load_repeat} runs of " if args.load_repeat > 1 else ""
-    lines.append(f"| other clients' p99 (wait, {args.load_clients} clients, {runs}{args.load_duration:g} s): "
-                 f"fresh server / after the set-up, before the streams / with the streams / after closing "
-                 f"them | {' / '.join(f'{x:.2f}' for x in p99)} ms (with / before: {ratio:.2f}) |")
+    lines.append(f"| other clients' p99 (wait, {args.load_clients} clients, {runs}{args.load_duration:g} s "
+                 f"per point), each pair: streams closed / open | "
+                 + "; ".join(f"{c:.2f} / {o:.2f}" for c, o in cmp["pairs"])
+                 + f" ms (pairs in the order closed, open | open, closed | ...) |")
+    lines.append(f"| their median over the {args.pairs} pair(s): streams closed / open | "
+                 f"{cmp['closed']:.2f} / {cmp['open']:.2f} ms (open / closed: **×{cmp['ratio']:.2f}**; "
+                 "each pair's: " + ", ".join(f"×{r:.2f}" for r in cmp["pair_ratios"]) + ") |")
+    lines.append("| their p50 and runs/s, point by point | "
+                 + "; ".join(f"{pt['streams']} {pt['p50']:.2f} ms, {pt['runs_per_s']:.0f}" for pt in res["points"])
+                 + " |")
     if args.load_repeat > 1:
-        lines.append("| every p99: fresh / before / with / after | "
-                     + " / ".join(", ".join(f"{x:.1f}" for x in r["p99s"]) for r in loads) + " ms |")
-    lines.append("| their p50 and runs/s: fresh / before / with / after | "
-                 + " / ".join(f"{r['p50']:.2f} ms, {r['runs_per_s']:.0f}" for r in loads) + " |")
+        lines.append("| every p99, point by point | "
+                     + "; ".join(f"{pt['streams']} " + ", ".join(f"{x:.1f}" for x in pt["p99s"])
+                                 for pt in res["points"]) + " ms |")
+    fresh = res["load_fresh"]
+    lines.append(f"| on the fresh server, before the set-up (not compared) | p99 {fresh['p99']:.2f} ms, "
+                 f"p50 {fresh['p50']:.2f} ms, {fresh['runs_per_s']:.0f} runs/s |")
+    vacuum = res.get("vacuum")
+    if vacuum is not None and vacuum.seconds:
+        lines.append(f"| before each load run: VACUUM{' and CHECKPOINT' if vacuum.checkpoint else ''} of the "
+                     f"server's database (autovacuum {res.get('autovacuum', '?')}) | {len(vacuum.seconds)} times, "
+                     f"{statistics.median(vacuum.seconds):.1f} s each (median, outside the measured load); "
+                     f"dead rows found: {', '.join(str(d) for d in vacuum.dead_rows)} |")
+    if res["reopen_s"]:
+        lines.append(f"| the streams reopened between the pairs | in "
+                     + ", ".join(f"{x:.1f}" for x in res["reopen_s"]) + " s |")
+    short = [pt["open_now"] for pt in res["points"] if pt.get("open_now", n) < n]
+    if short:
+        lines.append(f"| load points with fewer than the {n} streams open (closed by the server) | "
+                     + ", ".join(str(x) for x in short) + " |")
     for w in res["wake"]:
         lines.append(f"| wake-up, {w['label']}: the run's first event on each stream, from sending the "
                      f"POST, min / p50 / max | {fmt_ms(w.get('min_ms'))} / {fmt_ms(w.get('p50_ms'))} / "
@@ -775,8 +951,7 @@ def markdown(args, command: str, res: dict) -> str:
                      f"{idle['transactions']} transactions in the database")
     lines.append(f"- server memory under 300 MB: {idle['rss_mb']:.0f} MB "
                  f"({'yes' if idle['rss_mb'] < 300 else 'NO'})")
-    lines.append(f"- other clients' p99 within 10 %: ×{ratio:.2f} ({'yes' if ratio <= 1.1 else 'NO'}; "
-                 f"after closing the streams: ×{p99[3] / p99[1]:.2f})")
+    lines.append(verdict(res))
     ok = all(w["received"] == w["expected"] and not w["wrong_count"] for w in res["wake"])
     lines.append(f"- streams wake when a run starts: {'yes' if ok and res['wake'] else 'NO'}")
     lines += ["", "Notes:", ""]
@@ -785,14 +960,23 @@ def markdown(args, command: str, res: dict) -> str:
                  "the quiet spell lets the set-up's land before the window opens. pg_stat_activity is "
                  "sampled every 100 ms: a statement is a backend's new `query_start`, so two by one "
                  "backend within 100 ms count once, and autovacuum's workers show up there too.")
-    lines.append(f"- Each load point is {args.load_repeat} run(s) of `spindle-loadgen --scenario wait` on the "
-                 "same server (its data grows from point to point); the machine's speed drifts, so the p99 "
-                 "after closing the streams shows how much of a change is drift.")
-    busy = [name for name, flag in (("the load on the fresh server", res["load_fresh"]["machine_compiling"]),
-                                    ("the load before", res["load_before"]["machine_compiling"]),
-                                    ("the idle window", idle["machine_compiling"]),
-                                    ("the load with the streams", res["load_with"]["machine_compiling"]),
-                                    ("the load after", res["load_after"]["machine_compiling"])) if flag]
+    lines.append(f"- Other clients' p99: {args.pairs} pair(s) of load points, one with the {n} streams "
+                 f"closed and one with them open, in the order closed, open | open, closed | ...; each point is "
+                 f"{args.load_repeat} run(s) of `spindle-loadgen --scenario wait` on the same server and "
+                 "database. Every run adds runs, threads and checkpoints to the database, and the latency "
+                 "climbs with them"
+                 + (": so before each run the server's database is vacuumed (plain VACUUM, from a psql of "
+                    "its own, outside the measured time; and CHECKPOINT) and every point starts with no dead "
+                    "rows, while the mirrored order spreads the growth of the live rows over both conditions."
+                    if vacuum is not None else
+                    (" (--no-vacuum: dead rows pile up from point to point; the mirrored order spreads them "
+                     "over both conditions)." if args.backend == "postgres" else
+                     "; the mirrored order spreads that growth over both conditions."))
+                 + " The verdict compares the medians of the two conditions.")
+    points = [("the load on the fresh server", res["load_fresh"]["machine_compiling"]),
+              ("the idle window", idle["machine_compiling"])]
+    points += [(f"load point {pt['pair']} ({pt['streams']})", pt["machine_compiling"]) for pt in res["points"]]
+    busy = [name for name, flag in points if flag]
     if busy:
         lines.append(f"- Someone else was compiling on the machine during {', '.join(busy)}: those "
                      "figures are noisy (CPU taken from the server and its clients).")
@@ -847,6 +1031,7 @@ def main(argv) -> int:
     text = markdown(args, command, res)
     print(text)
     args.output.write_text(text)
+    log(verdict(res)[2:])
     log(f"==> wrote {args.output}")
     return 0
 
