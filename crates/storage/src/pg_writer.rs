@@ -14,7 +14,7 @@
 //! a failed save of the same thread then fails too: a checkpoint is never stored without the
 //! history it continues.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
@@ -310,11 +310,16 @@ async fn apply_together(
     let mut tx = conn.begin().await?;
     let applied = match Batch::of(group) {
         Some(batch) => batch.apply(&mut tx).await,
-        None => apply_in_order(&mut tx, group).await,
+        None => apply_in_order(&mut tx, group)
+            .await
+            .map(|results| (results, None)),
     };
     match applied {
-        Ok(results) => {
-            let lines = logged_lines(&mut tx, group, origin).await?;
+        Ok((results, last_seqs)) => {
+            let lines = match last_seqs {
+                Some(last_seqs) => lines_of(last_seqs, origin),
+                None => logged_lines(&mut tx, group, origin).await?,
+            };
             tx.commit().await?;
             logged.extend(lines);
             Ok(results)
@@ -433,7 +438,9 @@ impl<'a> Batch<'a> {
         }
     }
 
-    async fn apply(self, conn: &mut PgConnection) -> StorageResult<Vec<StorageResult<Written>>> {
+    /// Applies the batch; with the answers, each thread's last seq when the batch knows them
+    /// without reading (every end was written by the batched statement).
+    async fn apply(self, conn: &mut PgConnection) -> StorageResult<Applied> {
         insert_event_refs_pg(conn, &self.events).await?;
         for round in &self.rounds {
             if !round.checkpoints.is_empty() {
@@ -461,16 +468,38 @@ impl<'a> Batch<'a> {
             })
             .collect();
         if let Some(ended) = end_runs_pg(conn, &ends).await? {
-            for ((place, _, _), run) in self.ends.iter().zip(ended) {
+            // An event's seq is its thread's counter once the events' statement moved it; an
+            // end event, logged after the thread's other events of the batch, is its last.
+            let mut last_seqs: HashMap<ResourceId, i64> = HashMap::new();
+            for event in &self.events {
+                let last = last_seqs.entry(event.thread_id).or_default();
+                *last = (*last).max(event.seq);
+            }
+            for ((place, _, _), (run, end_seq)) in self.ends.iter().zip(ended) {
+                last_seqs.insert(run.thread_id, end_seq);
                 answers[*place] = Ok(Written::Ended(Some(Box::new(run))));
             }
-            return Ok(answers);
+            return Ok((answers, Some(last_seqs)));
         }
         for (place, end, prepared) in self.ends {
             answers[place] = Ok(end_write(conn, end, prepared).await?);
         }
-        Ok(answers)
+        Ok((answers, None))
     }
+}
+
+/// A batch's answers, and each thread's last seq when known without reading.
+type Applied = (
+    Vec<StorageResult<Written>>,
+    Option<HashMap<ResourceId, i64>>,
+);
+
+/// The lines announcing how far the logs reach ([`logged_lines`]), from seqs already known.
+fn lines_of(last_seqs: HashMap<ResourceId, i64>, origin: &str) -> Vec<String> {
+    last_seqs
+        .into_iter()
+        .map(|(thread, seq)| format!("{thread} {seq} {origin}"))
+        .collect()
 }
 
 /// What tells other processes (and this one's listener) how far the logs the writes grew

@@ -2068,7 +2068,45 @@ async fn other_processes_are_told_of_runs_to_claim_logs_that_grew_and_cancels() 
                 .any(|w| matches!(w, Wakeup::Logged { thread_id, .. } if *thread_id == thread)),
             "the end's event: {told:?}"
         );
-        assert_eq!(claim(s, "w").await.unwrap().run.run_id, second.run_id);
+        let resumed = claim(s, "w").await.unwrap();
+        assert_eq!(resumed.run.run_id, second.run_id);
+
+        // Writes queued together are committed in one group, whose lines name each thread's
+        // last seq: after a thread's events, after another's end.
+        let other = thread_of(s, &alice).await;
+        let third = run_on(s, &alice, other, MultitaskStrategy::Enqueue).await;
+        assert_eq!(next(&mut wakeups).await, Wakeup::RunsQueued);
+        let started = claim(s, "w").await.unwrap();
+        assert_eq!(started.run.run_id, third.run_id);
+        let events = [
+            event(other, third.run_id, started.last_seq + 1),
+            event(other, third.run_id, started.last_seq + 2),
+        ];
+        let (logged, ended) = tokio::join!(
+            s.append_events(&events),
+            s.finish_run(
+                thread,
+                second.run_id,
+                "w",
+                end(RunStatus::Success, ThreadStatus::Idle)
+            ),
+        );
+        logged.unwrap();
+        ended.unwrap();
+        let mut told = vec![next(&mut wakeups).await, next(&mut wakeups).await];
+        told.sort_by_key(|w| format!("{w:?}"));
+        let mut expected = vec![
+            Wakeup::Logged {
+                thread_id: other,
+                seq: started.last_seq + 2,
+            },
+            Wakeup::Logged {
+                thread_id: thread,
+                seq: resumed.last_seq + 1,
+            },
+        ];
+        expected.sort_by_key(|w| format!("{w:?}"));
+        assert_eq!(told, expected);
     })
     .await;
 }

@@ -116,10 +116,11 @@ pub(crate) struct EndOf<'a> {
 /// (the locks stay, as the caller's transaction goes on), when one of them is not a plain end:
 /// a run that is not held, one cancelled with `rollback`, one behind a checkpoint not stored,
 /// one whose events are not logged yet, two of one thread. The caller then ends them one by one.
+/// Each ended run comes with the seq of its end event, its thread's last.
 pub(crate) async fn end_runs(
     conn: &mut PgConnection,
     ends: &[EndOf<'_>],
-) -> StorageResult<Option<Vec<Run>>> {
+) -> StorageResult<Option<Vec<(Run, i64)>>> {
     if ends.is_empty() {
         return Ok(Some(Vec::new()));
     }
@@ -184,7 +185,7 @@ pub(crate) async fn end_runs(
              INSERT INTO run_events (thread_id, seq, run_id, event, data, created_at) \
              SELECT t.thread_id, t.event_seq, t.run_id, $10, t.ended::json, $9 FROM t \
          ) \
-         SELECT ended.*, t.busy FROM ended JOIN t ON t.run_id = ended.run_id",
+         SELECT ended.*, t.busy, t.event_seq AS end_seq FROM ended JOIN t ON t.run_id = ended.run_id",
         qualified_run_columns()
     );
     let rows = sqlx::query(&sql)
@@ -205,7 +206,7 @@ pub(crate) async fn end_runs(
     for row in &rows {
         busy |= row.try_get::<bool, _>("busy")?;
         let run = Run::try_from(RunRow::<Uuid>::from_row(row)?)?;
-        ended.insert(run.run_id, run);
+        ended.insert(run.run_id, (run, row.try_get("end_seq")?));
     }
     if busy {
         // A run queued behind one of these can start now.
