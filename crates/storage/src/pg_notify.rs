@@ -50,6 +50,15 @@ pub(crate) async fn notify_runs(conn: &mut PgConnection) -> StorageResult<()> {
     notify(conn, RUNS, [String::new()]).await
 }
 
+/// Tells every process's streams of a thread that it is gone (a seq past any, so that they
+/// look, and find it deleted); in the caller's transaction, delivered at its commit.
+pub(crate) async fn notify_thread_gone(
+    conn: &mut PgConnection,
+    thread_id: ResourceId,
+) -> StorageResult<()> {
+    notify(conn, LOG, [format!("{thread_id} {}", i64::MAX)]).await
+}
+
 /// Tells other processes that the thread's log grew to its current `event_seq` (in the
 /// caller's transaction, delivered at its commit).
 pub(crate) async fn notify_logged(

@@ -172,8 +172,13 @@ pub(crate) async fn delete_rows(conn: &mut PgConnection, id: ResourceId) -> Stor
         .bind(id)
         .execute(&mut *conn)
         .await?;
-    crate::runs::postgres::delete_runs_of_threads(conn, &[id]).await?;
-    Ok(done.rows_affected() > 0)
+    crate::runs::postgres::delete_runs_of_threads(&mut *conn, &[id]).await?;
+    let deleted = done.rows_affected() > 0;
+    if deleted {
+        // Its streams, in every process, end (a TTL sweep, or its assistant's deletion).
+        crate::pg_notify::notify_thread_gone(conn, id).await?;
+    }
+    Ok(deleted)
 }
 
 /// Keeps only the latest checkpoint of each namespace, its pending writes and the blobs it

@@ -2107,6 +2107,34 @@ async fn other_processes_are_told_of_runs_to_claim_logs_that_grew_and_cancels() 
         ];
         expected.sort_by_key(|w| format!("{w:?}"));
         assert_eq!(told, expected);
+
+        // A thread its TTL deletes ends its streams everywhere, as a deleted one does.
+        let default = ThreadTtl {
+            strategy: TtlStrategy::Delete,
+            minutes: 1.0,
+        };
+        let later = Utc::now() + chrono::Duration::days(1);
+        let swept = s
+            .sweep_expired_threads(later, Some(default), 1000)
+            .await
+            .unwrap();
+        assert_eq!(
+            swept.deleted, 2,
+            "the idle threads (the probe's and this one); the other's run is running"
+        );
+        let told = [next(&mut wakeups).await, next(&mut wakeups).await];
+        assert!(
+            told.iter()
+                .all(|w| matches!(w, Wakeup::Logged { seq, .. } if *seq == i64::MAX)),
+            "{told:?}"
+        );
+        assert!(
+            told.contains(&Wakeup::Logged {
+                thread_id: thread,
+                seq: i64::MAX
+            }),
+            "{told:?}"
+        );
     })
     .await;
 }
