@@ -91,14 +91,7 @@ impl TestDatabase {
     /// A fresh schema on the PostgreSQL server at `base_url`.
     pub async fn postgres(base_url: &str) -> Self {
         let schema = format!("spindle_test_{}", Uuid::new_v4().simple());
-        let mut conn = PgConnection::connect(base_url)
-            .await
-            .unwrap_or_else(|e| panic!("{POSTGRES_URL_ENV}={base_url}: cannot connect: {e}"));
-        sqlx::query(&format!("CREATE SCHEMA \"{schema}\""))
-            .execute(&mut conn)
-            .await
-            .unwrap_or_else(|e| panic!("create schema {schema}: {e}"));
-        let _ = conn.close().await;
+        create(base_url, "SCHEMA", &schema).await;
         // The application name marks the schema's sessions, so that removing the schema can
         // end them first (see `drop_schema`).
         let separator = if base_url.contains('?') { '&' } else { '?' };
@@ -121,14 +114,7 @@ impl TestDatabase {
     /// of the database, so tests on schemas of one database hear each other's.
     pub async fn postgres_alone(base_url: &str) -> Self {
         let database = format!("spindle_test_{}", Uuid::new_v4().simple());
-        let mut conn = PgConnection::connect(base_url)
-            .await
-            .unwrap_or_else(|e| panic!("{POSTGRES_URL_ENV}={base_url}: cannot connect: {e}"));
-        sqlx::query(&format!("CREATE DATABASE \"{database}\""))
-            .execute(&mut conn)
-            .await
-            .unwrap_or_else(|e| panic!("create database {database}: {e}"));
-        let _ = conn.close().await;
+        create(base_url, "DATABASE", &database).await;
         let own_url = with_database(base_url, &database);
         let separator = if own_url.contains('?') { '&' } else { '?' };
         Self {
@@ -243,6 +229,18 @@ async fn drop_schema(base_url: &str, schema: &str) -> Result<(), sqlx::Error> {
         .execute(&mut conn)
         .await?;
     conn.close().await
+}
+
+/// Creates a schema or a database (`kind`) named `name` on the server at `base_url`.
+async fn create(base_url: &str, kind: &str, name: &str) {
+    let mut conn = PgConnection::connect(base_url)
+        .await
+        .unwrap_or_else(|e| panic!("{POSTGRES_URL_ENV}={base_url}: cannot connect: {e}"));
+    sqlx::query(&format!("CREATE {kind} \"{name}\""))
+        .execute(&mut conn)
+        .await
+        .unwrap_or_else(|e| panic!("create {kind} {name}: {e}"));
+    let _ = conn.close().await;
 }
 
 /// Drops a test's schema, or its database when it has one of its own.
