@@ -612,22 +612,17 @@ impl ThreadStore for PostgresStorage {
 
     async fn delete_thread(&self, scope: &Scope, id: ResourceId) -> StorageResult<()> {
         let mut tx = self.pool.begin().await?;
-        // Streams of the thread, in any process, are woken to find it gone.
         let done = sqlx::query(
-            "WITH gone AS (DELETE FROM threads WHERE thread_id = $1 \
-             AND (user_id = $2 OR user_id IS NULL) RETURNING thread_id) \
-             SELECT pg_notify($3, thread_id || ' ' || $4) FROM gone",
+            "DELETE FROM threads WHERE thread_id = $1 AND (user_id = $2 OR user_id IS NULL)",
         )
         .bind(id)
         .bind(&scope.user_id)
-        .bind(crate::pg_notify::LOG)
-        .bind(i64::MAX.to_string())
         .execute(&mut *tx)
         .await?;
         if done.rows_affected() == 0 {
             return Err(StorageError::NotFound("thread"));
         }
-        crate::runs::postgres::delete_runs_of_threads(&mut tx, &[id]).await?;
+        crate::thread_state::postgres::thread_row_deleted(&mut tx, id).await?;
         tx.commit().await?;
         Ok(())
     }

@@ -202,9 +202,10 @@ impl TestDatabase {
         } = &self.place
         {
             if let Err(e) = drop_place(base_url, schema, database.as_deref()).await {
+                let place = database.as_deref().unwrap_or(schema);
                 let _ = writeln!(
                     std::io::stderr(),
-                    "warning: could not drop test schema {schema}: {e}"
+                    "warning: could not drop test schema or database {place}: {e}"
                 );
             }
         }
@@ -264,19 +265,10 @@ async fn drop_place(
 
 /// `url` with its database replaced by `database`.
 fn with_database(url: &str, database: &str) -> String {
-    let (address, query) = match url.split_once('?') {
-        Some((address, query)) => (address, Some(query)),
-        None => (url, None),
-    };
-    let after_scheme = address.find("://").map_or(0, |at| at + 3);
-    let server = match address[after_scheme..].find('/') {
-        Some(slash) => &address[..after_scheme + slash],
-        None => address,
-    };
-    match query {
-        Some(query) => format!("{server}/{database}?{query}"),
-        None => format!("{server}/{database}"),
-    }
+    let mut url =
+        url::Url::parse(url).unwrap_or_else(|e| panic!("{POSTGRES_URL_ENV}={url}: not a URL: {e}"));
+    url.set_path(database);
+    url.into()
 }
 
 impl Drop for TestDatabase {

@@ -451,20 +451,20 @@ async fn delete_events_of_runs(conn: &mut PgConnection, runs: &[Uuid]) -> Storag
     Ok(())
 }
 
-/// Deletes the runs and events of threads whose rows this transaction has just deleted
-/// (migration 0013: no foreign key does it). After the threads' rows: a transaction logging
-/// events or creating a run on one of them locks its row first, so it either committed
-/// before the deletion took that row (and this statement's snapshot sees what it wrote) or
-/// finds the thread gone and writes nothing.
-pub(crate) async fn delete_runs_of_threads(
+/// Deletes the runs and events of a thread whose row this transaction has just deleted
+/// (migration 0013: no foreign key does it). After the thread's row: a transaction logging
+/// events or creating a run on it locks that row first, so it either committed before the
+/// deletion took the row (and this statement's snapshot sees what it wrote) or finds the
+/// thread gone and writes nothing.
+pub(crate) async fn delete_runs_of_thread(
     conn: &mut PgConnection,
-    threads: &[ResourceId],
+    thread: ResourceId,
 ) -> StorageResult<()> {
     sqlx::query(
-        "WITH r AS (DELETE FROM runs WHERE thread_id = ANY($1)) \
-         DELETE FROM run_events WHERE thread_id = ANY($1)",
+        "WITH r AS (DELETE FROM runs WHERE thread_id = $1) \
+         DELETE FROM run_events WHERE thread_id = $1",
     )
-    .bind(threads)
+    .bind(thread)
     .execute(conn)
     .await?;
     Ok(())

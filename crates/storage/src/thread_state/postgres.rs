@@ -172,13 +172,21 @@ pub(crate) async fn delete_rows(conn: &mut PgConnection, id: ResourceId) -> Stor
         .bind(id)
         .execute(&mut *conn)
         .await?;
-    crate::runs::postgres::delete_runs_of_threads(&mut *conn, &[id]).await?;
     let deleted = done.rows_affected() > 0;
     if deleted {
-        // Its streams, in every process, end (a TTL sweep, or its assistant's deletion).
-        crate::pg_notify::notify_thread_gone(conn, id).await?;
+        thread_row_deleted(conn, id).await?;
     }
     Ok(deleted)
+}
+
+/// What goes with a thread whose row this transaction has just deleted: its runs and events,
+/// and its streams in every process, told to end (at the commit).
+pub(crate) async fn thread_row_deleted(
+    conn: &mut PgConnection,
+    id: ResourceId,
+) -> StorageResult<()> {
+    crate::runs::postgres::delete_runs_of_thread(&mut *conn, id).await?;
+    crate::pg_notify::notify_thread_gone(conn, id).await
 }
 
 /// Keeps only the latest checkpoint of each namespace, its pending writes and the blobs it
