@@ -811,4 +811,26 @@ mod tests {
         assert!(fresh.continues_with(&event(run, 9, "metadata"), &Target::Run(run)));
         assert!(!fresh.continues_with(&event(run, 10, "values"), &Target::Run(run)));
     }
+
+    /// Every stream's first keepalive falls within its first interval, and streams opened
+    /// together have theirs spread over the whole interval, not bunched at its end.
+    #[test]
+    fn first_keepalives_spread_over_the_interval() {
+        let interval = Duration::from_secs(10);
+        let opened = tokio::time::Instant::now();
+        let offsets: Vec<Duration> = (0..1000)
+            .map(|_| first_heartbeat(interval) - opened)
+            .collect();
+        assert!(offsets
+            .iter()
+            .all(|o| *o > Duration::ZERO && *o <= interval + Duration::from_secs(1)));
+        for tenth in 0..10 {
+            let (from, to) = (interval * tenth / 10, interval * (tenth + 1) / 10);
+            let within = offsets.iter().filter(|o| **o >= from && **o < to).count();
+            assert!(
+                within > 50,
+                "{within} of 1000 first keepalives in tenth {tenth}"
+            );
+        }
+    }
 }
