@@ -35,6 +35,15 @@ pub use store::StoreConfig;
 pub use webhook::{WebhookConfig, Webhooks};
 pub use worker::{RunWorkers, WorkerConfig, CLEANUP_BY_WORKER};
 
+/// A random duration below `limit` (whole milliseconds; zero for a limit under one), to spread
+/// out what would otherwise happen together: retries of webhooks that failed together, the
+/// keepalives of streams opened together.
+pub fn random_below(limit: std::time::Duration) -> std::time::Duration {
+    let millis = (limit.as_millis() as u64).max(1);
+    // A v4 UUID's low 62 bits are random.
+    std::time::Duration::from_millis((uuid::Uuid::new_v4().as_u128() as u64) % millis)
+}
+
 /// Sleeps for `wait`, or forever without one (a wait that only a wake-up ends).
 pub(crate) async fn sleep_or_forever(wait: Option<std::time::Duration>) {
     match wait {

@@ -455,9 +455,7 @@ impl Webhooks {
             .first_backoff
             .saturating_mul(1u32 << (attempt - 1).min(16));
         let base = doubled.min(self.config.max_backoff);
-        let jitter_range = (base.as_millis() as u64 / 4).max(1);
-        let jitter = (Uuid::new_v4().as_u128() as u64) % jitter_range;
-        base + Duration::from_millis(jitter)
+        base + crate::random_below(base / 4)
     }
 }
 

@@ -345,10 +345,7 @@ enum Stopped {
 /// bursts that other requests queue behind; spread out, 10,000 idle streams are a steady
 /// 2,000 comments a second at the default interval.
 fn first_heartbeat(keepalive: Duration) -> tokio::time::Instant {
-    // 53 of a v4 UUID's random bits (its low 62 are all random): a uniform f64 in [0, 1).
-    let bits = uuid::Uuid::new_v4().as_u128() as u64 & ((1 << 53) - 1);
-    let phase = bits as f64 / (1u64 << 53) as f64;
-    tokio::time::Instant::now() + keepalive.mul_f64(1.0 - phase)
+    tokio::time::Instant::now() + keepalive - spindle_execution::random_below(keepalive)
 }
 
 /// Feeds the stream until what it follows ends or the process closes its streams. Opening
