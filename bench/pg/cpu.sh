@@ -46,11 +46,15 @@ postgres_ticks() {
   echo "$total"
 }
 
+echo "runs/s p99_ms spindle_ms/run postgresql_ms/run"
 for round in $(seq "$ROUNDS"); do
   psql -q "$PG_URL" -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" -c "CREATE DATABASE $DB" >/dev/null
   "$BIN" serve --port "$PORT" --host 127.0.0.1 --database-url "$DB_URL" > "$WORK/server.log" 2>&1 &
   SP=$!
   for _ in $(seq 100); do curl -sf "http://127.0.0.1:$PORT/ok" >/dev/null && break; sleep 0.2; done
+  if ! curl -sf "http://127.0.0.1:$PORT/ok" >/dev/null; then
+    echo "the server did not start; its log:" >&2; cat "$WORK/server.log" >&2; exit 1
+  fi
   [ -n "${SETUP_SQL:-}" ] && psql -q "$DB_URL" -f "$SETUP_SQL" >/dev/null
   "$LOADGEN" --url "http://127.0.0.1:$PORT" --scenario "$SCENARIO" --clients "$C" --duration 2 \
     --warmup 0 > /dev/null
