@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import os
 import random
@@ -419,6 +420,37 @@ class ThreadRec:
     case: Case  # every run on the thread has this case (a thread of two runs: chain, same n)
 
 
+@dataclass
+class Activity:
+    """What one client task is doing now, for the report when it outlives the settle time."""
+    number: int
+    kind: str = ""
+    rec: RunRec | None = None
+    request: str = ""
+    since: float = 0.0  # test clock
+
+    def describe(self) -> str:
+        run = self.rec
+        got = "" if run is None or run.received is None else (
+            f"; it got {len(run.received)} events, the last at t+{run.received_at[-1]:.2f}s"
+            if run.received_at else "; it got no event")
+        cuts = "" if run is None else f"; {run.breaks} cuts; its connections: {'; '.join(run.connections) or 'none'}"
+        return f"client {self.number} ({self.kind}) still in {self.request} since t+{self.since:.2f}s{got}{cuts}"
+
+
+# Each client task's Activity (a task copies the context it is created in, so each has its own).
+ACTIVITY: contextvars.ContextVar[Activity | None] = contextvars.ContextVar("activity", default=None)
+
+
+def doing(ctx: Chaos, request: str, rec: RunRec | None = None) -> None:
+    """Notes the request the current client task waits on (and the run it is for)."""
+    activity = ACTIVITY.get()
+    if activity is not None:
+        activity.request, activity.since = request, ctx.t()
+        if rec is not None:
+            activity.rec = rec
+
+
 class Failures:
     def __init__(self):
         self.items: list[tuple[str, str, str | None, str | None]] = []
@@ -448,6 +480,7 @@ class Chaos:
         self.transport_errors = 0
         self.server_errors: list[str] = []
         self.uncertain_creations = 0
+        self.activities: dict[int, Activity] = {}
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=5.0),
                                       limits=httpx.Limits(max_connections=200, max_keepalive_connections=50))
 
@@ -465,6 +498,7 @@ class Chaos:
         attempt = 0
         while True:
             for url in self.order(rng):
+                doing(self, f"{method} {path} on server {self.urls.index(url)} ({what})")
                 try:
                     r = await self.http.request(method, url + path, **kw)
                 except httpx.TransportError:
@@ -581,6 +615,7 @@ async def create(ctx: Chaos, rng: random.Random, rec: RunRec, suffix: str, respo
 
 
 async def create_on(ctx: Chaos, rng: random.Random, rec: RunRec, url: str, respond) -> bool:
+    doing(ctx, f"POST {url}", rec)
     try:
         async with ctx.http.stream("POST", url, json=rec.body) as r:
             if r.status_code != 200:
@@ -630,6 +665,8 @@ async def follow(ctx: Chaos, rng: random.Random, rec: RunRec, resume: bool) -> N
         if resume:
             headers["Last-Event-ID"] = str(rec.received[-1][0]) if rec.received else "-1"
         url = ctx.order(rng)[0]
+        doing(ctx, f"GET the run's stream on server {ctx.urls.index(url)} (Last-Event-ID "
+                   f"{headers.get('Last-Event-ID')})", rec)
         try:
             async with ctx.http.stream("GET", f"{url}/threads/{rec.thread_id}/runs/{rec.run_id}/stream",
                                        headers=headers) as r:
@@ -666,6 +703,7 @@ async def join_values(ctx: Chaos, rng: random.Random, rec: RunRec) -> None:
     """GET .../join on any process until it answers the final values."""
     while time.monotonic() < ctx.deadline:
         url = ctx.order(rng)[0]
+        doing(ctx, f"GET the run's join on server {ctx.urls.index(url)}", rec)
         try:
             async with ctx.http.stream("GET", f"{url}/threads/{rec.thread_id}/runs/{rec.run_id}/join") as r:
                 body = await r.aread()
@@ -769,9 +807,12 @@ KINDS = {
 async def client(ctx: Chaos, rng: random.Random, number: int) -> None:
     names = list(KINDS)
     weights = [KINDS[k][0] for k in names]
+    activity = ctx.activities[number] = Activity(number)
+    ACTIVITY.set(activity)
     while time.monotonic() < ctx.chaos_end:
         kind = rng.choices(names, weights)[0]
         case = random_case(rng)
+        activity.kind, activity.rec = f"{kind} {case.describe()}", None
         try:
             await KINDS[kind][1](ctx, rng, case)
         except Exception as e:  # the client's own failure: reported, never hidden
@@ -1134,9 +1175,13 @@ async def test_chaos(chaos_database, capsys, request):
         ctx.deadline = t_up + SETTLE_SECONDS
         say(f"chaos over after {t_up - t_chaos:.0f}s: {len(ctx.kills)} kills; every process is up")
         done, late = await asyncio.wait(tasks, timeout=max(1.0, ctx.deadline - time.monotonic()))
-        for task in late:
-            task.cancel()
-            ctx.failures.add("STUCK", "a client still followed its run when the settle time ran out")
+        for number, task in enumerate(tasks):
+            if task in late:
+                task.cancel()
+                activity = ctx.activities[number]
+                rec = activity.rec
+                ctx.failures.add("STUCK", f"the settle time ran out: {activity.describe()}",
+                                 rec.thread_id if rec else None, rec.run_id if rec else None)
         t_settled = time.monotonic()
         await audit(ctx, random.Random(master.getrandbits(64)))
         t_audited = time.monotonic()
