@@ -118,6 +118,11 @@ impl Target {
         }
     }
 
+    /// Whether `event` is the end of the run this stream follows (a run stream's last).
+    fn ends_with(&self, event: &LoggedEvent) -> bool {
+        matches!(*self, Target::Run(run_id) if event.run_id == run_id && event.event == RUN_END_EVENT)
+    }
+
     /// The log query's run filter.
     fn run_id(&self) -> Option<Uuid> {
         match *self {
@@ -475,7 +480,7 @@ async fn catch_up(
     out: &Outbox,
 ) -> Result<bool, StorageError> {
     // Read the end condition first: if it holds now, the log below is complete.
-    let ended = ended(storage, scope, follow).await?;
+    let mut ended = ended(storage, scope, follow).await?;
     loop {
         let events = storage
             .read_events(follow.thread_id, at.seq, follow.target.run_id(), PAGE)
@@ -485,6 +490,10 @@ async fn catch_up(
             if let Some(frame) = follow.target.frame(event, follow.with_ids) {
                 out.send(frame).await;
             }
+            // A run that ended between the check above and this read: its end event is the
+            // last it logs, and `at` now passes it, so the announcement of that end (its seq,
+            // not past `at`) would wake nothing, and the stream would wait forever.
+            ended |= follow.target.ends_with(event);
             *at = Position {
                 seq: event.seq,
                 anchored: true,
@@ -647,6 +656,89 @@ mod tests {
         assert_eq!(rest.len(), 2, "{rest:?}");
         assert!(rest[0].starts_with("event: values\r\n") && rest[0].contains("id: 9\r\n"));
         assert!(rest[1].starts_with("event: updates\r\n") && rest[1].contains("id: 10\r\n"));
+    }
+
+    /// A run that ends between the stream's check of its status and its read of the log:
+    /// the read passes the run's end event, so the announcement of that end (whose seq is not
+    /// past what the stream read) will wake nothing. The end event read is the end; the stream
+    /// must not wait for another. (The chaos test found a join stream of a run executed in
+    /// another process still open after the run had ended, for good.)
+    #[tokio::test]
+    async fn a_run_stream_that_reads_its_runs_end_in_the_log_has_ended() {
+        use spindle_storage::{IfExists, IfThreadMissing, MultitaskStrategy, NewRun, NewThread};
+
+        let dir = tempfile::tempdir().unwrap();
+        let url = dir.path().join("stream.db").to_string_lossy().into_owned();
+        let storage = spindle_storage::connect(&url).await.unwrap();
+        let scope = Scope::new("");
+        let thread_id = ResourceId::generate();
+        let new = NewThread::new(thread_id, Default::default(), IfExists::Raise);
+        storage.create_thread(&scope, new).await.unwrap();
+        let run = NewRun {
+            run_id: Uuid::new_v4(),
+            thread_id,
+            assistant_id: ResourceId::generate(),
+            kwargs: Default::default(),
+            metadata: Default::default(),
+            multitask_strategy: MultitaskStrategy::Enqueue,
+            run_after: chrono::Utc::now(),
+            claim: None,
+            if_thread_missing: IfThreadMissing::Reject,
+            cron_firing: None,
+        };
+        let run_id = run.run_id;
+        storage.create_run(&scope, run).await.unwrap();
+        // The log as it is once the run ended, with the run's row read before that (pending):
+        // its events, then its end.
+        let logged = |seq, name| LoggedEvent {
+            thread_id,
+            ..event(run_id, seq, name)
+        };
+        let events = [
+            logged(1, "metadata"),
+            logged(2, "values"),
+            logged(3, RUN_END_EVENT),
+        ];
+        storage.append_events(&events).await.unwrap();
+        let follow = Follow {
+            thread_id,
+            target: Target::Run(run_id),
+            after: None,
+            with_ids: true,
+        };
+        let mut at = Position {
+            seq: 0,
+            anchored: false,
+        };
+        let out = Outbox::default();
+        let mut frames = 0;
+        let ended = {
+            let read = catch_up(&storage, &scope, &follow, &mut at, &out);
+            let mut read = std::pin::pin!(read);
+            // As the body does: each frame handed over is taken, and the read polled again.
+            std::future::poll_fn(|cx| {
+                let polled = read.as_mut().poll(cx);
+                if out.take().is_some() {
+                    frames += 1;
+                    cx.waker().wake_by_ref();
+                }
+                polled
+            })
+            .await
+            .unwrap()
+        };
+        assert_eq!(frames, 2, "metadata and values; the end marker is not sent");
+        assert!(
+            storage
+                .get_run(&scope, thread_id, run_id)
+                .await
+                .unwrap()
+                .status
+                .is_active(),
+            "the run's row still reads active, as the stream's first look found it"
+        );
+        assert!(ended, "the stream read the run's end event and must end");
+        assert_eq!(at.seq, 3);
     }
 
     /// A thread stream on a new SQLite database, with its thread created.
