@@ -46,6 +46,11 @@ pub struct ServerArgs {
     #[arg(long, env = "SPINDLE_WORKERS")]
     pub workers: Option<usize>,
 
+    /// PostgreSQL: tasks that group the writes of runs in progress into shared transactions,
+    /// each on a connection of its own [default: one per two CPUs, 1 to 4]
+    #[arg(long, env = "SPINDLE_PG_WRITERS", value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub pg_writers: Option<u64>,
+
     /// A run still executing after this many seconds ends `timeout` [default: no limit]
     #[arg(long, env = "SPINDLE_RUN_TIMEOUT_SECS")]
     pub run_timeout_secs: Option<u64>,

@@ -127,6 +127,7 @@ pub struct ServerSection {
     pub database_url: Option<String>,
     pub data_dir: Option<PathBuf>,
     pub workers: Option<usize>,
+    pub pg_writers: Option<u64>,
     pub run_timeout_secs: Option<u64>,
     pub max_attempts: Option<i32>,
     pub run_lease_secs: Option<u64>,

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, Result};
-use spindle_storage::{Storage, StorageError};
+use spindle_storage::{ConnectOptions, Storage, StorageError};
 use tokio::net::{lookup_host, TcpStream};
 
 use crate::redact;
@@ -23,9 +23,9 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 const DEFAULT_PORT: u16 = 5432;
 
 /// Opens (and migrates) the database at `url`.
-pub async fn open(url: &str) -> Result<Arc<dyn Storage>> {
+pub async fn open(url: &str, options: &ConnectOptions) -> Result<Arc<dyn Storage>> {
     let target = reachable(url).await?;
-    spindle_storage::connect(url)
+    spindle_storage::connect_with(url, options)
         .await
         .map_err(|err| anyhow!(explain("open", url, target.as_deref(), &err)))
 }

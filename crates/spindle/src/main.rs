@@ -167,7 +167,13 @@ async fn serve(args: ServerArgs, mode: Mode, config: LoadedConfig) -> Result<()>
     let (mut registry, python_graphs) = graphs::load(&config)?;
     // One registry for the process; every storage call is timed into it from here on.
     let metrics = Arc::new(Metrics::new());
-    let storage = MeteredStorage::wrap(database::open(&url).await?, metrics.clone());
+    let options = spindle_storage::ConnectOptions {
+        pg_writers: args
+            .pg_writers
+            .or(config.file.server.pg_writers)
+            .map(|n| n as usize),
+    };
+    let storage = MeteredStorage::wrap(database::open(&url, &options).await?, metrics.clone());
     let store = store::store_config(&config)?;
     // LangGraph's custom auth runs in the Python workers too: they start for it alone.
     let python = match python_graphs.is_empty() && config.custom_auth().is_none() {

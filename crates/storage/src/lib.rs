@@ -305,10 +305,29 @@ pub fn backend_of(url: &str) -> Backend {
     }
 }
 
+/// How a process uses its database, where the defaults do not fit.
+#[derive(Debug, Clone, Default)]
+pub struct ConnectOptions {
+    /// PostgreSQL: the tasks that group runs' writes into shared transactions, each on a
+    /// connection of its own; `None`: [`default_pg_writers`]. Ignored on SQLite, whose one
+    /// writer is the database's own rule.
+    pub pg_writers: Option<usize>,
+}
+
+pub use pg_writer::default_writer_count as default_pg_writers;
+
 /// Opens the database at `url` and brings its schema up to date.
 pub async fn connect(url: &str) -> StorageResult<Arc<dyn Storage>> {
+    connect_with(url, &ConnectOptions::default()).await
+}
+
+/// [`connect`] with `options`.
+pub async fn connect_with(url: &str, options: &ConnectOptions) -> StorageResult<Arc<dyn Storage>> {
     Ok(match backend_of(url) {
-        Backend::Postgres => Arc::new(postgres::PostgresStorage::connect(url).await?),
+        Backend::Postgres => {
+            let writers = options.pg_writers.unwrap_or_else(default_pg_writers);
+            Arc::new(postgres::PostgresStorage::connect(url, writers).await?)
+        }
         Backend::Sqlite => Arc::new(sqlite::SqliteStorage::open(url).await?),
     })
 }

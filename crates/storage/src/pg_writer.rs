@@ -33,11 +33,21 @@ use crate::runs::{
 };
 use crate::{LoggedEvent, LoggedSave, ResourceId, Run, RunEnd, StorageError, StorageResult};
 
-/// Writer tasks, each with its own connection (a connection applies one statement at a time;
-/// two let PostgreSQL's cores share the work). More writers make smaller groups, so more
-/// statements and commits per run: measured on 2 cores, create + wait at 16 clients, 1 writer
-/// 219 runs/s, 2 writers 521, 4 writers 378 (groups of 74, 34 and 17 writes).
-const WRITERS: usize = 2;
+/// How many writer tasks a process runs when not told ([`crate::ConnectOptions`]), each with
+/// its own connection: one per two cores of this machine, 1 to 4. A connection applies one
+/// statement at a time, so more writers let PostgreSQL's cores share the work; but they split
+/// the same writes into smaller groups, and a group's cost is mostly per statement, not per
+/// row, so every extra writer costs CPU per run. Measured on 2 cores (PostgreSQL on the same
+/// machine, create + wait, `bench/pair.py`, 3 alternating pairs): at 16 clients 1 writer
+/// against 2 did 861 against 821 runs/s, with 12 % less of Spindle's CPU per run and 14 % less
+/// of PostgreSQL's; at 64 clients, where groups are large anyway, 1 writer was 4 % slower (956
+/// against 1,000 runs/s). With more cores the cores are not what is short, and a single
+/// connection would be what limits.
+pub fn default_writer_count() -> usize {
+    let cores = std::thread::available_parallelism().map_or(2, usize::from);
+    (cores / 2).clamp(1, 4)
+}
+
 /// Most writes one transaction applies: a bound on the locks it holds and on how long its
 /// first caller waits.
 const MAX_GROUP: usize = 256;
@@ -94,11 +104,12 @@ pub(crate) struct PgWriter {
 }
 
 impl PgWriter {
-    /// Starts the writer tasks on the current runtime; they stop when the writer is dropped.
-    pub(crate) fn start(pool: PgPool) -> Self {
+    /// Starts `writers` writer tasks (at least one) on the current runtime; they stop when the
+    /// writer is dropped.
+    pub(crate) fn start(pool: PgPool, writers: usize) -> Self {
         let origin = Uuid::new_v4().simple().to_string();
         let announcer = Arc::new(Announcer::start(pool.clone()));
-        let queues = (0..WRITERS)
+        let queues = (0..writers.max(1))
             .map(|_| {
                 let (queue, jobs) = mpsc::unbounded_channel();
                 tokio::spawn(write_groups(
@@ -135,7 +146,7 @@ impl PgWriter {
         write: Write,
     ) -> impl std::future::Future<Output = StorageResult<Written>> + Send + 'static {
         let (reply, answer) = oneshot::channel();
-        let queue = &self.queues[writer_of(&thread)];
+        let queue = &self.queues[writer_of(&thread, self.queues.len())];
         let queued = queue.send(Job {
             write,
             thread,
@@ -199,10 +210,10 @@ fn gone() -> StorageError {
     StorageError::Commit("the PostgreSQL writer stopped".to_owned())
 }
 
-fn writer_of(thread: &str) -> usize {
+fn writer_of(thread: &str, writers: usize) -> usize {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     thread.hash(&mut hasher);
-    (hasher.finish() % WRITERS as u64) as usize
+    (hasher.finish() % writers as u64) as usize
 }
 
 /// One writer task: takes what is queued, applies it as one group, answers, again.

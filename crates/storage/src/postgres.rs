@@ -55,25 +55,26 @@ async fn pool(url: &str) -> StorageResult<PgPool> {
 impl PostgresStorage {
     /// Connects and applies pending migrations (under PostgreSQL's advisory lock, so several
     /// processes starting at once do not race).
-    pub async fn connect(url: &str) -> StorageResult<Self> {
+    /// `writers`: the runs' writer tasks (see `pg_writer`).
+    pub async fn connect(url: &str, writers: usize) -> StorageResult<Self> {
         let pool = pool(url).await?;
         MIGRATOR.run(&pool).await?;
-        Ok(Self::new(pool))
+        Ok(Self::new(pool, writers))
     }
 
-    fn new(pool: PgPool) -> Self {
+    fn new(pool: PgPool, writers: usize) -> Self {
         Self {
-            writer: PgWriter::start(pool.clone()),
+            writer: PgWriter::start(pool.clone(), writers),
             pool,
             pgvector: tokio::sync::OnceCell::new(),
             listening: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
-    /// Wraps an existing pool (tests share one per database).
-    pub async fn from_pool(pool: PgPool) -> StorageResult<Self> {
+    /// Wraps an existing pool (tests share one per database), with `writers` runs' writers.
+    pub async fn from_pool(pool: PgPool, writers: usize) -> StorageResult<Self> {
         MIGRATOR.run(&pool).await?;
-        Ok(Self::new(pool))
+        Ok(Self::new(pool, writers))
     }
 
     pub async fn migrate_only(url: &str) -> StorageResult<usize> {

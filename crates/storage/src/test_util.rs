@@ -178,7 +178,10 @@ impl TestDatabase {
                     .connect_with(options)
                     .await
                     .expect("connect to PostgreSQL");
-                let storage = PostgresStorage::from_pool(pool.clone())
+                // Two writers, whatever the machine: the binary's default is one on 2 cores
+                // (which the end-to-end tests run), and these tests also cover the writes of
+                // different threads applied side by side.
+                let storage = PostgresStorage::from_pool(pool.clone(), 2)
                     .await
                     .expect("open PostgreSQL storage");
                 (Arc::new(storage), Raw::Postgres(pool))

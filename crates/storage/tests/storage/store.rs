@@ -281,9 +281,12 @@ async fn search_by_meaning_ranks_by_cosine_over_fields() {
 async fn search_by_meaning_ranks_the_same_with_pgvector() {
     let Some(url) = pgvector_url() else { return };
     let db = spindle_storage::test_util::TestDatabase::postgres(&url).await;
-    let storage = spindle_storage::postgres::PostgresStorage::connect(db.url())
-        .await
-        .expect("connect to the pgvector server");
+    let storage = spindle_storage::postgres::PostgresStorage::connect(
+        db.url(),
+        spindle_storage::default_pg_writers(),
+    )
+    .await
+    .expect("connect to the pgvector server");
     assert!(
         storage.ranks_with_pgvector().await,
         "pgvector is available at {PGVECTOR_URL_ENV} but the storage does not rank with it"
