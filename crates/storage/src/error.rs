@@ -15,7 +15,7 @@ pub enum StorageError {
     Invalid(String),
     /// The database failed or could not be reached.
     #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
+    Database(sqlx::Error),
     /// The SQLite write connection failed (see `sqlite_writer`).
     #[error("database error: {0}")]
     Sqlite(#[from] rusqlite::Error),
@@ -29,6 +29,14 @@ pub enum StorageError {
     /// Saving or removing checkpoints failed.
     #[error("checkpoint storage failed: {0}")]
     Checkpoint(String),
+}
+
+impl From<sqlx::Error> for StorageError {
+    fn from(error: sqlx::Error) -> Self {
+        // A connection found dead: the pool tests its other connections before their next use.
+        crate::pg_pool::doubt(&error);
+        StorageError::Database(error)
+    }
 }
 
 impl From<spindle_graph::checkpoint::CheckpointError> for StorageError {

@@ -134,6 +134,7 @@ async fn announce(pool: PgPool, mut queued: mpsc::UnboundedReceiver<(&'static st
                 Ok(()) => break,
                 Err(error) => {
                     conn = None;
+                    crate::pg_pool::doubt(&error);
                     if attempt == 2 {
                         tracing::warn!(%error, lost = payloads_of.len(),
                             "cannot tell other processes of new events; their streams catch up \
@@ -212,10 +213,13 @@ pub(crate) async fn listen(pool: PgPool, origin: String, wakeups: mpsc::Unbounde
             // meanwhile is lost, so whoever waits looks again.
             Ok(None) => {
                 tracing::warn!("the notification connection to PostgreSQL was lost; reconnecting");
+                // The pool's connections may have gone with it (PostgreSQL restarted).
+                crate::pg_pool::connection_lost();
                 wakeups.send(Wakeup::Resync).is_ok()
             }
             Err(error) => {
                 tracing::warn!(%error, "listening for notifications failed; retrying");
+                crate::pg_pool::doubt(&error);
                 if wait_or_closed(&wakeups).await {
                     return;
                 }

@@ -6,13 +6,12 @@
 
 use crate::ResourceId;
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::Utc;
 use serde_json::Value;
 use spindle_graph::checkpoint::{CheckpointError, Checkpointer, WriteReceipt};
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::PgPool;
 use sqlx::types::Json;
 use sqlx::{PgConnection, Postgres, QueryBuilder};
 use uuid::Uuid;
@@ -45,11 +44,7 @@ pub struct PostgresStorage {
 }
 
 async fn pool(url: &str) -> StorageResult<PgPool> {
-    Ok(PgPoolOptions::new()
-        .max_connections(16)
-        .acquire_timeout(Duration::from_secs(10))
-        .connect(url)
-        .await?)
+    Ok(crate::pg_pool::connect(url).await?)
 }
 
 impl PostgresStorage {

@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use serde_json::Value;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPool};
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 use sqlx::types::Json;
 use sqlx::{Connection, PgConnection};
@@ -173,7 +173,8 @@ impl TestDatabase {
                     .expect("parse the PostgreSQL URL")
                     .options([("search_path", schema.as_str())])
                     .application_name(database.as_deref().unwrap_or(schema));
-                let pool = PgPoolOptions::new()
+                // The server's pool options, so that tests see how it meets dead connections.
+                let pool = crate::pg_pool::options()
                     .max_connections(4)
                     .connect_with(options)
                     .await
