@@ -167,12 +167,7 @@ async fn serve(args: ServerArgs, mode: Mode, config: LoadedConfig) -> Result<()>
     let (mut registry, python_graphs) = graphs::load(&config)?;
     // One registry for the process; every storage call is timed into it from here on.
     let metrics = Arc::new(Metrics::new());
-    let options = spindle_storage::ConnectOptions {
-        pg_writers: args
-            .pg_writers
-            .or(config.file.server.pg_writers)
-            .map(|n| n as usize),
-    };
+    let options = connect_options(&args, &config);
     let storage = MeteredStorage::wrap(database::open(&url, &options).await?, metrics.clone());
     let store = store::store_config(&config)?;
     // LangGraph's custom auth runs in the Python workers too: they start for it alone.
@@ -299,6 +294,17 @@ fn cors_layer(
         (None, Mode::Serve) => return Ok(None),
     };
     Ok(Some(cors.layer()?))
+}
+
+/// How the database is used: flag or environment, else the config file, else the storage's
+/// defaults.
+fn connect_options(args: &ServerArgs, config: &LoadedConfig) -> spindle_storage::ConnectOptions {
+    spindle_storage::ConnectOptions {
+        pg_writers: args
+            .pg_writers
+            .or(config.file.server.pg_writers)
+            .map(|n| n.max(1) as usize),
+    }
 }
 
 /// Run execution settings: flag or environment, else the config file, else the defaults.
@@ -447,6 +453,25 @@ mod tests {
             Command::Dev(args) | Command::Serve(args) => args,
             Command::Migrate(_) => panic!("not a server command"),
         }
+    }
+
+    #[test]
+    fn pg_writers_come_from_the_flag_then_the_file() {
+        let mut file = LoadedConfig::default();
+        file.file.server.pg_writers = Some(3);
+        let writers = |argv: &[&str], config: &LoadedConfig| {
+            connect_options(&server_args(argv), config).pg_writers
+        };
+        assert_eq!(
+            writers(&["spindle", "serve"], &LoadedConfig::default()),
+            None
+        );
+        assert_eq!(writers(&["spindle", "serve"], &file), Some(3));
+        assert_eq!(
+            writers(&["spindle", "serve", "--pg-writers", "2"], &file),
+            Some(2)
+        );
+        assert!(Cli::try_parse_from(["spindle", "serve", "--pg-writers", "0"]).is_err());
     }
 
     #[test]
