@@ -3,7 +3,11 @@
 //!
 //! It exists so the benchmark measures the server, not the client: the official Python client
 //! tops out far below what Spindle serves. bench/run drives it; bench/README.md says how.
+//!
+//! `spindle-loadgen hold --streams FILE` holds idle event streams open instead (`hold.rs`), for
+//! bench/idle_streams.py.
 
+mod hold;
 mod scenario;
 mod sse;
 mod stats;
@@ -12,25 +16,46 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use serde_json::Value;
 
 use scenario::{Sample, Scenario, Target};
 use stats::{Percentiles, Report};
 
+/// The load scenarios keep their command line (`--url ... --scenario ...`, as bench/run,
+/// bench/pair.py and the others call it), hence a subcommand that excludes their flags rather
+/// than one per mode.
 #[derive(Debug, Parser)]
 #[command(
     name = "spindle-loadgen",
-    about = "Load an agent server with thread + run operations"
+    about = "Load an agent server with thread + run operations",
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
 )]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    load: Args,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Open SSE streams and hold them, idle, on one thread, until SIGTERM, SIGINT or the end
+    /// of stdin; JSON lines on stdout (see bench/loadgen/src/hold.rs).
+    Hold(hold::HoldArgs),
+}
+
+#[derive(Debug, clap::Args)]
 struct Args {
     /// Base URL of the server, e.g. http://127.0.0.1:2024; or several, comma-separated
     /// (processes of one server on a shared database): client i uses URL i % n for all its
     /// operations, so the load spreads evenly when the clients are a multiple of the URLs.
     #[arg(long, value_delimiter = ',', required = true)]
     url: Vec<String>,
-    #[arg(long, value_enum)]
-    scenario: Scenario,
+    /// (An Option only so that `hold` can go without it; required otherwise.)
+    #[arg(long, value_enum, required = true)]
+    scenario: Option<Scenario>,
     /// Concurrent clients; each runs one operation after the other.
     #[arg(long, default_value_t = 16)]
     clients: usize,
@@ -76,8 +101,21 @@ struct ClientResult {
     first_error: Option<String>,
 }
 
+impl Args {
+    fn scenario(&self) -> Scenario {
+        self.scenario
+            .expect("clap requires --scenario without a subcommand")
+    }
+}
+
 fn main() -> Result<()> {
-    let args = Args::parse();
+    let Cli {
+        command,
+        load: args,
+    } = Cli::parse();
+    if let Some(Command::Hold(hold)) = command {
+        return hold::main(hold);
+    }
     let runtime = build_runtime(args.threads)?;
     let report = runtime.block_on(run(&args))?;
     println!("{}", serde_json::to_string(&report)?);
@@ -115,7 +153,7 @@ async fn run(args: &Args) -> Result<Report> {
         tokio::spawn(client_loop(
             Arc::clone(&target),
             base_url,
-            args.scenario,
+            args.scenario(),
             window,
         ))
     });
@@ -234,7 +272,7 @@ fn summarise(args: &Args, results: Vec<ClientResult>) -> Report {
     let runs = latencies.len();
     Report {
         tool: "spindle-loadgen",
-        scenario: args.scenario.name().to_string(),
+        scenario: args.scenario().name().to_string(),
         clients: args.clients,
         urls: args.url.len(),
         duration_s: args.duration,
@@ -253,7 +291,41 @@ fn ms(d: Duration) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::base_urls;
+    use super::{base_urls, Cli, Command};
+    use clap::Parser;
+
+    #[test]
+    fn the_load_command_line_is_unchanged_and_hold_is_a_subcommand() {
+        let cli = Cli::try_parse_from([
+            "spindle-loadgen",
+            "--url",
+            "http://a:1,http://b:2",
+            "--scenario",
+            "wait",
+            "--clients",
+            "16",
+            "--duration",
+            "5",
+        ])
+        .unwrap();
+        assert!(cli.command.is_none());
+        assert_eq!(cli.load.url.len(), 2);
+        assert_eq!(cli.load.scenario(), super::Scenario::Wait);
+        assert!(Cli::try_parse_from(["spindle-loadgen", "--clients", "16"]).is_err());
+        assert!(Cli::try_parse_from(["spindle-loadgen", "--url", "http://a:1"]).is_err());
+        let cli = Cli::try_parse_from(["spindle-loadgen", "hold", "--streams", "f.jsonl"]).unwrap();
+        assert!(matches!(cli.command, Some(Command::Hold(_))));
+        // The load's flags do not mix with `hold`.
+        assert!(Cli::try_parse_from([
+            "spindle-loadgen",
+            "--url",
+            "http://a:1",
+            "hold",
+            "--streams",
+            "f"
+        ])
+        .is_err());
+    }
 
     #[test]
     fn urls_lose_their_trailing_slash_and_none_may_be_empty() {
