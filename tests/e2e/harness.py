@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -170,6 +171,31 @@ def run(args: list[str], workdir: Path, env: dict[str, str] | None = None, timeo
         env=child_env(env),
         timeout=timeout,
     )
+
+
+@contextlib.contextmanager
+def serve_on_one_database(count: int, workdir: Path, *extra_args: str) -> Iterator[list[Server]]:
+    """``count`` `spindle serve` processes on one fresh PostgreSQL database (dropped after)."""
+    dbname = create_database()
+    url = pg_url_with_db(POSTGRES_URL, dbname)
+    servers = []
+    try:
+        for _ in range(count):
+            servers.append(
+                start(
+                    "postgres",
+                    lambda port: [
+                        "serve", "--host", "127.0.0.1", "--port", str(port),
+                        "--database-url", url, *extra_args,
+                    ],
+                    workdir,
+                )
+            )
+        yield servers
+    finally:
+        for server in servers:
+            stop(server)
+        drop_database(dbname)
 
 
 # --------------------------------------------------------------------------------------------

@@ -33,28 +33,12 @@ LEASE_SECS = 120
 @pytest.fixture
 def two_processes(tmp_path):
     """Two `spindle serve` processes on one fresh database."""
-    dbname = harness.create_database()
-    url = harness.POSTGRES_URL.rsplit("/", 1)[0] + "/" + dbname
-    servers = []
-    try:
-        for _ in range(2):
-            servers.append(
-                harness.start(
-                    "postgres",
-                    lambda port: [
-                        "serve", "--host", "127.0.0.1", "--port", str(port),
-                        "--database-url", url,
-                        "--shutdown-grace-secs", str(GRACE_SECS),
-                        "--run-lease-secs", str(LEASE_SECS),
-                    ],
-                    tmp_path,
-                )
-            )
+    with harness.serve_on_one_database(
+        2, tmp_path,
+        "--shutdown-grace-secs", str(GRACE_SECS),
+        "--run-lease-secs", str(LEASE_SECS),
+    ) as servers:
         yield servers
-    finally:
-        for server in servers:
-            harness.stop(server)
-        harness.drop_database(dbname)
 
 
 def start_run(base: str, thread_id: str, delay_ms: int) -> dict:

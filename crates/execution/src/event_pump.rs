@@ -361,6 +361,7 @@ mod tests {
             run_id: Uuid::new_v4(),
             thread_id,
             assistant_id: ResourceId::generate(),
+            assistant_read: None,
             kwargs: JsonObject::new(),
             metadata: JsonObject::new(),
             multitask_strategy: MultitaskStrategy::Enqueue,

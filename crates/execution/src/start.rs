@@ -7,8 +7,8 @@ use std::sync::Arc;
 use chrono::Utc;
 use serde_json::{json, Map, Value};
 use spindle_storage::{
-    Assistant, ClaimedRun, FiringId, IfThreadMissing, JsonObject, LoggedEvent, MultitaskStrategy,
-    NewRun, ResourceId, Run, Scope, StorageResult, INHERITED_METADATA,
+    Assistant, AssistantRead, ClaimedRun, FiringId, IfThreadMissing, JsonObject, LoggedEvent,
+    MultitaskStrategy, NewRun, ResourceId, Run, Scope, StorageResult, INHERITED_METADATA,
 };
 use tracing::Instrument;
 use uuid::Uuid;
@@ -120,6 +120,7 @@ impl RunWorkers {
             run_id: Uuid::now_v7(),
             thread_id,
             assistant_id: assistant.assistant_id,
+            assistant_read: Some(AssistantRead::of(&assistant)),
             kwargs,
             metadata,
             multitask_strategy,

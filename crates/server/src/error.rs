@@ -266,6 +266,10 @@ impl From<StorageError> for ApiError {
             }
             StorageError::Conflict(msg) => ApiError::conflict(capitalize(&msg)),
             StorageError::Invalid(msg) => ApiError::new(ErrorCode::InvalidRequest, msg),
+            // Only when the assistant kept changing through every attempt (`start_run`).
+            StorageError::AssistantChanged => {
+                ApiError::conflict("The assistant changed while the run was being created")
+            }
             StorageError::Database(sqlx_err) if is_unavailable(&sqlx_err) => {
                 tracing::error!(error = %sqlx_err, "database unavailable");
                 ApiError::new(ErrorCode::Unavailable, "the database is unavailable")

@@ -26,6 +26,10 @@ pub enum StorageError {
     Migration(#[from] sqlx::migrate::MigrateError),
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
+    /// The assistant a run was made from changed (or went) before the run was created
+    /// ([`crate::AssistantStore::assistant_for_run`]); nothing was written.
+    #[error("the assistant changed while the run was being created")]
+    AssistantChanged,
     /// Saving or removing checkpoints failed.
     #[error("checkpoint storage failed: {0}")]
     Checkpoint(String),

@@ -7,6 +7,7 @@
 //! [`Storage::checkpointer`] gives the graph engine's checkpointer over the same database
 //! ([`checkpoints`]).
 
+mod assistant_cache;
 pub mod checkpoints;
 pub mod crons;
 mod error;
@@ -67,6 +68,14 @@ pub trait AssistantStore: Send + Sync {
         new: NewAssistant,
     ) -> StorageResult<Assistant>;
     async fn get_assistant(&self, scope: &Scope, id: ResourceId) -> StorageResult<Assistant>;
+    /// The assistant a run is about to be created for: [`AssistantStore::get_assistant`], or
+    /// a copy this process read before (PostgreSQL keeps them, saving a query per run). A copy
+    /// may be out of date, so the run names what it was made from ([`NewRun::assistant_read`])
+    /// and its creation is refused with [`StorageError::AssistantChanged`] when that no longer
+    /// holds; the caller then asks again and gets the assistant as stored.
+    async fn assistant_for_run(&self, scope: &Scope, id: ResourceId) -> StorageResult<Assistant> {
+        self.get_assistant(scope, id).await
+    }
     /// Writes a new version (max + 1) from the current one and makes it current.
     async fn update_assistant(
         &self,

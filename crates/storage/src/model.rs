@@ -101,6 +101,23 @@ pub struct Assistant {
     pub updated_at: DateTime<Utc>,
 }
 
+/// Which state of an assistant something was made from: its current version and when the
+/// assistant last changed (every update, version change and re-creation moves `updated_at`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AssistantRead {
+    pub version: i64,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl AssistantRead {
+    pub fn of(assistant: &Assistant) -> Self {
+        Self {
+            version: assistant.version,
+            updated_at: assistant.updated_at,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct AssistantVersion {
     pub assistant_id: ResourceId,

@@ -16,6 +16,7 @@ use sqlx::types::Json;
 use sqlx::{PgConnection, Postgres, QueryBuilder};
 use uuid::Uuid;
 
+use crate::assistant_cache::AssistantCache;
 use crate::checkpoints::{copy_checkpoints_pg, PostgresCheckpointer};
 use crate::error::conflict_if_taken;
 use crate::model::*;
@@ -38,6 +39,8 @@ pub struct PostgresStorage {
     pub(crate) pgvector: tokio::sync::OnceCell<Option<String>>,
     /// Runs' saves, event batches and ends, grouped into shared transactions.
     pub(crate) writer: PgWriter,
+    /// Assistants as runs were made from them ([`AssistantStore::assistant_for_run`]).
+    pub(crate) assistants: AssistantCache,
     /// Whether [`Storage::wakeups`] started the listener (only the server listens; tests and
     /// `migrate` do not hold a connection for it).
     listening: std::sync::atomic::AtomicBool,
@@ -62,6 +65,7 @@ impl PostgresStorage {
             writer: PgWriter::start(pool.clone(), writers),
             pool,
             pgvector: tokio::sync::OnceCell::new(),
+            assistants: AssistantCache::default(),
             listening: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -325,6 +329,15 @@ impl AssistantStore for PostgresStorage {
             .ok_or(StorageError::NotFound("assistant"))
     }
 
+    async fn assistant_for_run(&self, scope: &Scope, id: ResourceId) -> StorageResult<Assistant> {
+        if let Some(kept) = self.assistants.get(scope, id) {
+            return Ok(kept);
+        }
+        let assistant = self.get_assistant(scope, id).await?;
+        self.assistants.keep(&assistant);
+        Ok(assistant)
+    }
+
     async fn update_assistant(
         &self,
         scope: &Scope,
@@ -350,6 +363,7 @@ impl AssistantStore for PostgresStorage {
         insert_version(&mut tx, id, &version).await?;
         let updated = set_current(&mut tx, id, version.version, &version.fields).await?;
         tx.commit().await?;
+        self.assistants.forget(id);
         Ok(updated)
     }
 
@@ -362,6 +376,7 @@ impl AssistantStore for PostgresStorage {
         let mut tx = self.pool.begin().await?;
         let stopped = delete_assistant(&mut tx, scope, id, delete_threads).await?;
         tx.commit().await?;
+        self.assistants.forget(id);
         Ok(stopped)
     }
 
@@ -438,6 +453,7 @@ impl AssistantStore for PostgresStorage {
             AssistantVersion::from(row.ok_or(StorageError::NotFound("assistant version"))?);
         let updated = set_current(&mut tx, id, version, &target.fields).await?;
         tx.commit().await?;
+        self.assistants.forget(id);
         Ok(updated)
     }
 }

@@ -70,6 +70,7 @@ macro_rules! forward {
 forward!(AssistantStore {
     fn create_assistant(&self, owner: Owner<'_>, new: NewAssistant) -> Assistant;
     fn get_assistant(&self, scope: &Scope, id: ResourceId) -> Assistant;
+    fn assistant_for_run(&self, scope: &Scope, id: ResourceId) -> Assistant;
     fn update_assistant(&self, scope: &Scope, id: ResourceId, patch: AssistantPatch) -> Assistant;
     fn delete_assistant(&self, scope: &Scope, id: ResourceId, delete_threads: bool) -> Vec<Uuid>;
     fn search_assistants(&self, scope: &Scope, search: AssistantSearch) -> Paged<Assistant>;

@@ -14,6 +14,7 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use spindle_storage::{
     CancelAction, FiringId, LoggedEvent, MultitaskStrategy, Run, RunFilter, RunStatus, Scope,
+    StorageError,
 };
 use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, SchemaType, Type};
 use utoipa::openapi::{RefOr, Schema};
@@ -481,29 +482,49 @@ pub(crate) async fn start_run(
     cron_firing: Option<FiringId>,
 ) -> ApiResult<StartedRun> {
     let scope = &caller.scope();
-    let assistant = run_assistant(state, scope, &body.assistant_id).await?;
+    let mut assistant = run_assistant_kept(state, scope, &body.assistant_id).await?;
+    let webhooks_off = cron_firing.is_some() && state.http.disable_webhooks;
+    if !webhooks_off {
+        check_webhook(state, body, vec![json!("body"), json!("webhook")]).await?;
+    }
+    // The assistant may be this process's copy, which another process may have changed since:
+    // then the run is not created and the assistant is read again (see
+    // `AssistantStore::assistant_for_run`). Three tries: an assistant changing under every one
+    // is being rewritten without pause, and the caller learns it (409).
+    let mut tries = 1;
+    loop {
+        let request = RunRequest {
+            assistant,
+            kwargs: run_kwargs(caller, body, webhooks_off),
+            metadata: body.metadata.clone().unwrap_or_default(),
+            multitask_strategy: body.multitask_strategy.map(Into::into).unwrap_or_default(),
+            after_seconds: body.after_seconds.unwrap_or(0.0),
+            create_missing_thread: body.if_not_exists.unwrap_or_default() == IfNotExists::Create,
+            stateless,
+            cron_firing,
+        };
+        match state.workers.start_run(scope, thread_id, request).await {
+            Err(StorageError::AssistantChanged) if tries < 3 => {
+                tries += 1;
+                assistant = run_assistant_kept(state, scope, &body.assistant_id).await?;
+            }
+            started => return Ok(started?),
+        }
+    }
+}
+
+/// The kwargs a run is stored with: the body's, with who started it.
+fn run_kwargs(caller: &AuthUser, body: &RunCreate, webhooks_off: bool) -> JsonObject {
     let mut kwargs = body.kwargs();
-    if cron_firing.is_some() && state.http.disable_webhooks {
+    if webhooks_off {
         // A cron made before webhooks were turned off still fires; its webhook is not called,
         // as the reference skips the call.
         kwargs.remove(keys::WEBHOOK);
-    } else {
-        check_webhook(state, body, vec![json!("body"), json!("webhook")]).await?;
     }
     // Who started the run, for its graph (`langgraph_auth_user`), kept with the run so that
     // any process executing it knows.
     kwargs.insert(keys::AUTH_USER.into(), caller.to_json());
-    let request = RunRequest {
-        assistant,
-        kwargs,
-        metadata: body.metadata.clone().unwrap_or_default(),
-        multitask_strategy: body.multitask_strategy.map(Into::into).unwrap_or_default(),
-        after_seconds: body.after_seconds.unwrap_or(0.0),
-        create_missing_thread: body.if_not_exists.unwrap_or_default() == IfNotExists::Create,
-        stateless,
-        cron_firing,
-    };
-    Ok(state.workers.start_run(scope, thread_id, request).await?)
+    kwargs
 }
 
 /// The assistant a run names (its id, or a graph id for the graph's default assistant), or a
@@ -514,15 +535,30 @@ pub(crate) async fn run_assistant(
     scope: &Scope,
     raw: &str,
 ) -> ApiResult<spindle_storage::Assistant> {
-    let not_found = || {
-        ApiError::not_found(format!("No assistant found for \"{raw}\""))
-            .with_detail("assistant_id", json!(raw))
-    };
-    let assistant_id = resolve_assistant_id(state, raw).map_err(|_| not_found())?;
+    let assistant_id = resolve_assistant_id(state, raw).map_err(|_| no_assistant(raw))?;
     match state.storage.get_assistant(scope, assistant_id).await {
-        Err(spindle_storage::StorageError::NotFound(_)) => Err(not_found()),
+        Err(StorageError::NotFound(_)) => Err(no_assistant(raw)),
         other => Ok(other?),
     }
+}
+
+/// [`run_assistant`] for a run about to be created: possibly a copy this process kept, which
+/// the run's creation checks (`AssistantStore::assistant_for_run`).
+async fn run_assistant_kept(
+    state: &AppState,
+    scope: &Scope,
+    raw: &str,
+) -> ApiResult<spindle_storage::Assistant> {
+    let assistant_id = resolve_assistant_id(state, raw).map_err(|_| no_assistant(raw))?;
+    match state.storage.assistant_for_run(scope, assistant_id).await {
+        Err(StorageError::NotFound(_)) => Err(no_assistant(raw)),
+        other => Ok(other?),
+    }
+}
+
+fn no_assistant(raw: &str) -> ApiError {
+    ApiError::not_found(format!("No assistant found for \"{raw}\""))
+        .with_detail("assistant_id", json!(raw))
 }
 
 /// A run body with the request's headers that `http.configurable_headers` selects copied into

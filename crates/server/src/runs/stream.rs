@@ -678,6 +678,7 @@ mod tests {
             run_id: Uuid::new_v4(),
             thread_id,
             assistant_id: ResourceId::generate(),
+            assistant_read: None,
             kwargs: Default::default(),
             metadata: Default::default(),
             multitask_strategy: MultitaskStrategy::Enqueue,

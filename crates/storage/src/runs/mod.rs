@@ -17,7 +17,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::crons::FiringId;
-use crate::model::{JsonObject, Page, Scope, ThreadStatus};
+use crate::model::{AssistantRead, JsonObject, Page, Scope, ThreadStatus};
 use crate::{StorageError, StorageResult};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,6 +162,11 @@ pub struct NewRun {
     pub run_id: Uuid,
     pub thread_id: ResourceId,
     pub assistant_id: ResourceId,
+    /// The assistant as the run was made from it (its inherited metadata, its config for the
+    /// worker it is handed to), which may be an out-of-date copy
+    /// ([`crate::AssistantStore::assistant_for_run`]): the run is created only while the
+    /// assistant is still so, else [`StorageError::AssistantChanged`]. `None`: not checked.
+    pub assistant_read: Option<AssistantRead>,
     pub kwargs: JsonObject,
     pub metadata: JsonObject,
     pub multitask_strategy: MultitaskStrategy,

@@ -591,21 +591,23 @@ async fn claim_pending(
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Decided {
     /// In `create_run`'s transaction, which locked the thread and read its active runs, each
-    /// by a statement of its own (so each saw what committed before it began): the run goes
-    /// in as decided.
+    /// by a statement of its own (so each saw what committed before it began), and checked
+    /// the run's assistant: the run goes in as decided.
     InTransaction,
     /// On its own, as if the thread had no active run: the statement locks the thread and
     /// inserts only if that holds and nobody changed the thread since the statement's
     /// snapshot was taken (every run's creation and end updates the thread's row, so its
-    /// version tells). Otherwise it inserts nothing, and `create_run` decides in a
-    /// transaction.
+    /// version tells), and its assistant is as the run was made from it
+    /// ([`NewRun::assistant_read`]). Otherwise it inserts nothing, and `create_run` decides
+    /// in a transaction.
     IfIdle,
 }
 
 /// Inserts a run and marks its thread busy, in one statement. A run claimed as it is created
 /// also logs its first event ([`start_event_data`]) after the thread's last and learns
 /// whether the thread has a checkpoint yet ([`ClaimStart`]). `None` when the thread is not
-/// found for the caller, or `decided` is [`Decided::IfIdle`] and the thread was not idle.
+/// found for the caller, or `decided` is [`Decided::IfIdle`] and the thread was not idle or
+/// the assistant changed.
 async fn insert_run(
     conn: &mut PgConnection,
     scope: &Scope,
@@ -627,7 +629,9 @@ async fn insert_run(
              SELECT 1 FROM t WHERE $18 OR ( \
                  t.version = (SELECT xmin FROM threads WHERE thread_id = $2) \
                  AND NOT EXISTS (SELECT 1 FROM runs WHERE thread_id = $2 \
-                                 AND status IN ('pending', 'running'))) \
+                                 AND status IN ('pending', 'running')) \
+                 AND ($19::int8 IS NULL OR EXISTS (SELECT 1 FROM assistants \
+                      WHERE assistant_id = $3 AND version = $19 AND updated_at = $20))) \
          ), r AS ( \
              INSERT INTO runs (run_id, thread_id, assistant_id, user_id, status, kwargs, \
                  metadata, multitask_strategy, attempt, run_after, created_at, updated_at, \
@@ -671,6 +675,8 @@ async fn insert_run(
         .bind(Json(start_event_data(new.run_id, start.attempt)))
         .bind(new.thread_id.to_string())
         .bind(decided == Decided::InTransaction)
+        .bind(new.assistant_read.map(|read| read.version))
+        .bind(new.assistant_read.map(|read| read.updated_at))
         .fetch_optional(&mut *conn)
         .await
         .map_err(|e| conflict_if_taken(e, || format!("run {} already exists", new.run_id)))?;
@@ -852,6 +858,9 @@ impl PostgresStorage {
         let mut tx = self.pool.begin().await?;
         let result = async {
             let now = Utc::now();
+            if let Some(read) = &new.assistant_read {
+                assistant_unchanged(&mut tx, new.assistant_id, read).await?;
+            }
             if let Some(firing) = &new.cron_firing {
                 end_firing(&mut tx, firing).await?;
             }
@@ -911,6 +920,25 @@ impl PostgresStorage {
     }
 }
 
+/// Fails with [`StorageError::AssistantChanged`] unless the assistant is as `read` says; it
+/// then stays so until the transaction ends (`FOR SHARE`).
+async fn assistant_unchanged(
+    conn: &mut PgConnection,
+    assistant_id: ResourceId,
+    read: &AssistantRead,
+) -> StorageResult<()> {
+    let unchanged: Option<i32> = sqlx::query_scalar(
+        "SELECT 1 FROM assistants WHERE assistant_id = $1 AND version = $2 AND updated_at = $3 \
+         FOR SHARE",
+    )
+    .bind(assistant_id)
+    .bind(read.version)
+    .bind(read.updated_at)
+    .fetch_optional(conn)
+    .await?;
+    unchanged.map(|_| ()).ok_or(StorageError::AssistantChanged)
+}
+
 #[async_trait]
 impl RunStore for PostgresStorage {
     async fn create_run(&self, scope: &Scope, new: NewRun) -> StorageResult<CreatedRun> {
@@ -919,9 +947,17 @@ impl RunStore for PostgresStorage {
             None => self.create_run_if_idle(scope, &new).await?,
             Some(_) => None,
         };
+        let assistant_id = new.assistant_id;
         let created = match created {
             Some(created) => created,
-            None => self.create_run_in_transaction(scope, new).await?,
+            None => match self.create_run_in_transaction(scope, new).await {
+                Err(StorageError::AssistantChanged) => {
+                    // The copy it was made from is out of date: the caller reads it again.
+                    self.assistants.forget(assistant_id);
+                    return Err(StorageError::AssistantChanged);
+                }
+                other => other?,
+            },
         };
         if created.run.status == RunStatus::Pending {
             // Workers of every process may claim it (its creator's too). Told after the

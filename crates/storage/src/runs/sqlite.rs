@@ -502,6 +502,24 @@ fn claimed(conn: &Connection, run: Run) -> StorageResult<ClaimedRun> {
     })
 }
 
+/// Fails with [`StorageError::AssistantChanged`] unless the assistant is as `read` says (it
+/// was updated or deleted since the run was made from it).
+fn assistant_unchanged(
+    conn: &Connection,
+    assistant_id: ResourceId,
+    read: &AssistantRead,
+) -> StorageResult<()> {
+    let unchanged = conn
+        .prepare_cached(
+            "SELECT 1 FROM assistants WHERE assistant_id = ?1 AND version = ?2 AND updated_at = ?3",
+        )?
+        .exists((id(assistant_id), read.version, ts(read.updated_at)))?;
+    match unchanged {
+        true => Ok(()),
+        false => Err(StorageError::AssistantChanged),
+    }
+}
+
 /// A new run's JSON columns, encoded on the caller's thread: the writer thread, which only
 /// inserts them, is the bottleneck.
 struct EncodedNewRun {
@@ -531,6 +549,9 @@ fn create_run(
     encoded: EncodedNewRun,
 ) -> StorageResult<CreatedRun> {
     let now = Utc::now();
+    if let Some(read) = &new.assistant_read {
+        assistant_unchanged(conn, new.assistant_id, read)?;
+    }
     if let Some(firing) = &new.cron_firing {
         end_firing(conn, firing)?;
     }

@@ -26,6 +26,7 @@ fn new_run(thread_id: ResourceId, assistant_id: ResourceId, strategy: MultitaskS
         run_id: Uuid::new_v4(),
         thread_id,
         assistant_id,
+        assistant_read: None,
         kwargs: JsonObject::new(),
         metadata: JsonObject::new(),
         multitask_strategy: strategy,

@@ -18,6 +18,7 @@ fn new_run(thread_id: ResourceId, strategy: MultitaskStrategy) -> NewRun {
         run_id: Uuid::new_v4(),
         thread_id,
         assistant_id: ResourceId::generate(),
+        assistant_read: None,
         kwargs: obj(json!({"input": {"zeta": 1, "alpha": 2}, "stream_mode": ["values"]})),
         metadata: obj(json!({"m": 1})),
         multitask_strategy: strategy,
@@ -2381,6 +2382,88 @@ async fn runs_created_at_once_on_an_idle_thread_start_one() {
                 }
             }
         }
+    })
+    .await;
+}
+
+/// A run is made from its assistant as read, which may be a copy another process has since
+/// updated or deleted (`assistant_for_run`): its creation is refused then, writes nothing,
+/// and the next read is the assistant as stored. Refused both on an idle thread (the
+/// one-statement creation) and on a busy one (the transaction).
+#[tokio::test]
+async fn a_run_made_from_an_assistant_changed_since_is_refused() {
+    for_each_backend_alone(|db| async move {
+        let s = db.storage();
+        let other = spindle_storage::connect(db.url()).await.unwrap();
+        let alice = fresh_user();
+        let id = s
+            .create_assistant(
+                Owner::User(&alice),
+                new_assistant(fields("g", "a", json!({}))),
+            )
+            .await
+            .unwrap()
+            .assistant_id;
+        let run_from = |thread, assistant: &Assistant| NewRun {
+            assistant_id: assistant.assistant_id,
+            assistant_read: Some(AssistantRead::of(assistant)),
+            ..new_run(thread, MultitaskStrategy::Enqueue)
+        };
+        let patch = || AssistantPatch {
+            name: Some("renamed".into()),
+            ..AssistantPatch::default()
+        };
+        let thread = thread_of(s, &alice).await;
+
+        // Idle thread: refused, nothing written.
+        let read = s.assistant_for_run(&alice, id).await.unwrap();
+        other.update_assistant(&alice, id, patch()).await.unwrap();
+        let refused = s.create_run(&alice, run_from(thread, &read)).await;
+        assert!(
+            matches!(refused, Err(StorageError::AssistantChanged)),
+            "{refused:?}"
+        );
+        let runs = s
+            .list_runs(&alice, thread, RunFilter::default(), all())
+            .await;
+        assert!(runs.unwrap().is_empty(), "a refused run is not stored");
+        assert_eq!(
+            s.get_thread(&alice, thread).await.unwrap().status,
+            ThreadStatus::Idle
+        );
+
+        // Read again: the assistant as stored, from which the run is created.
+        let read = s.assistant_for_run(&alice, id).await.unwrap();
+        assert_eq!(read.version, 2);
+        s.create_run(&alice, run_from(thread, &read)).await.unwrap();
+
+        // Busy thread (the run above is pending): refused too, the first run alone stored.
+        other.update_assistant(&alice, id, patch()).await.unwrap();
+        let refused = s.create_run(&alice, run_from(thread, &read)).await;
+        assert!(
+            matches!(refused, Err(StorageError::AssistantChanged)),
+            "{refused:?}"
+        );
+        let runs = s
+            .list_runs(&alice, thread, RunFilter::default(), all())
+            .await;
+        assert_eq!(runs.unwrap().len(), 1);
+
+        // This process's own update is seen at once.
+        assert_eq!(s.assistant_for_run(&alice, id).await.unwrap().version, 3);
+        s.update_assistant(&alice, id, patch()).await.unwrap();
+        assert_eq!(s.assistant_for_run(&alice, id).await.unwrap().version, 4);
+
+        // Deleted elsewhere: refused, then not found.
+        let read = s.assistant_for_run(&alice, id).await.unwrap();
+        other.delete_assistant(&alice, id, false).await.unwrap();
+        let idle = thread_of(s, &alice).await;
+        let refused = s.create_run(&alice, run_from(idle, &read)).await;
+        assert!(
+            matches!(refused, Err(StorageError::AssistantChanged)),
+            "{refused:?}"
+        );
+        assert_not_found(s.assistant_for_run(&alice, id).await, "a deleted assistant");
     })
     .await;
 }

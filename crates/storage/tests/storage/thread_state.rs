@@ -85,6 +85,7 @@ fn new_run(thread_id: ResourceId) -> NewRun {
         run_id: Uuid::new_v4(),
         thread_id,
         assistant_id: ResourceId::generate(),
+        assistant_read: None,
         kwargs: JsonObject::new(),
         metadata: JsonObject::new(),
         multitask_strategy: MultitaskStrategy::Enqueue,
