@@ -2,8 +2,8 @@
 //! does not read its assistant again ([`crate::AssistantStore::assistant_for_run`]).
 //!
 //! Reading the assistant was a query, a pool connection and sqlx's ping on its release for
-//! every run: 13 % of Spindle's CPU per run and 13 % of PostgreSQL's (create + wait, 16
-//! clients, `bench/pair.py`, 3 pairs). A kept copy may be out of date: another process may
+//! every run: without them, create + wait at 16 clients took 8 % less of Spindle's CPU per run
+//! and 6 % less of PostgreSQL's, and did 4 % more runs/s (`bench/pair.py`, 3 pairs). A kept copy may be out of date: another process may
 //! have updated or deleted the assistant. So a run's creation names the version it was made
 //! from ([`crate::AssistantRead`]) and checks it in the same statement that inserts the run;
 //! when it no longer holds, the copy is forgotten and the creation refused
