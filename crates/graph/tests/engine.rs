@@ -250,6 +250,87 @@ async fn resume_after_a_failed_step_does_not_rerun_finished_tasks() {
     assert_eq!(bad_runs.load(Ordering::SeqCst), 2);
 }
 
+/// Counts its runs and writes nothing.
+struct Quiet(Arc<AtomicUsize>);
+
+#[async_trait]
+impl Node for Quiet {
+    async fn run(&self, _input: Value, _ctx: &TaskContext) -> Result<Command, NodeError> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Ok(Command::update(json!({})))
+    }
+}
+
+/// A finished task is known by its writes; only one that wrote nothing saves the `__done__`
+/// mark, and either way a resumed step does not run it again.
+#[tokio::test]
+async fn a_finished_task_is_known_by_its_writes_or_its_mark() {
+    let ok_runs = Arc::new(AtomicUsize::new(0));
+    let quiet_runs = Arc::new(AtomicUsize::new(0));
+    let bad_runs = Arc::new(AtomicUsize::new(0));
+    let g = list_graph(
+        GraphBuilder::new("c")
+            .channel(log_channel())
+            .node(
+                "ok",
+                Arc::new(Flaky {
+                    runs: ok_runs.clone(),
+                    fail_times: 0,
+                }),
+            )
+            .node("quiet", Arc::new(Quiet(quiet_runs.clone())))
+            .node(
+                "bad",
+                Arc::new(Flaky {
+                    runs: bad_runs.clone(),
+                    fail_times: 1,
+                }),
+            )
+            .edge(START, "ok")
+            .edge(START, "quiet")
+            .edge(START, "bad"),
+    );
+    let h = Harness::new();
+    let (out, _) = h
+        .run(&g, Some("t"), values(json!({})), &[], |c| {
+            c.durability = Durability::Sync
+        })
+        .await;
+    assert_eq!(out.unwrap_err().class(), "ConnectionError");
+    let latest = h
+        .saver
+        .get_tuple("t", "", None)
+        .await
+        .unwrap()
+        .expect("a checkpoint");
+    let mut saved: Vec<&str> = latest
+        .pending_writes
+        .iter()
+        .map(|w| w.channel.as_str())
+        .collect();
+    saved.sort();
+    assert_eq!(
+        saved,
+        ["__done__", "__error__", "log"],
+        "{:?}",
+        latest.pending_writes
+    );
+
+    let (out, _) = h.run(&g, Some("t"), RunInput::Continue, &[], |_| {}).await;
+    assert_eq!(out.unwrap().values["log"], json!(["flaky", "flaky"]));
+    assert_eq!(
+        ok_runs.load(Ordering::SeqCst),
+        1,
+        "known finished by its write"
+    );
+    assert_eq!(
+        quiet_runs.load(Ordering::SeqCst),
+        1,
+        "known finished by its mark"
+    );
+    assert_eq!(bad_runs.load(Ordering::SeqCst), 2);
+}
+
 #[tokio::test]
 async fn retry_policy_retries_listed_errors() {
     let runs = Arc::new(AtomicUsize::new(0));

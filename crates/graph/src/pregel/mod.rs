@@ -43,7 +43,17 @@ use task::{Task, TaskKind};
 pub(crate) const W_ERROR: &str = "__error__";
 pub(crate) const W_INTERRUPT: &str = "__interrupt__";
 pub(crate) const W_RESUME: &str = "__resume__";
+/// Marks a task that finished without writing anything; one that wrote is known finished by
+/// its writes ([`finished`]). Marking every finished task cost 4 of the 10 pending writes a
+/// 4-node chain saves per run.
 pub(crate) const W_DONE: &str = "__done__";
+
+/// Whether a task whose saved pending writes are `writes` finished: it wrote something other
+/// than its error, interrupt or resume values (which a task that did not finish saves), or
+/// marked that it wrote nothing ([`W_DONE`]).
+pub(crate) fn finished<'w>(mut writes: impl Iterator<Item = &'w PendingWrite>) -> bool {
+    writes.any(|w| !matches!(w.channel.as_str(), W_ERROR | W_INTERRUPT | W_RESUME))
+}
 
 /// The checkpoint a loop starts from.
 #[derive(Debug, Clone, Copy)]

@@ -6,7 +6,7 @@ use serde_json::{json, Map, Value};
 
 use super::state::{LoopState, START_INPUT, TASKS};
 use super::task::{normalise_writes, prepare_parts, route};
-use super::{W_DONE, W_ERROR, W_INTERRUPT};
+use super::{finished, W_ERROR, W_INTERRUPT};
 use crate::checkpoint::{
     new_checkpoint_id, ChannelBlob, Checkpoint, CheckpointError, CheckpointRef, CheckpointTuple,
     Checkpointer, ListFilter,
@@ -156,7 +156,7 @@ fn snapshot(graph: &Graph, t: &CheckpointTuple) -> StateSnapshot {
                 .find(|w| w.channel == W_INTERRUPT)
                 .map(|w| interrupts_of(&w.value))
                 .unwrap_or_default();
-            let result = writes.iter().any(|w| w.channel == W_DONE).then(|| {
+            let result = finished(writes.iter().copied()).then(|| {
                 Value::Object(
                     writes
                         .iter()
@@ -198,7 +198,7 @@ fn snapshot(graph: &Graph, t: &CheckpointTuple) -> StateSnapshot {
             .iter()
             .filter(|w| w.task_id == id)
             .collect();
-        let result = writes.iter().any(|w| w.channel == W_DONE).then(|| {
+        let result = finished(writes.iter().copied()).then(|| {
             Value::Object(
                 writes
                     .iter()

@@ -4,7 +4,7 @@
 use serde_json::{json, Value};
 
 use super::state::{BRANCH_TO, TASKS};
-use super::{payloads, Loop, W_DONE, W_RESUME};
+use super::{finished, payloads, Loop, W_DONE, W_RESUME};
 use crate::channels::{apply_writes, ChannelKind};
 use crate::checkpoint::PendingWrite;
 use crate::context::TaskContext;
@@ -268,22 +268,24 @@ fn fresh_state(
     Ok(state)
 }
 
-/// Pending writes recording a finished task.
+/// Pending writes recording a finished task: its writes, or [`W_DONE`] when it wrote nothing
+/// (see [`finished`]).
 pub(crate) fn pending_from(task_id: &str, writes: &[(String, Value)]) -> Vec<PendingWrite> {
-    let mut out: Vec<PendingWrite> = writes
+    if writes.is_empty() {
+        return vec![PendingWrite {
+            task_id: task_id.to_string(),
+            channel: W_DONE.into(),
+            value: Value::Null,
+        }];
+    }
+    writes
         .iter()
         .map(|(c, v)| PendingWrite {
             task_id: task_id.to_string(),
             channel: c.clone(),
             value: v.clone(),
         })
-        .collect();
-    out.push(PendingWrite {
-        task_id: task_id.to_string(),
-        channel: W_DONE.into(),
-        value: Value::Null,
-    });
-    out
+        .collect()
 }
 
 /// What a task reads: the state, or its `Send` argument.
@@ -301,9 +303,7 @@ pub(crate) fn task_input(lp: &Loop, task: &Task, state: &Value) -> Value {
 
 /// Whether a task already finished in an earlier attempt of this step.
 pub(crate) fn already_done(lp: &Loop, task: &Task) -> bool {
-    lp.pending
-        .iter()
-        .any(|w| w.task_id == task.id && w.channel == W_DONE)
+    finished(lp.pending.iter().filter(|w| w.task_id == task.id))
 }
 
 /// Run one task, or reuse its saved writes. Returns the writes and whether they are new.
@@ -313,7 +313,7 @@ pub(crate) async fn execute(
     state: &Value,
 ) -> (Result<Vec<(String, Value)>, NodeError>, bool) {
     let saved: Vec<&PendingWrite> = lp.pending.iter().filter(|w| w.task_id == task.id).collect();
-    if saved.iter().any(|w| w.channel == W_DONE) {
+    if finished(saved.iter().copied()) {
         let writes = saved
             .iter()
             .filter(|w| !w.channel.starts_with("__") || w.channel == TASKS)
