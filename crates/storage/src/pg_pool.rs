@@ -68,7 +68,7 @@ fn now_ms() -> u64 {
 }
 
 /// Whether a pooled connection, idle for `idle_for`, is to be tested before use.
-fn in_doubt(idle_for: Duration) -> bool {
+pub(crate) fn in_doubt(idle_for: Duration) -> bool {
     doubted(idle_for, now_ms(), LAST_FAILURE_MS.load(Ordering::Relaxed))
 }
 
@@ -96,7 +96,7 @@ pub(crate) fn connection_lost() {
 /// Whether `error` is the connection's failure, not the statement's: the transport, or
 /// PostgreSQL ending the session (SQLSTATE classes 08, connection exception, and 57,
 /// operator intervention: a shutdown, a terminated backend).
-fn lost_connection(error: &sqlx::Error) -> bool {
+pub(crate) fn lost_connection(error: &sqlx::Error) -> bool {
     match error {
         sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)

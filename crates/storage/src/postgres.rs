@@ -20,6 +20,7 @@ use crate::assistant_cache::AssistantCache;
 use crate::checkpoints::{copy_checkpoints_pg, PostgresCheckpointer};
 use crate::error::conflict_if_taken;
 use crate::model::*;
+use crate::pg_hot::HotConnections;
 use crate::pg_writer::PgWriter;
 use crate::rows::{
     AssistantRow, AssistantVersionRow, ThreadRow, ASSISTANT_COLUMNS, THREAD_COLUMNS,
@@ -34,6 +35,8 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres
 
 pub struct PostgresStorage {
     pub(crate) pool: PgPool,
+    /// Connections for the hottest single statements, given back without sqlx's round trip.
+    pub(crate) hot: HotConnections,
     /// The schema pgvector is installed in, if it is (settled on first use; see
     /// `store::postgres`).
     pub(crate) pgvector: tokio::sync::OnceCell<Option<String>>,
@@ -63,6 +66,7 @@ impl PostgresStorage {
     fn new(pool: PgPool, writers: usize) -> Self {
         Self {
             writer: PgWriter::start(pool.clone(), writers),
+            hot: HotConnections::new(pool.connect_options()),
             pool,
             pgvector: tokio::sync::OnceCell::new(),
             assistants: AssistantCache::default(),
@@ -483,14 +487,17 @@ impl ThreadStore for PostgresStorage {
                  state_updated_at) VALUES ($1, $2, $3, $4, $4, $4) \
                  ON CONFLICT (thread_id) DO NOTHING RETURNING {THREAD_COLUMNS}"
             );
-            let row: Option<ThreadRow> = sqlx::query_as(&sql)
+            let mut conn = self.hot.acquire(&self.pool).await?;
+            let row: StorageResult<Option<ThreadRow>> = sqlx::query_as(&sql)
                 .bind(new.thread_id)
                 .bind(&scope.user_id)
                 .bind(Json(&new.metadata))
                 .bind(now)
-                .fetch_optional(&self.pool)
-                .await?;
-            if let Some(row) = row {
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(StorageError::from);
+            conn.release(&row);
+            if let Some(row) = row? {
                 return Thread::try_from(row);
             }
         }

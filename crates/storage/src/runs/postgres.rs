@@ -838,9 +838,10 @@ impl PostgresStorage {
     ) -> StorageResult<Option<CreatedRun>> {
         let now = Utc::now();
         let start = Start::of(new.claim_now(&[], now), now);
-        let mut conn = self.pool.acquire().await?;
-        let inserted = insert_run(&mut conn, scope, new, start, now, Decided::IfIdle).await?;
-        Ok(inserted.map(|(run, claimed)| CreatedRun {
+        let mut conn = self.hot.acquire(&self.pool).await?;
+        let inserted = insert_run(&mut conn, scope, new, start, now, Decided::IfIdle).await;
+        conn.release(&inserted);
+        Ok(inserted?.map(|(run, claimed)| CreatedRun {
             run,
             cancelled: Vec::new(),
             claimed,

@@ -2201,6 +2201,39 @@ async fn writes_are_stored_again_once_the_database_connections_were_cut() {
     .await;
 }
 
+/// Threads and runs are created again once the connections were cut (PostgreSQL restarted):
+/// the first creation after the cut may find its connection dead and fail, not the next.
+#[tokio::test]
+async fn threads_and_runs_are_created_again_once_the_database_connections_were_cut() {
+    for_each_backend(|db| async move {
+        let s = db.storage();
+        let alice = fresh_user();
+        // Connections used before the cut, so that the cut finds them.
+        let before = thread_of(s, &alice).await;
+        run_on(s, &alice, before, MultitaskStrategy::Enqueue).await;
+        db.cut_connections().await;
+        let mut thread = s.create_thread(&alice, new_thread(json!({}))).await;
+        if thread.is_err() {
+            thread = s.create_thread(&alice, new_thread(json!({}))).await;
+        }
+        let thread = thread.expect("a thread created after the cut").thread_id;
+        let mut run = s
+            .create_run(&alice, new_run(thread, MultitaskStrategy::Reject))
+            .await;
+        if run.is_err() {
+            run = s
+                .create_run(&alice, new_run(thread, MultitaskStrategy::Reject))
+                .await;
+        }
+        let run = run.expect("a run created after the cut").run;
+        assert_eq!(
+            run_status(s, &alice, thread, run.run_id).await,
+            RunStatus::Pending
+        );
+    })
+    .await;
+}
+
 /// A thread's active runs, looked up at every run's creation and end, are found through an
 /// index of the active runs alone: ended runs (and, on PostgreSQL, the entries their ends
 /// left behind until vacuum) are never read.
