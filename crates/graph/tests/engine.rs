@@ -208,48 +208,6 @@ async fn parallel_interrupts_resume_by_id() {
     assert_eq!(log, ["one", "two"]);
 }
 
-#[tokio::test]
-async fn resume_after_a_failed_step_does_not_rerun_finished_tasks() {
-    let ok_runs = Arc::new(AtomicUsize::new(0));
-    let bad_runs = Arc::new(AtomicUsize::new(0));
-    let g = list_graph(
-        GraphBuilder::new("c")
-            .channel(log_channel())
-            .node(
-                "ok",
-                Arc::new(Flaky {
-                    runs: ok_runs.clone(),
-                    fail_times: 0,
-                }),
-            )
-            .node(
-                "bad",
-                Arc::new(Flaky {
-                    runs: bad_runs.clone(),
-                    fail_times: 1,
-                }),
-            )
-            .edge(START, "ok")
-            .edge(START, "bad"),
-    );
-    let h = Harness::new();
-    let (out, _) = h
-        .run(&g, Some("t"), values(json!({})), &[], |c| {
-            c.durability = Durability::Sync
-        })
-        .await;
-    assert_eq!(out.unwrap_err().class(), "ConnectionError");
-    // The process "restarts": the same thread continues from its last checkpoint.
-    let (out, _) = h.run(&g, Some("t"), RunInput::Continue, &[], |_| {}).await;
-    assert_eq!(out.unwrap().values["log"], json!(["flaky", "flaky"]));
-    assert_eq!(
-        ok_runs.load(Ordering::SeqCst),
-        1,
-        "the finished task kept its saved writes"
-    );
-    assert_eq!(bad_runs.load(Ordering::SeqCst), 2);
-}
-
 /// Counts its runs and writes nothing.
 struct Quiet(Arc<AtomicUsize>);
 
@@ -261,10 +219,10 @@ impl Node for Quiet {
     }
 }
 
-/// A finished task is known by its writes; only one that wrote nothing saves the `__done__`
-/// mark, and either way a resumed step does not run it again.
+/// A step that failed is resumed without running its finished tasks again. A finished task is
+/// known by its writes; only one that wrote nothing saves the `__done__` mark.
 #[tokio::test]
-async fn a_finished_task_is_known_by_its_writes_or_its_mark() {
+async fn resume_after_a_failed_step_does_not_rerun_finished_tasks() {
     let ok_runs = Arc::new(AtomicUsize::new(0));
     let quiet_runs = Arc::new(AtomicUsize::new(0));
     let bad_runs = Arc::new(AtomicUsize::new(0));

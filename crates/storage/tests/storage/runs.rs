@@ -2447,19 +2447,22 @@ async fn a_run_made_from_an_assistant_changed_since_is_refused() {
             ..AssistantPatch::default()
         };
         let thread = thread_of(s, &alice).await;
+        let assert_refused = |result: StorageResult<CreatedRun>| {
+            assert!(
+                matches!(result, Err(StorageError::AssistantChanged)),
+                "{result:?}"
+            )
+        };
+        let runs_stored = || async {
+            let runs = s.list_runs(&alice, thread, RunFilter::default(), all());
+            runs.await.unwrap().len()
+        };
 
         // Idle thread: refused, nothing written.
         let read = s.assistant_for_run(&alice, id).await.unwrap();
         other.update_assistant(&alice, id, patch()).await.unwrap();
-        let refused = s.create_run(&alice, run_from(thread, &read)).await;
-        assert!(
-            matches!(refused, Err(StorageError::AssistantChanged)),
-            "{refused:?}"
-        );
-        let runs = s
-            .list_runs(&alice, thread, RunFilter::default(), all())
-            .await;
-        assert!(runs.unwrap().is_empty(), "a refused run is not stored");
+        assert_refused(s.create_run(&alice, run_from(thread, &read)).await);
+        assert_eq!(runs_stored().await, 0, "a refused run is not stored");
         assert_eq!(
             s.get_thread(&alice, thread).await.unwrap().status,
             ThreadStatus::Idle
@@ -2472,15 +2475,8 @@ async fn a_run_made_from_an_assistant_changed_since_is_refused() {
 
         // Busy thread (the run above is pending): refused too, the first run alone stored.
         other.update_assistant(&alice, id, patch()).await.unwrap();
-        let refused = s.create_run(&alice, run_from(thread, &read)).await;
-        assert!(
-            matches!(refused, Err(StorageError::AssistantChanged)),
-            "{refused:?}"
-        );
-        let runs = s
-            .list_runs(&alice, thread, RunFilter::default(), all())
-            .await;
-        assert_eq!(runs.unwrap().len(), 1);
+        assert_refused(s.create_run(&alice, run_from(thread, &read)).await);
+        assert_eq!(runs_stored().await, 1);
 
         // This process's own update is seen at once.
         assert_eq!(s.assistant_for_run(&alice, id).await.unwrap().version, 3);
@@ -2491,11 +2487,7 @@ async fn a_run_made_from_an_assistant_changed_since_is_refused() {
         let read = s.assistant_for_run(&alice, id).await.unwrap();
         other.delete_assistant(&alice, id, false).await.unwrap();
         let idle = thread_of(s, &alice).await;
-        let refused = s.create_run(&alice, run_from(idle, &read)).await;
-        assert!(
-            matches!(refused, Err(StorageError::AssistantChanged)),
-            "{refused:?}"
-        );
+        assert_refused(s.create_run(&alice, run_from(idle, &read)).await);
         assert_not_found(s.assistant_for_run(&alice, id).await, "a deleted assistant");
     })
     .await;
