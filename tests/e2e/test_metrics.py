@@ -146,8 +146,9 @@ async def test_every_metric_is_served_with_its_type(client, http, metrics_server
         assert metrics.types.get("spindle_db_writer_queue") == "gauge"
         assert metrics.has("spindle_db_writer_queue")
     else:
-        assert pools == {"main"}, pools
+        assert pools == {"main", "creation"}, pools
         assert metrics.value("spindle_db_connections_max", pool="main") == 16
+        assert metrics.value("spindle_db_connections_max", pool="creation") == 4
         # PostgreSQL has no writer thread; its pool is where writes wait.
         assert not metrics.has("spindle_db_writer_queue")
     for pool in pools:

@@ -269,8 +269,8 @@ pub struct PoolStats {
     pub writer_queue: Option<usize>,
 }
 
-/// One connection pool: its name (`main` on PostgreSQL; `read` and `write` on SQLite), the
-/// connections it holds open, those of them idle, and the most it opens.
+/// One connection pool: its name (`main` and `creation` on PostgreSQL; `read` and `write` on
+/// SQLite), the connections it holds open, those of them idle, and the most it opens.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectionPool {
     pub name: &'static str,

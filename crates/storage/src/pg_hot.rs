@@ -22,6 +22,7 @@ use sqlx::Connection;
 
 use crate::error::{StorageError, StorageResult};
 use crate::pg_pool;
+use crate::ConnectionPool;
 
 /// Connections in the set at most. The statements take a fraction of a millisecond, so a few
 /// cover the concurrency two cores can give them; the pool takes the overflow.
@@ -84,9 +85,20 @@ impl HotConnections {
     }
 
     /// Connections in the set (idle or in use).
-    #[cfg(test)]
     fn open(&self) -> usize {
         self.open.load(Ordering::Relaxed)
+    }
+
+    /// The set as a pool in the process's metrics (`spindle_db_connections{pool="creation"}`).
+    pub(crate) fn stats(&self) -> ConnectionPool {
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).len();
+        ConnectionPool {
+            name: "creation",
+            open: count(self.open()),
+            idle: count(idle),
+            max: count(MAX_HOT),
+        }
     }
 }
 
@@ -225,6 +237,8 @@ mod tests {
             "one connection, used three times"
         );
         assert_eq!(set.open(), 1);
+        let stats = set.stats();
+        assert_eq!((stats.open, stats.idle, stats.max), (1, 1, MAX_HOT as u32));
     }
 
     #[tokio::test]
@@ -286,5 +300,6 @@ mod tests {
             .await
             .expect("the pool's connection works");
         assert_eq!(set.open(), MAX_HOT);
+        assert_eq!(set.stats().idle, 0, "all in use");
     }
 }

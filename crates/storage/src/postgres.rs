@@ -760,7 +760,10 @@ impl Storage for PostgresStorage {
 
     fn pool_stats(&self) -> crate::PoolStats {
         crate::PoolStats {
-            pools: vec![crate::ConnectionPool::of("main", &self.pool)],
+            pools: vec![
+                crate::ConnectionPool::of("main", &self.pool),
+                self.hot.stats(),
+            ],
             writer_queue: None,
         }
     }
