@@ -8,7 +8,7 @@
 //! answer before the next statement), so these connections go back as they are; one whose
 //! statement did not get that far (the caller's future dropped mid-statement, the connection
 //! found broken) is closed instead. An idle one is tested before use only when in doubt, by the
-//! pool's rule ([`pg_pool::in_doubt`]). When all [`MAX_HOT`] are busy, the caller takes one
+//! pool's rule ([`pg_pool::usable`]). When all [`MAX_HOT`] are busy, the caller takes one
 //! from the pool as before: the set never makes anyone wait.
 
 use std::ops::{Deref, DerefMut};
@@ -50,14 +50,10 @@ impl HotConnections {
     pub(crate) async fn acquire<'a>(&'a self, pool: &PgPool) -> StorageResult<HotConnection<'a>> {
         while let Some((conn, since)) = self.pop_idle() {
             let mut own = Own::new(self, conn);
-            if !pg_pool::in_doubt(since.elapsed()) {
+            if pg_pool::usable(own.conn_mut(), since.elapsed()).await {
                 return Ok(HotConnection::Own(own));
             }
-            match own.conn_mut().ping().await {
-                Ok(()) => return Ok(HotConnection::Own(own)),
-                // Dropping `own` closes it; the next idle one is tried.
-                Err(_) => tracing::info!("a PostgreSQL connection was found closed; replacing it"),
-            }
+            // Dropping `own` closes it; the next idle one is tried.
         }
         if self.reserve() {
             match PgConnection::connect_with(&self.options).await {
@@ -109,16 +105,17 @@ pub(crate) enum HotConnection<'a> {
 }
 
 impl HotConnection<'_> {
-    /// Gives the connection back after `result`, the outcome of its statement: a set's
-    /// connection goes back to the set as it is unless the error says the connection itself
-    /// failed (then it is closed). Dropped without this, it is closed.
-    pub(crate) fn release<T>(self, result: &StorageResult<T>) {
+    /// Gives the connection back after `result`, the outcome of its statement, and returns
+    /// that: a set's connection goes back to the set as it is unless the error says the
+    /// connection itself failed (then it is closed). Dropped without this, it is closed.
+    pub(crate) fn release<T>(self, result: StorageResult<T>) -> StorageResult<T> {
         if let HotConnection::Own(mut own) = self {
-            own.keep = match result {
+            own.keep = match &result {
                 Err(StorageError::Database(error)) => !pg_pool::lost_connection(error),
                 _ => true,
             };
         }
+        result
     }
 }
 
@@ -216,8 +213,7 @@ mod tests {
             .await
             .map(drop)
             .map_err(StorageError::from);
-        conn.release(&result);
-        (pid, result)
+        (pid, conn.release(result))
     }
 
     #[tokio::test]
@@ -275,13 +271,13 @@ mod tests {
         let mut conn = set.acquire(&pool).await.expect("a connection");
         let result = backend_pid(&mut conn).await;
         if result.is_err() {
-            conn.release(&result);
+            let _ = conn.release(result);
             assert_eq!(set.open(), 0, "the dead one is closed");
             conn = set.acquire(&pool).await.expect("a connection");
         }
         let next = backend_pid(&mut conn).await.expect("a live connection");
         assert_ne!(next, pid);
-        conn.release(&Ok(()));
+        conn.release(Ok(())).expect("given back");
     }
 
     #[tokio::test]

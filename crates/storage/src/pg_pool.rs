@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
 use sqlx::Connection;
 
 /// Connections of the pool (the writers and the listener have their own).
@@ -34,19 +34,21 @@ pub(crate) fn options() -> PgPoolOptions {
         .max_connections(MAX_CONNECTIONS)
         .acquire_timeout(Duration::from_secs(10))
         .test_before_acquire(false)
-        .before_acquire(|conn, meta| {
-            Box::pin(async move {
-                if !in_doubt(meta.idle_for) {
-                    return Ok(true);
-                }
-                // A dead connection is dropped, and the pool takes another.
-                let alive = conn.ping().await.is_ok();
-                if !alive {
-                    tracing::info!("a pooled PostgreSQL connection was found closed; replacing it");
-                }
-                Ok(alive)
-            })
-        })
+        // A dead connection is dropped, and the pool takes another.
+        .before_acquire(|conn, meta| Box::pin(async move { Ok(usable(conn, meta.idle_for).await) }))
+}
+
+/// Whether a kept connection, idle for `idle_for`, may be used: at once unless in doubt, else
+/// if it answers a test (a round trip). The pool's and `pg_hot`'s rule.
+pub(crate) async fn usable(conn: &mut PgConnection, idle_for: Duration) -> bool {
+    if !in_doubt(idle_for) {
+        return true;
+    }
+    let alive = conn.ping().await.is_ok();
+    if !alive {
+        tracing::info!("a kept PostgreSQL connection was found closed; replacing it");
+    }
+    alive
 }
 
 /// Connects the pool to `url`.
@@ -68,7 +70,7 @@ fn now_ms() -> u64 {
 }
 
 /// Whether a pooled connection, idle for `idle_for`, is to be tested before use.
-pub(crate) fn in_doubt(idle_for: Duration) -> bool {
+fn in_doubt(idle_for: Duration) -> bool {
     doubted(idle_for, now_ms(), LAST_FAILURE_MS.load(Ordering::Relaxed))
 }
 

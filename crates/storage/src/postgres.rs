@@ -496,8 +496,7 @@ impl ThreadStore for PostgresStorage {
                 .fetch_optional(&mut *conn)
                 .await
                 .map_err(StorageError::from);
-            conn.release(&row);
-            if let Some(row) = row? {
+            if let Some(row) = conn.release(row)? {
                 return Thread::try_from(row);
             }
         }

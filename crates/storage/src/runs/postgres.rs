@@ -840,8 +840,7 @@ impl PostgresStorage {
         let start = Start::of(new.claim_now(&[], now), now);
         let mut conn = self.hot.acquire(&self.pool).await?;
         let inserted = insert_run(&mut conn, scope, new, start, now, Decided::IfIdle).await;
-        conn.release(&inserted);
-        Ok(inserted?.map(|(run, claimed)| CreatedRun {
+        Ok(conn.release(inserted)?.map(|(run, claimed)| CreatedRun {
             run,
             cancelled: Vec::new(),
             claimed,
