@@ -239,7 +239,7 @@ pub(crate) async fn insert_checkpoints(
     let mut saved_by_runs = Vec::with_capacity(puts.len());
     let (mut blob_of, mut channels, mut versions, mut bases, mut values) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for (n, put) in (1i64..).zip(puts) {
+    for (n, put) in (1i32..).zip(puts) {
         let stored = stored_checkpoint(put.checkpoint);
         threads.push(put.thread_id);
         namespaces.push(put.checkpoint_ns);
@@ -256,6 +256,10 @@ pub(crate) async fn insert_checkpoints(
             values.push(blob.value);
         }
     }
+    // The blobs find their checkpoint's thread and namespace by its place in the arrays, not
+    // by a join: the writer's connection plans without hash or merge joins (`pg_writer`), and
+    // joining the blobs' UNNEST to the checkpoints was a nested loop that unnested every blob
+    // again for each checkpoint (half the statement's time at 8 runs a group, and quadratic).
     let saved = sqlx::query(
         "WITH input AS ( \
              SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
@@ -267,10 +271,10 @@ pub(crate) async fn insert_checkpoints(
              SELECT * FROM input WHERE saved_by IS NULL OR saved_by IN (SELECT run_id FROM live) \
          ), new_blobs AS ( \
              INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, base, value) \
-             SELECT ok.thread_id, ok.ns, b.ch, b.v, b.base, b.val \
-             FROM UNNEST($8::int8[], $9::text[], $10::int8[], $11::int8[], $12::bytea[]) \
+             SELECT ($1::text[])[b.n], ($2::text[])[b.n], b.ch, b.v, b.base, b.val \
+             FROM UNNEST($8::int4[], $9::text[], $10::int8[], $11::int8[], $12::bytea[]) \
                   AS b(n, ch, v, base, val) \
-             JOIN ok ON ok.n = b.n \
+             WHERE b.n = ANY (ARRAY(SELECT n FROM ok)) \
              ON CONFLICT DO NOTHING \
          ), stale_writes AS ( \
              DELETE FROM checkpoint_writes w USING ok \
@@ -364,6 +368,9 @@ pub(crate) async fn insert_writes_of(
     .fetch_all(&mut *conn)
     .await
     .map_err(backend)?;
+    // Each new write numbers itself from its checkpoint's last index (one lookup by index per
+    // row) rather than joining a table of those to the input: without hash joins (`pg_writer`)
+    // that join read the input again for every checkpoint.
     sqlx::query(
         "WITH replaced AS ( \
              DELETE FROM checkpoint_writes w \
@@ -374,19 +381,16 @@ pub(crate) async fn insert_writes_of(
          ), input AS ( \
              SELECT * FROM UNNEST($6::text[], $7::text[], $8::text[], $9::text[], $10::text[], \
                                   $11::bytea[]) WITH ORDINALITY AS u(t, ns, c, task, ch, val, n) \
-         ), top AS ( \
-             SELECT k.t, k.ns, k.c, COALESCE(MAX(w.idx), -1) AS idx \
-             FROM (SELECT DISTINCT t, ns, c FROM input) k \
-             LEFT JOIN checkpoint_writes w ON w.thread_id = k.t AND w.checkpoint_ns = k.ns \
-                  AND w.checkpoint_id = k.c \
-             GROUP BY k.t, k.ns, k.c \
          ) \
          INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, idx, task_id, \
                                         channel, value) \
-         SELECT i.t, i.ns, i.c, top.idx + ROW_NUMBER() OVER (PARTITION BY i.t, i.ns, i.c \
-                                                             ORDER BY i.n), \
+         SELECT i.t, i.ns, i.c, \
+                COALESCE((SELECT MAX(w.idx) FROM checkpoint_writes w \
+                          WHERE w.thread_id = i.t AND w.checkpoint_ns = i.ns \
+                            AND w.checkpoint_id = i.c), -1) \
+                + ROW_NUMBER() OVER (PARTITION BY i.t, i.ns, i.c ORDER BY i.n), \
                 i.task, i.ch, i.val \
-         FROM input i JOIN top ON top.t = i.t AND top.ns = i.ns AND top.c = i.c",
+         FROM input i",
     )
     .bind(r_thread)
     .bind(r_ns)
