@@ -269,6 +269,12 @@ async fn connected<'c>(
 /// 30 s on a fresh database; `threads` was read whole about once per run). Planning every
 /// execution instead (custom plans) cost PostgreSQL a quarter of its CPU. Without hash joins,
 /// merge joins and sequential scans (where an index serves), the one plan fits every size.
+///
+/// The price: a join of one input set to another (two UNNESTs, or an UNNEST and a CTE of the
+/// same statement) can only be a nested loop, which reads the inner side again for every outer
+/// row, quadratic in the group. Statements for this connection reach their inputs' rows by
+/// place (array subscripts, `= ANY`) or by index instead (`insert_checkpoints`,
+/// `insert_writes_of` in `checkpoints::postgres`).
 fn index_lookups_only(options: PgConnectOptions) -> PgConnectOptions {
     options.options([
         ("enable_hashjoin", "off"),
