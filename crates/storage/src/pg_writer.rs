@@ -23,15 +23,13 @@ use sqlx::{Connection, PgConnection};
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
-use crate::checkpoints::{
-    as_storage_error, insert_checkpoints_pg, insert_writes_of_pg, store_logged_pg, Put, Save,
-    WritesOf,
-};
+mod batch;
+
+use crate::checkpoints::{as_storage_error, store_logged_pg, Save};
 use crate::pg_notify::{self, Announcer};
-use crate::runs::{
-    end_run_pg, end_runs_pg, insert_event_refs_pg, insert_events_pg, EndOf, EndPrepared,
-};
+use crate::runs::{end_run_pg, insert_events_pg, EndPrepared};
 use crate::{LoggedEvent, LoggedSave, ResourceId, Run, RunEnd, StorageError, StorageResult};
+use batch::Batch;
 
 /// How many writer tasks a process runs when not told ([`crate::ConnectOptions`]), each with
 /// its own connection: one per two cores of this machine, 1 to 4. A connection applies one
@@ -273,8 +271,8 @@ async fn connected<'c>(
 /// The price: a join of one input set to another (two UNNESTs, or an UNNEST and a CTE of the
 /// same statement) can only be a nested loop, which reads the inner side again for every outer
 /// row, quadratic in the group. Statements for this connection reach their inputs' rows by
-/// place (array subscripts, `= ANY`) or by index instead (`insert_checkpoints`,
-/// `insert_writes_of` in `checkpoints::postgres`).
+/// place (array subscripts, `= ANY`) or by index instead (the checkpoints' and pending
+/// writes' statements of `spindle_write_group`, migration 0014).
 fn index_lookups_only(options: PgConnectOptions) -> PgConnectOptions {
     options.options([
         ("enable_hashjoin", "off"),
@@ -292,10 +290,14 @@ async fn apply(
     origin: &str,
     logged: &mut Vec<String>,
 ) -> Vec<StorageResult<Written>> {
-    if group.len() > 1 {
-        if let Ok(results) = apply_together(conn, group, origin, logged).await {
-            return results;
-        }
+    // A group of one write too: the function's one round trip, where a transaction of its
+    // own takes four.
+    match apply_together(conn, group, origin, logged).await {
+        Ok(results) => return results,
+        // Expected now and then (a run cancelled with `rollback`, a worker that lost its
+        // lease); the writes alone tell which failed and why.
+        Err(error) => tracing::debug!(%error, writes = group.len(),
+            "a writer's group failed; applying its writes one by one"),
     }
     let mut failed_threads = HashSet::new();
     let mut results = Vec::with_capacity(group.len());
@@ -317,26 +319,22 @@ async fn apply(
     results
 }
 
-/// The whole group in one transaction, or an error (rolled back) if any write failed.
+/// The whole group committed together, or an error (rolled back) if any write failed.
 async fn apply_together(
     conn: &mut PgConnection,
     group: &[Job],
     origin: &str,
     logged: &mut Vec<String>,
 ) -> StorageResult<Vec<StorageResult<Written>>> {
+    if let Some(batch) = Batch::of(group) {
+        let (results, last_seqs) = batch.apply(conn).await?;
+        logged.extend(lines_of(last_seqs, origin));
+        return Ok(results);
+    }
     let mut tx = conn.begin().await?;
-    let applied = match Batch::of(group) {
-        Some(batch) => batch.apply(&mut tx).await,
-        None => apply_in_order(&mut tx, group)
-            .await
-            .map(|results| (results, None)),
-    };
-    match applied {
-        Ok((results, last_seqs)) => {
-            let lines = match last_seqs {
-                Some(last_seqs) => lines_of(last_seqs, origin),
-                None => logged_lines(&mut tx, group, origin).await?,
-            };
+    match apply_in_order(&mut tx, group).await {
+        Ok(results) => {
+            let lines = logged_lines(&mut tx, group, origin).await?;
             tx.commit().await?;
             logged.extend(lines);
             Ok(results)
@@ -360,156 +358,6 @@ async fn apply_in_order(
     }
     Ok(results)
 }
-
-/// A group's writes as a few statements over all of them: every event in one insert, the
-/// checkpoints and pending writes in rounds (one insert each), then the ends one by one.
-/// This equals applying them in order, given the conditions [`Batch::of`] checks.
-struct Batch<'a> {
-    events: Vec<&'a LoggedEvent>,
-    rounds: Vec<Round<'a>>,
-    /// Each end, with its place in the group and what the batch did for it before.
-    ends: Vec<(usize, &'a EndWrite, EndPrepared)>,
-    /// How many writes the group holds.
-    writes: usize,
-}
-
-/// Saves no two of which touch the same checkpoint in a way that their order would tell.
-#[derive(Default)]
-struct Round<'a> {
-    checkpoints: Vec<Put<'a>>,
-    writes: Vec<WritesOf<'a>>,
-    /// The checkpoints (thread, namespace, id) this round saves.
-    saved: HashSet<Key<'a>>,
-    /// The checkpoints this round saves pending writes of.
-    written: HashSet<Key<'a>>,
-}
-
-/// A checkpoint: thread, namespace, id.
-type Key<'a> = (&'a str, &'a str, &'a str);
-
-impl<'a> Batch<'a> {
-    /// The group as a batch; `None` when a thread's end comes before another write of that
-    /// thread (its events and saves would then go in before the end, out of order).
-    fn of(group: &'a [Job]) -> Option<Self> {
-        let mut batch = Batch {
-            events: Vec::new(),
-            rounds: vec![Round::default()],
-            ends: Vec::new(),
-            writes: group.len(),
-        };
-        let mut ended: HashSet<&str> = HashSet::new();
-        for (place, job) in group.iter().enumerate() {
-            if ended.contains(job.thread.as_str()) {
-                return None;
-            }
-            match &job.write {
-                Write::Save(save) => {
-                    batch.events.extend(&save.events);
-                    batch.add_save(Save::of(&save.write));
-                }
-                Write::Events(events) => batch.events.extend(events),
-                Write::End(end) => {
-                    batch.events.extend(&end.end.events);
-                    let checkpoint_saved = end.end.after_checkpoint.as_deref().is_some_and(|id| {
-                        let key = (job.thread.as_str(), "", id);
-                        batch.rounds.iter().any(|round| round.saved.contains(&key))
-                    });
-                    let prepared = EndPrepared {
-                        events_logged: true,
-                        checkpoint_saved,
-                    };
-                    batch.ends.push((place, end, prepared));
-                    ended.insert(job.thread.as_str());
-                }
-            }
-        }
-        Some(batch)
-    }
-
-    /// Adds a save to the last round, or to a new one where the round's statements (its
-    /// checkpoints first, then its pending writes) would not do what saving one after the
-    /// other does: a checkpoint saved again (it drops its earlier writes, which may be this
-    /// round's), or a task's special write replacing its earlier one of this round.
-    fn add_save(&mut self, save: Save<'a>) {
-        let key = save.key();
-        let last = self.rounds.last().expect("a batch has a round");
-        let apart = match &save {
-            Save::Checkpoint(_) => last.saved.contains(&key) || last.written.contains(&key),
-            Save::Writes(of) => {
-                of.writes.iter().any(|w| w.channel.starts_with("__")) && last.written.contains(&key)
-            }
-        };
-        if apart {
-            self.rounds.push(Round::default());
-        }
-        let round = self.rounds.last_mut().expect("a batch has a round");
-        match save {
-            Save::Checkpoint(put) => {
-                round.saved.insert(key);
-                round.checkpoints.push(put);
-            }
-            Save::Writes(of) => {
-                round.written.insert(key);
-                round.writes.push(of);
-            }
-        }
-    }
-
-    /// Applies the batch; with the answers, each thread's last seq when the batch knows them
-    /// without reading (every end was written by the batched statement).
-    async fn apply(self, conn: &mut PgConnection) -> StorageResult<Applied> {
-        insert_event_refs_pg(conn, &self.events).await?;
-        for round in &self.rounds {
-            if !round.checkpoints.is_empty() {
-                insert_checkpoints_pg(conn, &round.checkpoints)
-                    .await
-                    .map_err(as_storage_error)?;
-            }
-            if !round.writes.is_empty() {
-                insert_writes_of_pg(conn, &round.writes)
-                    .await
-                    .map_err(as_storage_error)?;
-            }
-        }
-        let mut answers: Vec<StorageResult<Written>> =
-            (0..self.writes).map(|_| Ok(Written::Done)).collect();
-        let ends: Vec<EndOf> = self
-            .ends
-            .iter()
-            .map(|(_, write, prepared)| EndOf {
-                thread_id: write.thread_id,
-                run_id: write.run_id,
-                worker_id: &write.worker_id,
-                end: &write.end,
-                prepared: *prepared,
-            })
-            .collect();
-        if let Some(ended) = end_runs_pg(conn, &ends).await? {
-            // An event's seq is its thread's counter once the events' statement moved it; an
-            // end event, logged after the thread's other events of the batch, is its last.
-            let mut last_seqs: HashMap<ResourceId, i64> = HashMap::new();
-            for event in &self.events {
-                let last = last_seqs.entry(event.thread_id).or_default();
-                *last = (*last).max(event.seq);
-            }
-            for ((place, _, _), (run, end_seq)) in self.ends.iter().zip(ended) {
-                last_seqs.insert(run.thread_id, end_seq);
-                answers[*place] = Ok(Written::Ended(Some(Box::new(run))));
-            }
-            return Ok((answers, Some(last_seqs)));
-        }
-        for (place, end, prepared) in self.ends {
-            answers[place] = Ok(end_write(conn, end, prepared).await?);
-        }
-        Ok((answers, None))
-    }
-}
-
-/// A batch's answers, and each thread's last seq when known without reading.
-type Applied = (
-    Vec<StorageResult<Written>>,
-    Option<HashMap<ResourceId, i64>>,
-);
 
 /// The lines announcing how far the logs reach ([`logged_lines`]), from seqs already known.
 fn lines_of(last_seqs: HashMap<ResourceId, i64>, origin: &str) -> Vec<String> {

@@ -16,6 +16,9 @@ use sqlx::types::Json;
 use sqlx::{PgConnection, Postgres, QueryBuilder};
 use uuid::Uuid;
 
+/// A statement with its parameters, as the builders of a writer's group's arrays bind them.
+pub(crate) type PgQuery<'q> = sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>;
+
 use crate::assistant_cache::AssistantCache;
 use crate::checkpoints::{copy_checkpoints_pg, PostgresCheckpointer};
 use crate::error::conflict_if_taken;

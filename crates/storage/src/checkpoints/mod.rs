@@ -35,9 +35,7 @@ pub(crate) use postgres::delete_unreached_blobs as delete_unreached_blobs_pg;
 pub(crate) use postgres::insert_checkpoint as insert_checkpoint_pg;
 pub(crate) use postgres::store_logged as store_logged_pg;
 pub use postgres::PostgresCheckpointer;
-pub(crate) use postgres::{
-    insert_checkpoints as insert_checkpoints_pg, insert_writes_of as insert_writes_of_pg,
-};
+pub(crate) use postgres::{CheckpointArrays, PendingWriteArrays};
 pub(crate) use sqlite::checkpoint_stored as checkpoint_stored_sqlite;
 pub(crate) use sqlite::copy_checkpoints as copy_checkpoints_sqlite;
 pub(crate) use sqlite::delete_checkpoints as delete_checkpoints_sqlite;

@@ -22,6 +22,7 @@ use super::{
     run_gone, saved_by, stored_checkpoint, wanted_blobs, BlobRow, Blobs, CheckpointRow, Put, Save,
     WriteRow, WritesOf, CHECKPOINT_COLUMNS,
 };
+use crate::postgres::PgQuery;
 use crate::runs::postgres::insert_events;
 use crate::LoggedSave;
 
@@ -222,191 +223,119 @@ pub(crate) async fn insert_checkpoint(
     Ok(())
 }
 
-/// Saves several checkpoints with their blobs in one statement (a writer's group, see
-/// `pg_writer`), each as [`insert_checkpoint`] saves one; that holds while no two are the
-/// same checkpoint, which the caller sees to. Refused whole when any one's run is gone (the
-/// caller then saves them one at a time, which tells which).
-pub(crate) async fn insert_checkpoints(
-    conn: &mut PgConnection,
-    puts: &[Put<'_>],
-) -> Result<(), CheckpointError> {
-    let mut threads = Vec::with_capacity(puts.len());
-    let mut namespaces = Vec::with_capacity(puts.len());
-    let mut ids = Vec::with_capacity(puts.len());
-    let mut parents = Vec::with_capacity(puts.len());
-    let mut checkpoints = Vec::with_capacity(puts.len());
-    let mut metadata = Vec::with_capacity(puts.len());
-    let mut saved_by_runs = Vec::with_capacity(puts.len());
-    let (mut blob_of, mut channels, mut versions, mut bases, mut values) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for (n, put) in (1i32..).zip(puts) {
-        let stored = stored_checkpoint(put.checkpoint);
-        threads.push(put.thread_id);
-        namespaces.push(put.checkpoint_ns);
-        ids.push(stored.id.clone());
-        parents.push(put.parent_id);
-        checkpoints.push(serde_json::to_string(&stored).map_err(backend)?);
-        metadata.push(jsonb_safe(put.metadata).to_string());
-        saved_by_runs.push(saved_by(put.metadata));
-        for blob in encode_blobs(put.blobs)? {
-            blob_of.push(n);
-            channels.push(blob.channel);
-            versions.push(blob.version);
-            bases.push(blob.base);
-            values.push(blob.value);
-        }
-    }
-    // The blobs find their checkpoint's thread and namespace by its place in the arrays, not
-    // by a join: the writer's connection plans without hash or merge joins (`pg_writer`), and
-    // joining the blobs' UNNEST to the checkpoints was a nested loop that unnested every blob
-    // again for each checkpoint (half the statement's time at 8 runs a group, and quadratic).
-    let saved = sqlx::query(
-        "WITH input AS ( \
-             SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
-                                  $6::text[], $7::uuid[]) \
-             WITH ORDINALITY AS u(thread_id, ns, id, parent, cp, md, saved_by, n) \
-         ), live AS ( \
-             SELECT run_id FROM runs WHERE run_id IN (SELECT saved_by FROM input) FOR KEY SHARE \
-         ), ok AS ( \
-             SELECT * FROM input WHERE saved_by IS NULL OR saved_by IN (SELECT run_id FROM live) \
-         ), new_blobs AS ( \
-             INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, base, value) \
-             SELECT ($1::text[])[b.n], ($2::text[])[b.n], b.ch, b.v, b.base, b.val \
-             FROM UNNEST($8::int4[], $9::text[], $10::int8[], $11::int8[], $12::bytea[]) \
-                  AS b(n, ch, v, base, val) \
-             WHERE b.n = ANY (ARRAY(SELECT n FROM ok)) \
-             ON CONFLICT DO NOTHING \
-         ), stale_writes AS ( \
-             DELETE FROM checkpoint_writes w USING ok \
-             WHERE w.thread_id = ok.thread_id AND w.checkpoint_ns = ok.ns \
-               AND w.checkpoint_id = ok.id \
-               AND EXISTS (SELECT 1 FROM checkpoints c WHERE c.thread_id = ok.thread_id \
-                           AND c.checkpoint_ns = ok.ns AND c.checkpoint_id = ok.id) \
-         ) \
-         INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, \
-                                  checkpoint, metadata) \
-         SELECT thread_id, ns, id, parent, cp::jsonb, md::jsonb FROM ok \
-         ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET \
-             parent_checkpoint_id = EXCLUDED.parent_checkpoint_id, \
-             checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata",
-    )
-    .bind(threads)
-    .bind(namespaces)
-    .bind(&ids)
-    .bind(parents)
-    .bind(checkpoints)
-    .bind(metadata)
-    .bind(&saved_by_runs)
-    .bind(blob_of)
-    .bind(channels)
-    .bind(versions)
-    .bind(bases)
-    .bind(values)
-    .execute(conn)
-    .await
-    .map_err(backend)?;
-    if saved.rows_affected() != puts.len() as u64 {
-        return Err(CheckpointError::Backend(format!(
-            "{} of {} checkpoints were not saved: their runs were deleted",
-            puts.len() as u64 - saved.rows_affected(),
-            puts.len()
-        )));
-    }
-    Ok(())
+/// Checkpoints with their blobs as a writer's group saves them (the `c_` and `b_` arrays of
+/// `spindle_write_group`, migration 0014): each as [`insert_checkpoint`] saves one, which
+/// holds while no two are the same checkpoint (the caller sees to it). A blob names its
+/// checkpoint by its place (from 1) in the checkpoints' arrays.
+#[derive(Default)]
+pub(crate) struct CheckpointArrays<'a> {
+    threads: Vec<&'a str>,
+    namespaces: Vec<&'a str>,
+    ids: Vec<String>,
+    parents: Vec<Option<&'a str>>,
+    checkpoints: Vec<String>,
+    metadata: Vec<String>,
+    saved_by_runs: Vec<Option<uuid::Uuid>>,
+    blob_of: Vec<i32>,
+    channels: Vec<String>,
+    versions: Vec<i64>,
+    bases: Vec<Option<i64>>,
+    values: Vec<Vec<u8>>,
 }
 
-/// Saves the pending writes of several checkpoints in two statements (a writer's group, see
-/// `pg_writer`), each batch as [`insert_writes`] saves one, in order: batches of one checkpoint
-/// are numbered one after the other. That holds while no batch replaces writes of a
-/// checkpoint an earlier batch here wrote to, which the caller sees to.
-pub(crate) async fn insert_writes_of(
-    conn: &mut PgConnection,
-    batches: &[WritesOf<'_>],
-) -> Result<(), CheckpointError> {
-    let (mut keys_thread, mut keys_ns, mut keys_id) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut r_thread, mut r_ns, mut r_id, mut r_task, mut r_channel) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let (mut thread, mut ns, mut id, mut task, mut channel, mut value) = (
-        Vec::new(),
-        Vec::new(),
-        Vec::new(),
-        Vec::new(),
-        Vec::new(),
-        Vec::new(),
-    );
-    for batch in batches {
-        let plan = plan_writes(batch.writes);
-        keys_thread.push(batch.thread_id);
-        keys_ns.push(batch.checkpoint_ns);
-        keys_id.push(batch.checkpoint_id);
-        for (t, c) in plan.replace {
-            r_thread.push(batch.thread_id);
-            r_ns.push(batch.checkpoint_ns);
-            r_id.push(batch.checkpoint_id);
-            r_task.push(t);
-            r_channel.push(c);
+impl<'a> CheckpointArrays<'a> {
+    pub(crate) fn of(puts: &[Put<'a>]) -> Result<Self, CheckpointError> {
+        let mut arrays = Self::default();
+        for (n, put) in (1i32..).zip(puts) {
+            let stored = stored_checkpoint(put.checkpoint);
+            arrays.threads.push(put.thread_id);
+            arrays.namespaces.push(put.checkpoint_ns);
+            arrays.ids.push(stored.id.clone());
+            arrays.parents.push(put.parent_id);
+            arrays
+                .checkpoints
+                .push(serde_json::to_string(&stored).map_err(backend)?);
+            arrays.metadata.push(jsonb_safe(put.metadata).to_string());
+            arrays.saved_by_runs.push(saved_by(put.metadata));
+            for blob in encode_blobs(put.blobs)? {
+                arrays.blob_of.push(n);
+                arrays.channels.push(blob.channel);
+                arrays.versions.push(blob.version);
+                arrays.bases.push(blob.base);
+                arrays.values.push(blob.value);
+            }
         }
-        for write in plan.insert {
-            thread.push(batch.thread_id);
-            ns.push(batch.checkpoint_ns);
-            id.push(batch.checkpoint_id);
-            task.push(write.task_id.as_str());
-            channel.push(write.channel.as_str());
-            value.push(encode_write(write)?);
-        }
+        Ok(arrays)
     }
-    // As in `insert_writes`: the checkpoints' rows serialise concurrent savers of one step
-    // (in a fixed order, so two groups cannot wait for each other).
-    sqlx::query(
-        "SELECT 1 FROM checkpoints WHERE (thread_id, checkpoint_ns, checkpoint_id) IN ( \
-             SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[])) \
-         ORDER BY thread_id, checkpoint_ns, checkpoint_id FOR UPDATE",
-    )
-    .bind(&keys_thread)
-    .bind(&keys_ns)
-    .bind(&keys_id)
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(backend)?;
-    // Each new write numbers itself from its checkpoint's last index (one lookup by index per
-    // row) rather than joining a table of those to the input: without hash joins (`pg_writer`)
-    // that join read the input again for every checkpoint.
-    sqlx::query(
-        "WITH replaced AS ( \
-             DELETE FROM checkpoint_writes w \
-             USING UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) \
-                   AS r(t, ns, c, task, ch) \
-             WHERE w.thread_id = r.t AND w.checkpoint_ns = r.ns AND w.checkpoint_id = r.c \
-               AND w.task_id = r.task AND w.channel = r.ch \
-         ), input AS ( \
-             SELECT * FROM UNNEST($6::text[], $7::text[], $8::text[], $9::text[], $10::text[], \
-                                  $11::bytea[]) WITH ORDINALITY AS u(t, ns, c, task, ch, val, n) \
-         ) \
-         INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, idx, task_id, \
-                                        channel, value) \
-         SELECT i.t, i.ns, i.c, \
-                COALESCE((SELECT MAX(w.idx) FROM checkpoint_writes w \
-                          WHERE w.thread_id = i.t AND w.checkpoint_ns = i.ns \
-                            AND w.checkpoint_id = i.c), -1) \
-                + ROW_NUMBER() OVER (PARTITION BY i.t, i.ns, i.c ORDER BY i.n), \
-                i.task, i.ch, i.val \
-         FROM input i",
-    )
-    .bind(r_thread)
-    .bind(r_ns)
-    .bind(r_id)
-    .bind(r_task)
-    .bind(r_channel)
-    .bind(thread)
-    .bind(ns)
-    .bind(id)
-    .bind(task)
-    .bind(channel)
-    .bind(value)
-    .execute(&mut *conn)
-    .await
-    .map_err(backend)?;
-    Ok(())
+
+    /// Binds the arrays, in the function's order.
+    pub(crate) fn bind(self, query: PgQuery<'a>) -> PgQuery<'a> {
+        query
+            .bind(self.threads)
+            .bind(self.namespaces)
+            .bind(self.ids)
+            .bind(self.parents)
+            .bind(self.checkpoints)
+            .bind(self.metadata)
+            .bind(self.saved_by_runs)
+            .bind(self.blob_of)
+            .bind(self.channels)
+            .bind(self.versions)
+            .bind(self.bases)
+            .bind(self.values)
+    }
+}
+
+/// The pending writes of several checkpoints as a writer's group saves them (the `k_`, `x_`
+/// and `w_` arrays of `spindle_write_group`): each batch as [`insert_writes`] saves one, in
+/// order, batches of one checkpoint numbered one after the other. That holds while no batch
+/// replaces writes of a checkpoint an earlier batch here wrote to (the caller sees to it).
+#[derive(Default)]
+pub(crate) struct PendingWriteArrays<'a> {
+    /// The checkpoints written to, whose rows are locked.
+    locked: [Vec<&'a str>; 3],
+    /// Writes replaced: thread, namespace, checkpoint, task, channel.
+    replaced: [Vec<&'a str>; 5],
+    /// Writes inserted: thread, namespace, checkpoint, task, channel, and their values.
+    inserted: [Vec<&'a str>; 5],
+    values: Vec<Vec<u8>>,
+}
+
+impl<'a> PendingWriteArrays<'a> {
+    pub(crate) fn of(batches: &[WritesOf<'a>]) -> Result<Self, CheckpointError> {
+        let mut arrays = Self::default();
+        for batch in batches {
+            let key = [batch.thread_id, batch.checkpoint_ns, batch.checkpoint_id];
+            let plan = plan_writes(batch.writes);
+            push_all(&mut arrays.locked, key);
+            for (task, channel) in plan.replace {
+                push_all(
+                    &mut arrays.replaced,
+                    [key[0], key[1], key[2], task, channel],
+                );
+            }
+            for write in plan.insert {
+                let row = [key[0], key[1], key[2], &write.task_id, &write.channel];
+                push_all(&mut arrays.inserted, row);
+                arrays.values.push(encode_write(write)?);
+            }
+        }
+        Ok(arrays)
+    }
+
+    /// Binds the arrays, in the function's order.
+    pub(crate) fn bind(self, query: PgQuery<'a>) -> PgQuery<'a> {
+        let query = self.locked.into_iter().fold(query, |q, a| q.bind(a));
+        let query = self.replaced.into_iter().fold(query, |q, a| q.bind(a));
+        let query = self.inserted.into_iter().fold(query, |q, a| q.bind(a));
+        query.bind(self.values)
+    }
+}
+
+fn push_all<'a, const N: usize>(columns: &mut [Vec<&'a str>; N], row: [&'a str; N]) {
+    for (column, value) in columns.iter_mut().zip(row) {
+        column.push(value);
+    }
 }
 
 /// Copies every checkpoint, blob and pending write of thread `from` to thread `to`, in SQL

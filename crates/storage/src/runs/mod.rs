@@ -499,8 +499,8 @@ pub trait RunStore: Send + Sync {
 
 pub(crate) mod postgres;
 pub(crate) use postgres::{
-    end_run as end_run_pg, end_runs as end_runs_pg, insert_event_refs as insert_event_refs_pg,
-    insert_events as insert_events_pg, EndOf, EndPrepared,
+    end_run as end_run_pg, insert_events as insert_events_pg, EndArrays, EndOf, EndPrepared,
+    EventArrays,
 };
 pub(crate) mod sqlite;
 
@@ -535,7 +535,7 @@ const RUN_COLUMNS: &str = "run_id, thread_id, assistant_id, user_id, status, kwa
      ended_at, output";
 
 #[derive(sqlx::FromRow)]
-struct RunRow<Id> {
+pub(crate) struct RunRow<Id> {
     run_id: Id,
     thread_id: ResourceId,
     assistant_id: ResourceId,

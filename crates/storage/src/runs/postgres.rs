@@ -24,11 +24,11 @@ use crate::checkpoints::delete_run_checkpoints_pg as delete_run_checkpoints;
 use crate::crons::firing_made;
 use crate::error::conflict_if_taken;
 use crate::pg_notify::{notify, notify_logged, notify_runs, CANCEL, RUNS};
-use crate::postgres::PostgresStorage;
+use crate::postgres::{PgQuery, PostgresStorage};
 use crate::StorageError;
 
 mod end;
-pub(crate) use end::{end_run, end_runs, EndOf, EndPrepared};
+pub(crate) use end::{end_run, EndArrays, EndOf, EndPrepared};
 
 /// Whether the caller sees the thread; `lock` also locks its row for the transaction.
 async fn thread_visible(
@@ -274,35 +274,16 @@ pub(crate) async fn insert_event_refs(
     if events.is_empty() {
         return Ok(());
     }
-    let mut thread_ids = Vec::with_capacity(events.len());
-    let mut seqs = Vec::with_capacity(events.len());
-    let mut run_ids = Vec::with_capacity(events.len());
-    let mut names = Vec::with_capacity(events.len());
-    let mut data = Vec::with_capacity(events.len());
-    let mut created = Vec::with_capacity(events.len());
-    for event in events {
-        thread_ids.push(event.thread_id);
-        seqs.push(event.seq);
-        run_ids.push(event.run_id);
-        names.push(event.event.as_str());
-        data.push(event.data.to_string());
-        created.push(event.created_at);
-    }
-    let ranges = seq_ranges(events.iter().copied());
-    let threads: Vec<ResourceId> = ranges.iter().map(|(thread, _, _)| *thread).collect();
-    let lows: Vec<i64> = ranges.iter().map(|(_, low, _)| *low).collect();
-    let highs: Vec<i64> = ranges.iter().map(|(_, _, high)| *high).collect();
-    let mut runs = run_ids.clone();
-    runs.sort_unstable();
-    runs.dedup();
+    let arrays = EventArrays::of(events);
+    let (threads, runs) = (arrays.threads.clone(), arrays.runs.len());
     // `data` goes in as text cast to json, which keeps it as written. `= ANY($7)` gives the
     // planner the threads' keys: without it a plan may read the whole table for the few rows
     // of the batch. The runs are locked as a foreign key's trigger would lock them, once per
     // run instead of once per event (migration 0013), and after the threads' rows (the lock
     // order, which `moved >= 0` makes explicit): a run deleted before this statement is
     // missing from `runs`; one deleted after waits for this transaction, and deletes these
-    // events after it.
-    let (moved, runs_found): (i64, i64) = sqlx::query_as(
+    // events after it. (A writer's group runs the same statement in `spindle_write_group`.)
+    let query = sqlx::query(
         "WITH e AS ( \
              INSERT INTO run_events (thread_id, seq, run_id, event, data, created_at) \
              SELECT t, s, r, e, d::json, c FROM UNNEST($1::text[], $2::int8[], $3::uuid[], \
@@ -317,35 +298,83 @@ pub(crate) async fn insert_event_refs(
                  AND (SELECT count(*) FROM moved) >= 0 FOR KEY SHARE \
          ) \
          SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM held)",
-    )
-    .bind(&thread_ids)
-    .bind(&seqs)
-    .bind(&run_ids)
-    .bind(&names)
-    .bind(&data)
-    .bind(&created)
-    .bind(&threads)
-    .bind(lows)
-    .bind(highs)
-    .bind(&runs)
-    .fetch_one(&mut *conn)
-    .await
-    .map_err(event_insert_error)?;
+    );
+    let counts = arrays
+        .bind(query)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(event_insert_error)?;
+    let (moved, runs_found): (i64, i64) = (counts.try_get(0)?, counts.try_get(1)?);
     // The caller's transaction rolls back what the statement inserted.
-    if runs_found != runs.len() as i64 {
+    if runs_found != runs as i64 {
         return Err(StorageError::NotFound("run"));
     }
-    if moved != ranges.len() as i64 {
+    if moved != threads.len() as i64 {
         return Err(match threads.as_slice() {
             [thread] => seq_taken(*thread),
             _ => StorageError::Conflict(format!(
                 "{} of {} threads have logged events at or after those seqs",
-                ranges.len() as i64 - moved,
-                ranges.len()
+                threads.len() as i64 - moved,
+                threads.len()
             )),
         });
     }
     Ok(())
+}
+
+/// Events as the statements that log them take them (the `e_` arrays of
+/// `spindle_write_group`, migration 0014): a column each, then each thread's range of seqs
+/// and the distinct runs.
+#[derive(Default)]
+pub(crate) struct EventArrays<'a> {
+    thread_ids: Vec<ResourceId>,
+    seqs: Vec<i64>,
+    run_ids: Vec<Uuid>,
+    names: Vec<&'a str>,
+    data: Vec<String>,
+    created: Vec<DateTime<Utc>>,
+    threads: Vec<ResourceId>,
+    lows: Vec<i64>,
+    highs: Vec<i64>,
+    runs: Vec<Uuid>,
+}
+
+impl<'a> EventArrays<'a> {
+    pub(crate) fn of(events: &[&'a LoggedEvent]) -> Self {
+        let mut arrays = Self::default();
+        for event in events {
+            arrays.thread_ids.push(event.thread_id);
+            arrays.seqs.push(event.seq);
+            arrays.run_ids.push(event.run_id);
+            arrays.names.push(event.event.as_str());
+            arrays.data.push(event.data.to_string());
+            arrays.created.push(event.created_at);
+        }
+        for (thread, low, high) in seq_ranges(events.iter().copied()) {
+            arrays.threads.push(thread);
+            arrays.lows.push(low);
+            arrays.highs.push(high);
+        }
+        arrays.runs = arrays.run_ids.clone();
+        arrays.runs.sort_unstable();
+        arrays.runs.dedup();
+        arrays
+    }
+
+    /// Binds the arrays, in the function's order.
+    pub(crate) fn bind(self, query: PgQuery<'a>) -> PgQuery<'a> {
+        query
+            .bind(self.thread_ids)
+            .bind(self.seqs)
+            .bind(self.run_ids)
+            .bind(self.names)
+            .bind(self.data)
+            .bind(self.created)
+            .bind(self.threads)
+            .bind(self.lows)
+            .bind(self.highs)
+            .bind(self.runs)
+    }
 }
 
 /// Ends a running run whose worker died and that is not to be resumed: a cancelled one as

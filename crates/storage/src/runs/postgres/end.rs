@@ -1,8 +1,8 @@
 //! How a run's end is written on PostgreSQL: by the runs' writer (`pg_writer`), in its group's
 //! transaction, one end at a time ([`end_run`]) or all of a group's plain ends together
-//! ([`end_runs`]).
+//! ([`EndArrays`]).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use super::*;
 
@@ -101,7 +101,7 @@ pub(crate) async fn end_run(
     Ok(Some(Run::try_from(RunRow::<Uuid>::from_row(&row)?)?))
 }
 
-/// A run's end as a writer's group applies it ([`end_runs`]).
+/// A run's end as a writer's group applies it ([`EndArrays`]).
 pub(crate) struct EndOf<'a> {
     pub thread_id: ResourceId,
     pub run_id: Uuid,
@@ -110,151 +110,80 @@ pub(crate) struct EndOf<'a> {
     pub prepared: EndPrepared,
 }
 
-/// Ends runs of distinct threads as [`end_run`] would one after the other, in two statements
-/// whatever their number: one locks every run and thread (and learns what a plain end needs),
-/// one writes every run's row, end event and thread. Answers `None`, having written nothing
-/// (the locks stay, as the caller's transaction goes on), when one of them is not a plain end:
-/// a run that is not held, one cancelled with `rollback`, one behind a checkpoint not stored,
-/// one whose events are not logged yet, two of one thread. The caller then ends them one by one.
-/// Each ended run comes with the seq of its end event, its thread's last.
-pub(crate) async fn end_runs(
-    conn: &mut PgConnection,
-    ends: &[EndOf<'_>],
-) -> StorageResult<Option<Vec<(Run, i64)>>> {
-    if ends.is_empty() {
-        return Ok(Some(Vec::new()));
-    }
-    let mut threads = HashSet::with_capacity(ends.len());
-    let plain = ends
-        .iter()
-        .all(|end| end.prepared.events_logged && threads.insert(end.thread_id));
-    if !plain {
-        return Ok(None);
-    }
-    if !lock_plain_ends(conn, ends).await? {
-        return Ok(None);
-    }
-    let now = Utc::now();
-    let (mut thread_ids, mut run_ids, mut statuses, mut errors) = (vec![], vec![], vec![], vec![]);
-    let (mut values, mut thread_statuses, mut interrupts, mut end_events) =
-        (vec![], vec![], vec![], vec![]);
-    for EndOf {
-        thread_id,
-        run_id,
-        end,
-        ..
-    } in ends
-    {
-        thread_ids.push(*thread_id);
-        run_ids.push(*run_id);
-        statuses.push(end.status.as_str());
-        errors.push(end.error.as_ref().map(Value::to_string));
-        values.push(end.thread_values.as_ref().map(Value::to_string));
-        thread_statuses.push(end.thread_status.as_str());
-        interrupts.push(Value::Object(end.thread_interrupts.clone()).to_string());
-        end_events.push(end_event_data(*run_id, end.status).to_string());
-    }
-    // As `end_run`'s statement, over arrays: a thread stays busy while another of its runs is
-    // active; its error is the run's only when it ends `error`.
-    let sql = format!(
-        "WITH i AS ( \
-             SELECT * FROM UNNEST($1::text[], $2::uuid[], $3::text[], $4::text[], $5::text[], \
-                                  $6::text[], $7::text[], $8::text[]) \
-                 AS i(thread_id, run_id, status, error, vals, thread_status, interrupts, ended) \
-         ), ended AS ( \
-             UPDATE runs r SET status = i.status, error = i.error::jsonb, \
-                 lease_expires_at = NULL, updated_at = $9, ended_at = $9, \
-                 output = i.vals::jsonb \
-             FROM i WHERE r.run_id = i.run_id \
-             RETURNING {} \
-         ), a AS ( \
-             SELECT i.thread_id, EXISTS (SELECT 1 FROM runs o WHERE o.thread_id = i.thread_id \
-                 AND o.run_id <> i.run_id AND o.status IN ('pending', 'running')) AS busy \
-             FROM i \
-         ), t AS ( \
-             UPDATE threads SET event_seq = event_seq + 1, \
-                 status = CASE WHEN a.busy THEN 'busy' ELSE i.thread_status END, \
-                 state_values = i.vals::jsonb, interrupts = i.interrupts::jsonb, \
-                 error = CASE WHEN NOT a.busy AND i.thread_status = 'error' \
-                              THEN i.error::jsonb END, \
-                 state_updated_at = $9, updated_at = $9 \
-             FROM i JOIN a ON a.thread_id = i.thread_id \
-             WHERE threads.thread_id = i.thread_id \
-             RETURNING threads.thread_id, threads.event_seq, i.run_id, i.ended, a.busy \
-         ), e AS ( \
-             INSERT INTO run_events (thread_id, seq, run_id, event, data, created_at) \
-             SELECT t.thread_id, t.event_seq, t.run_id, $10, t.ended::json, $9 FROM t \
-         ) \
-         SELECT ended.*, t.busy, t.event_seq AS end_seq FROM ended JOIN t ON t.run_id = ended.run_id",
-        qualified_run_columns()
-    );
-    let rows = sqlx::query(&sql)
-        .bind(&thread_ids)
-        .bind(&run_ids)
-        .bind(&statuses)
-        .bind(&errors)
-        .bind(&values)
-        .bind(&thread_statuses)
-        .bind(&interrupts)
-        .bind(&end_events)
-        .bind(now)
-        .bind(RUN_END_EVENT)
-        .fetch_all(&mut *conn)
-        .await?;
-    let mut busy = false;
-    let mut ended = HashMap::with_capacity(rows.len());
-    for row in &rows {
-        busy |= row.try_get::<bool, _>("busy")?;
-        let run = Run::try_from(RunRow::<Uuid>::from_row(row)?)?;
-        ended.insert(run.run_id, (run, row.try_get("end_seq")?));
-    }
-    if busy {
-        // A run queued behind one of these can start now.
-        notify_runs(&mut *conn).await?;
-    }
-    ends.iter()
-        .map(|end| {
-            ended
-                .remove(&end.run_id)
-                .ok_or(StorageError::NotFound("run"))
-        })
-        .collect::<StorageResult<Vec<_>>>()
-        .map(Some)
+/// Runs' ends as a writer's group applies them (the `n_` arrays of `spindle_write_group`,
+/// migration 0014): as [`end_run`] would one after the other, for plain ends of distinct
+/// threads whose events are logged earlier in the group. The function locks every run and
+/// thread first, and raises (the writer then ends them one by one) when one is not plain: a
+/// run that is not held, one cancelled with `rollback`, one behind a checkpoint not stored.
+#[derive(Default)]
+pub(crate) struct EndArrays<'a> {
+    threads: Vec<ResourceId>,
+    runs: Vec<Uuid>,
+    workers: Vec<&'a str>,
+    after: Vec<Option<&'a str>>,
+    statuses: Vec<&'static str>,
+    errors: Vec<Option<String>>,
+    values: Vec<Option<String>>,
+    thread_statuses: Vec<&'static str>,
+    interrupts: Vec<String>,
+    end_events: Vec<String>,
 }
 
-/// Locks the runs and threads of `ends` (threads in id order, as every group locks them, so
-/// that two groups cannot wait for each other) and tells whether all of them end plainly: each
-/// run is running and held by its worker, none was cancelled with `rollback`, and each
-/// checkpoint an end comes after is stored.
-async fn lock_plain_ends(conn: &mut PgConnection, ends: &[EndOf<'_>]) -> StorageResult<bool> {
-    let threads: Vec<ResourceId> = ends.iter().map(|end| end.thread_id).collect();
-    let runs: Vec<Uuid> = ends.iter().map(|end| end.run_id).collect();
-    let workers: Vec<&str> = ends.iter().map(|end| end.worker_id).collect();
-    let after: Vec<Option<&str>> = ends
-        .iter()
-        .map(|end| {
-            end.end
-                .after_checkpoint
-                .as_deref()
-                .filter(|_| !end.prepared.checkpoint_saved)
-        })
-        .collect();
-    let plain: Vec<bool> = sqlx::query_scalar(
-        "SELECT r.cancel IS DISTINCT FROM 'rollback' AND (i.after IS NULL OR EXISTS ( \
-             SELECT 1 FROM checkpoints c WHERE c.thread_id = i.thread_id \
-             AND c.checkpoint_ns = '' AND c.checkpoint_id = i.after)) \
-         FROM UNNEST($1::text[], $2::uuid[], $3::text[], $4::text[]) \
-             AS i(thread_id, run_id, worker, after) \
-         JOIN runs r ON r.run_id = i.run_id AND r.thread_id = i.thread_id \
-             AND r.status = 'running' AND r.lease_owner = i.worker \
-         JOIN threads t ON t.thread_id = r.thread_id \
-         ORDER BY t.thread_id FOR NO KEY UPDATE OF t, r",
-    )
-    .bind(&threads)
-    .bind(&runs)
-    .bind(&workers)
-    .bind(&after)
-    .fetch_all(&mut *conn)
-    .await?;
-    Ok(plain.len() == ends.len() && plain.iter().all(|plain| *plain))
+impl<'a> EndArrays<'a> {
+    /// `None` when one of `ends` cannot be applied this way: its events are not logged yet, or
+    /// it is a second end of one thread.
+    pub(crate) fn of(ends: &[EndOf<'a>]) -> Option<Self> {
+        let mut arrays = Self::default();
+        let mut threads = HashSet::with_capacity(ends.len());
+        for end in ends {
+            if !end.prepared.events_logged || !threads.insert(end.thread_id) {
+                return None;
+            }
+            let EndOf {
+                thread_id,
+                run_id,
+                worker_id,
+                end,
+                prepared,
+            } = end;
+            arrays.threads.push(*thread_id);
+            arrays.runs.push(*run_id);
+            arrays.workers.push(worker_id);
+            // A checkpoint the group saved is there; no need to look.
+            let after = end.after_checkpoint.as_deref();
+            arrays
+                .after
+                .push(after.filter(|_| !prepared.checkpoint_saved));
+            arrays.statuses.push(end.status.as_str());
+            arrays.errors.push(end.error.as_ref().map(Value::to_string));
+            arrays
+                .values
+                .push(end.thread_values.as_ref().map(Value::to_string));
+            arrays.thread_statuses.push(end.thread_status.as_str());
+            let interrupts = Value::Object(end.thread_interrupts.clone());
+            arrays.interrupts.push(interrupts.to_string());
+            arrays
+                .end_events
+                .push(end_event_data(*run_id, end.status).to_string());
+        }
+        Some(arrays)
+    }
+
+    /// Binds the arrays, then the time of the ends and the end events' name, in the function's
+    /// order.
+    pub(crate) fn bind(self, query: PgQuery<'a>, now: DateTime<Utc>) -> PgQuery<'a> {
+        query
+            .bind(self.threads)
+            .bind(self.runs)
+            .bind(self.workers)
+            .bind(self.after)
+            .bind(self.statuses)
+            .bind(self.errors)
+            .bind(self.values)
+            .bind(self.thread_statuses)
+            .bind(self.interrupts)
+            .bind(self.end_events)
+            .bind(now)
+            .bind(RUN_END_EVENT)
+    }
 }
