@@ -528,6 +528,24 @@ pub fn postgres_url() -> Option<String> {
     }
 }
 
+/// A run of the thread: no input, an assistant of its own, queued behind the thread's other
+/// runs, due now.
+pub fn new_run(thread_id: ResourceId) -> crate::NewRun {
+    crate::NewRun {
+        run_id: Uuid::new_v4(),
+        thread_id,
+        assistant_id: ResourceId::generate(),
+        assistant_read: None,
+        kwargs: crate::JsonObject::new(),
+        metadata: crate::JsonObject::new(),
+        multitask_strategy: crate::MultitaskStrategy::Enqueue,
+        run_after: Utc::now(),
+        claim: None,
+        if_thread_missing: crate::IfThreadMissing::Reject,
+        cron_firing: None,
+    }
+}
+
 /// Runs `test` once per backend (see [`TestDatabase::all`]), each on a fresh database. Every
 /// backend runs even if an earlier one failed; then the failures are reported together, each
 /// prefixed with its backend's name.

@@ -210,10 +210,9 @@ mod tests {
     use tokio::sync::oneshot;
 
     use super::*;
-    use crate::test_util::{postgres_url, TestDatabase, TestDb};
+    use crate::test_util::{new_run, postgres_url, TestDatabase, TestDb};
     use crate::{
-        CancelAction, IfExists, IfThreadMissing, JsonObject, MultitaskStrategy, NewRun, NewThread,
-        RunEnd, RunStatus, Scope, ThreadStatus,
+        CancelAction, IfExists, JsonObject, NewThread, RunEnd, RunStatus, Scope, ThreadStatus,
     };
 
     /// A fresh database with a run claimed by worker `w`, and a connection of its own; `None`
@@ -225,20 +224,7 @@ mod tests {
         let scope = Scope::local();
         let thread = NewThread::new(ResourceId::generate(), JsonObject::new(), IfExists::Raise);
         let thread_id = s.create_thread(&scope, thread).await.unwrap().thread_id;
-        let run = NewRun {
-            run_id: uuid::Uuid::new_v4(),
-            thread_id,
-            assistant_id: ResourceId::generate(),
-            assistant_read: None,
-            kwargs: JsonObject::new(),
-            metadata: JsonObject::new(),
-            multitask_strategy: MultitaskStrategy::Enqueue,
-            run_after: Utc::now(),
-            claim: None,
-            if_thread_missing: IfThreadMissing::Reject,
-            cron_firing: None,
-        };
-        s.create_run(&scope, run).await.unwrap();
+        s.create_run(&scope, new_run(thread_id)).await.unwrap();
         let claimed = s.claim_run("w", Duration::from_secs(60), 3).await.unwrap();
         let conn = PgConnection::connect(db.url()).await.unwrap();
         Some((database, db, claimed.expect("the run to claim").run, conn))

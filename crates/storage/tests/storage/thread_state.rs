@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use spindle_graph::checkpoint::{
     new_checkpoint_id, now_rfc3339, BlobValue, ChannelBlob, Checkpoint, PendingWrite,
 };
-use spindle_storage::test_util::for_each_backend;
+use spindle_storage::test_util::{for_each_backend, new_run};
 use spindle_storage::*;
 use uuid::Uuid;
 
@@ -78,22 +78,6 @@ async fn items_at(s: &dyn Storage, thread: ResourceId, id: Option<&str>) -> Opti
         .await
         .unwrap()
         .map(|t| t.checkpoint.channel_values["items"].clone())
-}
-
-fn new_run(thread_id: ResourceId) -> NewRun {
-    NewRun {
-        run_id: Uuid::new_v4(),
-        thread_id,
-        assistant_id: ResourceId::generate(),
-        assistant_read: None,
-        kwargs: JsonObject::new(),
-        metadata: JsonObject::new(),
-        multitask_strategy: MultitaskStrategy::Enqueue,
-        run_after: Utc::now(),
-        claim: None,
-        if_thread_missing: IfThreadMissing::Reject,
-        cron_firing: None,
-    }
 }
 
 #[tokio::test]
