@@ -1,12 +1,12 @@
 -- A runs' writer's group (`pg_writer`) applied by one function call: one round trip.
 --
 -- A group was a `BEGIN`, a statement each for its events, checkpoints, pending writes' locks,
--- pending writes, ends' locks and ends, then a `COMMIT`: 8 round trips, each costing the
--- writer about 0.9 ms beyond the statement's own execution at 16 clients on 2 cores (15 ms a
--- group, for which each of its runs waits). Called alone, outside `BEGIN`, this function is
--- one statement in an implicit transaction that commits when it returns. The statements are
--- the group's statements as they were, in the same order; each sees what the ones before it
--- did, since the function is volatile. It applies all of the group or raises, leaving
+-- pending writes, ends' locks and ends, then a `COMMIT`: 8 round trips, each of which cost
+-- the writer up to 0.9 ms beyond the statement's own execution on a slow 2-core machine, while
+-- every run of the group waited (bench/RESULTS.md). Called alone, outside `BEGIN`, this
+-- function is one statement in an implicit transaction that commits when it returns. Its
+-- statements are the group's statements as they were, in the same order; each sees what the
+-- ones before it did, since the function is volatile. It applies all of the group or raises, leaving
 -- nothing: the writer then applies the group's writes one transaction each, which tells which
 -- one failed, and ends a run that does not end plainly (not held by its worker, cancelled
 -- with `rollback`, or after a checkpoint not stored) the long way.
