@@ -18,7 +18,8 @@ use crate::{ResourceId, StorageResult, Wakeup};
 /// and, from a runs' writer, the process whose writer it was (whose own streams were handed
 /// those events already).
 pub(crate) const LOG: &str = "spindle_log";
-/// A run may be claimable now (created pending, or its thread's active run ended).
+/// A run may be claimable now (created pending, or its thread's active run ended). Also
+/// sent, as a literal, by `spindle_write_group` (migration 0014).
 pub(crate) const RUNS: &str = "spindle_runs";
 /// Cancels of running runs: payload run ids, one per line.
 pub(crate) const CANCEL: &str = "spindle_cancel";

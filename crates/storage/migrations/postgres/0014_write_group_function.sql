@@ -40,7 +40,7 @@ DECLARE
     any_busy boolean;
 BEGIN
     IF cardinality(e_thread) > 0 THEN
-        -- As `runs::postgres::insert_event_refs`: the events go in, their threads' counters
+        -- As `runs::postgres::insert_events`: the events go in, their threads' counters
         -- move past them, and their runs are locked as a foreign key would lock them, once
         -- per run and after the threads' rows.
         WITH e AS (

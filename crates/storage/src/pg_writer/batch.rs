@@ -4,6 +4,7 @@
 use std::collections::{HashMap, HashSet};
 
 use chrono::Utc;
+use sqlx::postgres::PgRow;
 use sqlx::{Connection, FromRow, PgConnection, Row};
 
 use super::{EndWrite, Job, Write, Written};
@@ -121,27 +122,42 @@ impl<'a> Batch<'a> {
         }
     }
 
-    /// Applies the batch and commits it, or fails having applied none of it.
+    /// Applies the batch and commits it, or fails having applied none of it. Once it is
+    /// committed nothing fails the batch, for the writer would apply its writes again: an end
+    /// whose row is not read back fails alone (its run did end).
     pub(super) async fn apply(self, conn: &mut PgConnection) -> StorageResult<Applied> {
-        let calls = self.calls()?;
-        let rows = if calls.len() == 1 {
-            let call = calls.into_iter().next().expect("one call");
-            call.fetch_all(&mut *conn).await?
-        } else {
-            let mut tx = conn.begin().await?;
-            let mut rows = Vec::new();
-            for call in calls {
-                // Only the last call, which holds the ends, answers rows.
-                rows = call.fetch_all(&mut *tx).await?;
-            }
-            tx.commit().await?;
-            rows
-        };
+        let rows = self.commit(conn).await?;
+        Ok(self.answers(&rows))
+    }
+
+    /// Runs the calls and commits them; answers the ended runs' rows.
+    async fn commit(&self, conn: &mut PgConnection) -> StorageResult<Vec<PgRow>> {
+        let mut calls = self.calls()?;
+        if calls.len() == 1 {
+            let call = calls.pop().expect("one call");
+            return Ok(call.fetch_all(&mut *conn).await?);
+        }
+        let mut tx = conn.begin().await?;
+        let mut rows = Vec::new();
+        for call in calls {
+            // Only the last call, which holds the ends, answers rows.
+            rows = call.fetch_all(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(rows)
+    }
+
+    /// The writes' answers and each thread's last seq, from the committed batch.
+    fn answers(self, rows: &[PgRow]) -> Applied {
         let mut ended = HashMap::with_capacity(rows.len());
-        for row in &rows {
-            let run = Run::try_from(RunRow::<uuid::Uuid>::from_row(row)?)?;
-            let end_seq: i64 = row.try_get("ended_seq")?;
-            ended.insert(run.run_id, (run, end_seq));
+        let mut unread = None;
+        for row in rows {
+            match ended_run(row) {
+                Ok((run, end_seq)) => {
+                    ended.insert(run.run_id, (run, end_seq));
+                }
+                Err(error) => unread = Some(error.to_string()),
+            }
         }
         // An event's seq is its thread's counter once the events' statement moved it; an end
         // event, logged after the thread's other events of the batch, is its last.
@@ -153,13 +169,19 @@ impl<'a> Batch<'a> {
         let mut answers: Vec<StorageResult<Written>> =
             (0..self.writes).map(|_| Ok(Written::Done)).collect();
         for (place, end) in self.end_places.iter().zip(&self.ends) {
-            let (run, end_seq) = ended
-                .remove(&end.run_id)
-                .ok_or(StorageError::NotFound("run"))?;
-            last_seqs.insert(run.thread_id, end_seq);
-            answers[*place] = Ok(Written::Ended(Some(Box::new(run))));
+            answers[*place] = match ended.remove(&end.run_id) {
+                Some((run, end_seq)) => {
+                    last_seqs.insert(run.thread_id, end_seq);
+                    Ok(Written::Ended(Some(Box::new(run))))
+                }
+                None => Err(StorageError::Commit(format!(
+                    "run {} ended, but its row was not read back: {}",
+                    end.run_id,
+                    unread.as_deref().unwrap_or("not answered")
+                ))),
+            };
         }
-        Ok((answers, last_seqs))
+        (answers, last_seqs)
     }
 
     /// The function's calls: one per round, the events with the first, the ends with the
@@ -173,7 +195,7 @@ impl<'a> Batch<'a> {
                 _ => EventArrays::default(),
             };
             let ends = match n == last {
-                true => self.end_arrays()?,
+                true => EndArrays::of(&self.ends),
                 false => EndArrays::default(),
             };
             let checkpoints = CheckpointArrays::of(&round.checkpoints).map_err(as_storage_error)?;
@@ -184,12 +206,12 @@ impl<'a> Batch<'a> {
         }
         Ok(calls)
     }
+}
 
-    fn end_arrays(&self) -> StorageResult<EndArrays<'_>> {
-        EndArrays::of(&self.ends).ok_or_else(|| {
-            StorageError::Commit("a group's ends are not all plain; applied one by one".to_owned())
-        })
-    }
+/// An ended run's row as the call answers it, with its end event's seq.
+fn ended_run(row: &PgRow) -> StorageResult<(Run, i64)> {
+    let run = Run::try_from(RunRow::<uuid::Uuid>::from_row(row)?)?;
+    Ok((run, row.try_get("ended_seq")?))
 }
 
 fn end_of(write: &EndWrite, prepared: EndPrepared) -> EndOf<'_> {

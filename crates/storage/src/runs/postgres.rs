@@ -254,28 +254,21 @@ async fn last_seq(conn: &mut PgConnection, thread_id: ResourceId) -> StorageResu
     Ok(seq.unwrap_or(0))
 }
 
-/// Appends events to their threads' logs and moves the threads' counters past them.
+/// Appends events to their threads' logs and moves the threads' counters past them, in one
+/// statement whatever their number (arrays, not a row of parameters per event, so it stays one
+/// prepared statement). A batch that does not continue its thread's counter reuses a seq
+/// (`Conflict`).
 pub(crate) async fn insert_events(
     conn: &mut PgConnection,
     events: &[LoggedEvent],
 ) -> StorageResult<()> {
-    let events: Vec<&LoggedEvent> = events.iter().collect();
-    insert_event_refs(conn, &events).await
-}
-
-/// [`insert_events`] of events gathered from several writes, in one statement whatever their
-/// number (arrays, not a row of parameters per event, so it stays one prepared statement):
-/// the events go in, and each thread's counter moves past them. A batch that does not continue
-/// its thread's counter reuses a seq (`Conflict`).
-pub(crate) async fn insert_event_refs(
-    conn: &mut PgConnection,
-    events: &[&LoggedEvent],
-) -> StorageResult<()> {
     if events.is_empty() {
         return Ok(());
     }
-    let arrays = EventArrays::of(events);
-    let (threads, runs) = (arrays.threads.clone(), arrays.runs.len());
+    let events: Vec<&LoggedEvent> = events.iter().collect();
+    let arrays = EventArrays::of(&events);
+    let (threads, runs) = (arrays.threads.len(), arrays.runs.len());
+    let only_thread = arrays.threads.first().copied().filter(|_| threads == 1);
     // `data` goes in as text cast to json, which keeps it as written. `= ANY($7)` gives the
     // planner the threads' keys: without it a plan may read the whole table for the few rows
     // of the batch. The runs are locked as a foreign key's trigger would lock them, once per
@@ -309,13 +302,12 @@ pub(crate) async fn insert_event_refs(
     if runs_found != runs as i64 {
         return Err(StorageError::NotFound("run"));
     }
-    if moved != threads.len() as i64 {
-        return Err(match threads.as_slice() {
-            [thread] => seq_taken(*thread),
-            _ => StorageError::Conflict(format!(
-                "{} of {} threads have logged events at or after those seqs",
-                threads.len() as i64 - moved,
-                threads.len()
+    if moved != threads as i64 {
+        return Err(match only_thread {
+            Some(thread) => seq_taken(thread),
+            None => StorageError::Conflict(format!(
+                "{} of {threads} threads have logged events at or after those seqs",
+                threads as i64 - moved,
             )),
         });
     }

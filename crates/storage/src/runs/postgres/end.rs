@@ -2,8 +2,6 @@
 //! transaction, one end at a time ([`end_run`]) or all of a group's plain ends together
 //! ([`EndArrays`]).
 
-use std::collections::HashSet;
-
 use super::*;
 
 /// What a writer's group already did for a run's end, earlier in its transaction.
@@ -111,10 +109,11 @@ pub(crate) struct EndOf<'a> {
 }
 
 /// Runs' ends as a writer's group applies them (the `n_` arrays of `spindle_write_group`,
-/// migration 0014): as [`end_run`] would one after the other, for plain ends of distinct
-/// threads whose events are logged earlier in the group. The function locks every run and
-/// thread first, and raises (the writer then ends them one by one) when one is not plain: a
-/// run that is not held, one cancelled with `rollback`, one behind a checkpoint not stored.
+/// migration 0014): as [`end_run`] would one after the other. For ends of distinct threads whose
+/// events the group logs before them, as the writer's batch sees to. The function locks every
+/// run and thread first, and raises (the writer then ends them one by one) when one is not
+/// plain: a run that is not held, one cancelled with `rollback`, one behind a checkpoint not
+/// stored.
 #[derive(Default)]
 pub(crate) struct EndArrays<'a> {
     threads: Vec<ResourceId>,
@@ -130,15 +129,9 @@ pub(crate) struct EndArrays<'a> {
 }
 
 impl<'a> EndArrays<'a> {
-    /// `None` when one of `ends` cannot be applied this way: its events are not logged yet, or
-    /// it is a second end of one thread.
-    pub(crate) fn of(ends: &[EndOf<'a>]) -> Option<Self> {
+    pub(crate) fn of(ends: &[EndOf<'a>]) -> Self {
         let mut arrays = Self::default();
-        let mut threads = HashSet::with_capacity(ends.len());
         for end in ends {
-            if !end.prepared.events_logged || !threads.insert(end.thread_id) {
-                return None;
-            }
             let EndOf {
                 thread_id,
                 run_id,
@@ -166,7 +159,7 @@ impl<'a> EndArrays<'a> {
                 .end_events
                 .push(end_event_data(*run_id, end.status).to_string());
         }
-        Some(arrays)
+        arrays
     }
 
     /// Binds the arrays, then the time of the ends and the end events' name, in the function's
