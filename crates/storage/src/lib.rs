@@ -15,7 +15,7 @@ mod id;
 mod json_filter;
 pub use json_filter::contains as json_contains;
 pub mod model;
-mod pg_hot;
+mod pg_creator;
 mod pg_notify;
 mod pg_pool;
 mod pg_writer;

@@ -8,7 +8,7 @@ use crate::ResourceId;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use chrono::Utc;
+use chrono::{SubsecRound, Utc};
 use serde_json::Value;
 use spindle_graph::checkpoint::{CheckpointError, Checkpointer, WriteReceipt};
 use sqlx::postgres::PgPool;
@@ -23,7 +23,7 @@ use crate::assistant_cache::AssistantCache;
 use crate::checkpoints::{copy_checkpoints_pg, PostgresCheckpointer};
 use crate::error::conflict_if_taken;
 use crate::model::*;
-use crate::pg_hot::HotConnections;
+use crate::pg_creator::{PgCreator, ThreadCreation};
 use crate::pg_writer::PgWriter;
 use crate::rows::{
     AssistantRow, AssistantVersionRow, ThreadRow, ASSISTANT_COLUMNS, THREAD_COLUMNS,
@@ -38,8 +38,8 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres
 
 pub struct PostgresStorage {
     pub(crate) pool: PgPool,
-    /// Connections for the hottest single statements, given back without sqlx's round trip.
-    pub(crate) hot: HotConnections,
+    /// Plain threads' and runs' creations, grouped into shared transactions.
+    pub(crate) creator: PgCreator,
     /// The schema pgvector is installed in, if it is (settled on first use; see
     /// `store::postgres`).
     pub(crate) pgvector: tokio::sync::OnceCell<Option<String>>,
@@ -69,7 +69,7 @@ impl PostgresStorage {
     fn new(pool: PgPool, writers: usize) -> Self {
         Self {
             writer: PgWriter::start(pool.clone(), writers),
-            hot: HotConnections::new(pool.connect_options()),
+            creator: PgCreator::start(pool.clone()),
             pool,
             pgvector: tokio::sync::OnceCell::new(),
             assistants: AssistantCache::default(),
@@ -484,23 +484,15 @@ impl ThreadStore for PostgresStorage {
     async fn create_thread(&self, scope: &Scope, new: NewThread) -> StorageResult<Thread> {
         let now = Utc::now();
         if new.ttl.is_none() && new.state.is_none() {
-            // A plain new thread: one statement, no transaction around it.
-            let sql = format!(
-                "INSERT INTO threads (thread_id, user_id, metadata, created_at, updated_at, \
-                 state_updated_at) VALUES ($1, $2, $3, $4, $4, $4) \
-                 ON CONFLICT (thread_id) DO NOTHING RETURNING {THREAD_COLUMNS}"
-            );
-            let mut conn = self.hot.acquire(&self.pool).await?;
-            let row: StorageResult<Option<ThreadRow>> = sqlx::query_as(&sql)
-                .bind(new.thread_id)
-                .bind(&scope.user_id)
-                .bind(Json(&new.metadata))
-                .bind(now)
-                .fetch_optional(&mut *conn)
-                .await
-                .map_err(StorageError::from);
-            if let Some(row) = conn.release(row)? {
-                return Thread::try_from(row);
+            // A plain new thread: made with others being created at the same time.
+            let creation = ThreadCreation {
+                thread_id: new.thread_id,
+                user_id: scope.user_id.clone(),
+                metadata: new.metadata.clone(),
+                now: now.trunc_subsecs(6),
+            };
+            if let Some(thread) = self.creator.thread(creation).await? {
+                return Ok(thread);
             }
         }
         let mut tx = self.pool.begin().await?;
@@ -764,7 +756,7 @@ impl Storage for PostgresStorage {
         crate::PoolStats {
             pools: vec![
                 crate::ConnectionPool::of("main", &self.pool),
-                self.hot.stats(),
+                self.creator.stats(),
             ],
             writer_queue: None,
         }

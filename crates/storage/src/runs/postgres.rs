@@ -23,6 +23,7 @@ use super::*;
 use crate::checkpoints::delete_run_checkpoints_pg as delete_run_checkpoints;
 use crate::crons::firing_made;
 use crate::error::conflict_if_taken;
+use crate::pg_creator::{self, group::RunMade, RunCreation};
 use crate::pg_notify::{notify, notify_logged, notify_runs, CANCEL, RUNS};
 use crate::postgres::{PgQuery, PostgresStorage};
 use crate::StorageError;
@@ -608,110 +609,82 @@ async fn claim_pending(
     })
 }
 
-/// How [`insert_run`] may insert.
+/// How a run's creation may insert ([`creation`]).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Decided {
     /// In `create_run`'s transaction, which locked the thread and read its active runs, each
     /// by a statement of its own (so each saw what committed before it began), and checked
     /// the run's assistant: the run goes in as decided.
     InTransaction,
-    /// On its own, as if the thread had no active run: the statement locks the thread and
-    /// inserts only if that holds and nobody changed the thread since the statement's
-    /// snapshot was taken (every run's creation and end updates the thread's row, so its
-    /// version tells), and its assistant is as the run was made from it
-    /// ([`NewRun::assistant_read`]). Otherwise it inserts nothing, and `create_run` decides
-    /// in a transaction.
+    /// On its own, as if the thread had no active run: the statement locks the thread (unless
+    /// another transaction holds it) and inserts only if that holds and nobody changed the
+    /// thread since the statement's snapshot was taken (every run's creation and end updates
+    /// the thread's row, so its version tells), and its assistant is as the run was made from
+    /// it ([`NewRun::assistant_read`]). Otherwise it inserts nothing, and `create_run`
+    /// decides in a transaction.
     IfIdle,
 }
 
-/// Inserts a run and marks its thread busy, in one statement. A run claimed as it is created
-/// also logs its first event ([`start_event_data`]) after the thread's last and learns
-/// whether the thread has a checkpoint yet ([`ClaimStart`]). `None` when the thread is not
-/// found for the caller, or `decided` is [`Decided::IfIdle`] and the thread was not idle or
-/// the assistant changed.
+/// A run's creation as `spindle_create_group` (migration 0015) takes it: the run's row,
+/// inserted with its thread marked busy. A run claimed as it is created also logs its first
+/// event ([`start_event_data`]) after the thread's last and learns whether the thread has a
+/// checkpoint yet ([`ClaimStart`]).
+fn creation(
+    scope: &Scope,
+    new: &NewRun,
+    start: Start,
+    now: DateTime<Utc>,
+    decided: Decided,
+) -> RunCreation {
+    let claimed = start.status == RunStatus::Running;
+    RunCreation {
+        run_id: new.run_id,
+        thread_id: new.thread_id,
+        assistant_id: new.assistant_id,
+        user_id: scope.user_id.clone(),
+        status: start.status.as_str(),
+        kwargs: Value::Object(new.kwargs.clone()).to_string(),
+        metadata: Value::Object(new.metadata.clone()).to_string(),
+        multitask_strategy: new.multitask_strategy.as_str(),
+        attempt: start.attempt,
+        run_after: new.run_after,
+        now,
+        lease_owner: start.lease_owner,
+        lease_expires_at: start.lease_expires_at,
+        started_at: start.started_at,
+        start_data: claimed.then(|| start_event_data(new.run_id, start.attempt).to_string()),
+        decided: decided == Decided::InTransaction,
+        assistant_read: new
+            .assistant_read
+            .map(|read| (read.version, read.updated_at)),
+    }
+}
+
+/// A run's creation on its own, as if its thread had no active run ([`Decided::IfIdle`]).
+pub(crate) fn creation_if_idle(scope: &Scope, new: &NewRun, now: DateTime<Utc>) -> RunCreation {
+    let start = Start::of(new.claim_now(&[], now), now);
+    creation(scope, new, start, now, Decided::IfIdle)
+}
+
+/// Inserts a run decided in the caller's transaction ([`Decided::InTransaction`]), by the
+/// creations' call with this run alone; `None` when the thread is not found for the caller.
 async fn insert_run(
     conn: &mut PgConnection,
     scope: &Scope,
     new: &NewRun,
     start: Start,
     now: DateTime<Utc>,
-    decided: Decided,
-) -> StorageResult<Option<(Run, Option<ClaimStart>)>> {
-    let claimed = start.status == RunStatus::Running;
-    // A run on a thread that is not busy names its graph and assistant in the thread's
-    // metadata, over what was there, as the reference does (UIs list a graph's threads by
-    // them). A run queued behind another leaves them to the one running. The locked row's
-    // `xmin` is its newest version's; the subquery's is the one the statement's snapshot saw.
-    let sql = format!(
-        "WITH t AS ( \
-             SELECT xmin AS version FROM threads \
-             WHERE thread_id = $2 AND (user_id = $4 OR user_id IS NULL) FOR NO KEY UPDATE \
-         ), ok AS ( \
-             SELECT 1 FROM t WHERE $18 OR ( \
-                 t.version = (SELECT xmin FROM threads WHERE thread_id = $2) \
-                 AND NOT EXISTS (SELECT 1 FROM runs WHERE thread_id = $2 \
-                                 AND status IN ('pending', 'running')) \
-                 AND ($19::int8 IS NULL OR EXISTS (SELECT 1 FROM assistants \
-                      WHERE assistant_id = $3 AND version = $19 AND updated_at = $20))) \
-         ), r AS ( \
-             INSERT INTO runs (run_id, thread_id, assistant_id, user_id, status, kwargs, \
-                 metadata, multitask_strategy, attempt, run_after, created_at, updated_at, \
-                 lease_owner, lease_expires_at, started_at) \
-             SELECT $1, $2, $3, $4, $5, {KWARGS_WITH_THREAD_METADATA}, $7, $8, $9, $10, $11, \
-                     $11, $12, $13, $14 FROM ok \
-             RETURNING {RUN_COLUMNS} \
-         ), u AS ( \
-             UPDATE threads SET metadata = COALESCE(CASE WHEN status <> 'busy' THEN ( \
-                     SELECT threads.metadata || jsonb_build_object('graph_id', a.graph_id, \
-                                                                   'assistant_id', a.assistant_id) \
-                     FROM assistants a WHERE a.assistant_id = $3) END, metadata), \
-                 status = 'busy', updated_at = $11, \
-                 event_seq = event_seq + CASE WHEN $15 THEN 1 ELSE 0 END \
-             WHERE thread_id = $2 AND EXISTS (SELECT 1 FROM r) RETURNING event_seq \
-         ), e AS ( \
-             INSERT INTO run_events (thread_id, seq, run_id, event, data, created_at) \
-             SELECT $2, u.event_seq, $1, 'metadata', $16, $11 FROM u WHERE $15 \
-         ) \
-         SELECT r.*, u.event_seq AS last_seq, \
-             $15 AND NOT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = $17) \
-                 AS thread_is_new \
-         FROM r, u"
-    );
-    let row = sqlx::query(&sql)
-        .bind(new.run_id)
-        .bind(new.thread_id)
-        .bind(new.assistant_id)
-        .bind(&scope.user_id)
-        .bind(start.status.as_str())
-        .bind(Json(&new.kwargs))
-        .bind(Json(&new.metadata))
-        .bind(new.multitask_strategy.as_str())
-        .bind(start.attempt)
-        .bind(new.run_after)
-        .bind(now)
-        .bind(&start.lease_owner)
-        .bind(start.lease_expires_at)
-        .bind(start.started_at)
-        .bind(claimed)
-        .bind(Json(start_event_data(new.run_id, start.attempt)))
-        .bind(new.thread_id.to_string())
-        .bind(decided == Decided::InTransaction)
-        .bind(new.assistant_read.map(|read| read.version))
-        .bind(new.assistant_read.map(|read| read.updated_at))
-        .fetch_optional(&mut *conn)
+) -> StorageResult<Option<RunMade>> {
+    let creation = creation(scope, new, start, now, Decided::InTransaction);
+    let mut made = pg_creator::group::create(conn, &[], &[&creation])
         .await
-        .map_err(|e| conflict_if_taken(e, || format!("run {} already exists", new.run_id)))?;
-    let Some(row) = row else { return Ok(None) };
-    let run = Run::try_from(RunRow::<Uuid>::from_row(&row)?)?;
-    let start = claimed
-        .then(|| -> StorageResult<ClaimStart> {
-            Ok(ClaimStart {
-                last_seq: row.try_get("last_seq")?,
-                thread_is_new: row.try_get("thread_is_new")?,
-            })
-        })
-        .transpose()?;
-    Ok(Some((run, start)))
+        .map_err(|e| match e {
+            StorageError::Database(e) => {
+                conflict_if_taken(e, || format!("run {} already exists", new.run_id))
+            }
+            other => other,
+        })?;
+    Ok(made.run(0))
 }
 
 impl PostgresStorage {
@@ -737,14 +710,6 @@ impl PostgresStorage {
         row.ok_or(StorageError::NotFound("run"))?.try_into()
     }
 }
-
-/// A new run's kwargs (`$6`) with the thread's (`$2`) metadata added to what its graph
-/// inherits (`INHERITED_METADATA`, over the assistant's; `inherit_metadata` on SQLite).
-const KWARGS_WITH_THREAD_METADATA: &str = "(SELECT CASE WHEN t.metadata IS NULL \
-         OR t.metadata = '{}'::jsonb THEN $6::jsonb \
-     ELSE jsonb_set($6::jsonb, '{inherited_metadata}', \
-          COALESCE($6::jsonb -> 'inherited_metadata', '{}'::jsonb) || t.metadata) END \
-     FROM (SELECT (SELECT metadata FROM threads WHERE thread_id = $2) AS metadata) t)";
 
 impl PostgresStorage {
     /// [`RunStore::claim_run`] when runs whose worker died may be waiting: those first (their
@@ -857,11 +822,16 @@ impl PostgresStorage {
         scope: &Scope,
         new: &NewRun,
     ) -> StorageResult<Option<CreatedRun>> {
-        let now = Utc::now();
-        let start = Start::of(new.claim_now(&[], now), now);
-        let mut conn = self.hot.acquire(&self.pool).await?;
-        let inserted = insert_run(&mut conn, scope, new, start, now, Decided::IfIdle).await;
-        Ok(conn.release(inserted)?.map(|(run, claimed)| CreatedRun {
+        let creation = creation_if_idle(scope, new, Utc::now());
+        let made = match self.creator.run(creation).await {
+            Err(StorageError::Database(e)) => {
+                return Err(conflict_if_taken(e, || {
+                    format!("run {} already exists", new.run_id)
+                }))
+            }
+            made => made?,
+        };
+        Ok(made.map(|(run, claimed)| CreatedRun {
             run,
             cancelled: Vec::new(),
             claimed,
@@ -926,10 +896,9 @@ impl PostgresStorage {
             };
 
             let start = Start::of(new.claim_now(&active, now), now);
-            let (run, claimed) =
-                insert_run(&mut tx, scope, &new, start, now, Decided::InTransaction)
-                    .await?
-                    .ok_or(StorageError::NotFound("thread"))?;
+            let (run, claimed) = insert_run(&mut tx, scope, &new, start, now)
+                .await?
+                .ok_or(StorageError::NotFound("thread"))?;
             Ok(CreatedRun {
                 run,
                 cancelled,

@@ -11,7 +11,7 @@ use crate::common::*;
 fn migrations(backend: Backend) -> usize {
     match backend {
         Backend::Sqlite => 13,
-        Backend::Postgres => 14,
+        Backend::Postgres => 15,
     }
 }
 
