@@ -11,11 +11,13 @@
 //!
 //! What the call leaves out (a thread id taken; a run whose thread is not idle, is locked by
 //! another transaction, or whose assistant changed) is answered `None`, for the caller to
-//! decide it in a transaction of its own, as before. A group that fails (a run id taken, the
-//! connection lost) is made again one call per creation, so only the faulty one fails.
+//! decide it in a transaction of its own, as before. A group that fails (a run id taken) is
+//! made again one call per creation, so only the faulty one fails; one whose connection was
+//! lost is not (it may have committed), and its callers are told the database was unreachable.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use sqlx::postgres::PgPool;
 use sqlx::PgConnection;
@@ -144,20 +146,29 @@ async fn create_groups(
 /// it), and opened again after it was lost.
 struct Connection {
     pool: PgPool,
-    conn: Option<PgConnection>,
+    /// The connection and when its last call ended.
+    conn: Option<(PgConnection, Instant)>,
     state: Arc<ConnectionState>,
 }
 
 impl Connection {
-    /// Makes `group` in one call on the connection, opening it first if need be.
+    /// Makes `group` in one call on the connection: a kept one if it is usable (tested when
+    /// in doubt, by the pool's rule), else a new one.
     async fn create_together(&mut self, group: &[Job]) -> StorageResult<Answers> {
+        if let Some((conn, since)) = &mut self.conn {
+            if !pg_pool::usable(conn, since.elapsed()).await {
+                self.conn = None;
+            }
+        }
         if self.conn.is_none() {
             let options = (*self.pool.connect_options()).clone();
-            self.conn = Some(sqlx::Connection::connect_with(&options).await?);
-            self.state.open.store(true, Ordering::Relaxed);
+            let conn = sqlx::Connection::connect_with(&options).await;
+            self.state.open.store(conn.is_ok(), Ordering::Relaxed);
+            self.conn = Some((conn?, Instant::now()));
         }
-        let conn = self.conn.as_mut().expect("connected above");
+        let (conn, since) = self.conn.as_mut().expect("connected above");
         let answers = create_together(conn, group).await;
+        *since = Instant::now();
         if let Err(StorageError::Database(error)) = &answers {
             if pg_pool::lost_connection(error) {
                 self.conn = None;
@@ -171,11 +182,19 @@ impl Connection {
 /// An answer per creation, in group order.
 type Answers = Vec<StorageResult<Answer>>;
 
-/// Makes the group in one call; when that fails, each creation in a call of its own.
+/// Makes the group in one call; when that fails, each creation in a call of its own. Not when
+/// the connection was lost: the call may have committed before its answer was lost, and made
+/// again its creations would fail as taken, so every caller is told the database was
+/// unreachable, as a statement of its own would have told it.
 async fn create(conn: &mut Connection, group: &[Job]) -> Answers {
     match conn.create_together(group).await {
         Ok(answers) => return answers,
-        // Rare (a run id taken, the connection lost): each alone tells which failed.
+        Err(StorageError::Database(error)) if pg_pool::lost_connection(&error) => {
+            tracing::warn!(%error, creations = group.len(),
+                "lost the creating task's PostgreSQL connection during a call");
+            return group.iter().map(|_| Err(unreachable(&error))).collect();
+        }
+        // Rare (a run id taken): each alone tells which failed.
         Err(error) => tracing::debug!(%error, creations = group.len(),
             "a group of creations failed; making them one by one"),
     }
@@ -187,6 +206,13 @@ async fn create(conn: &mut Connection, group: &[Job]) -> Answers {
         );
     }
     answers
+}
+
+/// A caller's copy of a lost connection's error (sqlx's errors cannot be cloned): the server
+/// answers it as the database unavailable.
+fn unreachable(error: &sqlx::Error) -> StorageError {
+    let io = std::io::Error::new(std::io::ErrorKind::ConnectionAborted, error.to_string());
+    StorageError::Database(sqlx::Error::Io(io))
 }
 
 /// The whole group made by one call, an answer per creation in group order; an error (and
@@ -370,6 +396,48 @@ mod tests {
             .get_thread(&Scope::local(), fresh)
             .await
             .is_ok());
+    }
+
+    /// A group whose connection is lost is not made again (it may have committed before its
+    /// answer was lost): its callers hear that the database was unreachable, and the next
+    /// group connects again.
+    #[tokio::test]
+    async fn a_lost_connection_fails_its_group_and_the_next_connects_again() {
+        let Some((_database, db, _, mut other)) = idle_thread().await else {
+            return;
+        };
+        let mut conn = Connection {
+            pool: sqlx::PgPool::connect(db.url()).await.unwrap(),
+            conn: None,
+            state: Arc::default(),
+        };
+        let first = create(&mut conn, &[thread_job(ResourceId::generate())]).await;
+        assert!(matches!(first[0], Ok(Answer::Thread(Some(_)))));
+        let (kept, _) = conn.conn.as_mut().expect("a connection kept");
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(kept)
+            .await
+            .unwrap();
+        sqlx::query("SELECT pg_terminate_backend($1)")
+            .bind(pid)
+            .execute(&mut other)
+            .await
+            .unwrap();
+
+        // Just used, so not in doubt (unless another test loses a connection this very
+        // millisecond): the call goes out on the dead connection.
+        conn.conn.as_mut().expect("a connection kept").1 = Instant::now();
+        let lost = ResourceId::generate();
+        let answers = create(&mut conn, &[thread_job(lost)]).await;
+        assert!(
+            matches!(&answers[0], Err(StorageError::Database(sqlx::Error::Io(_)))),
+            "{:?}",
+            answers[0].as_ref().err()
+        );
+        let read = db.storage().get_thread(&Scope::local(), lost).await;
+        assert!(matches!(read, Err(StorageError::NotFound(_))), "{read:?}");
+        let next = create(&mut conn, &[thread_job(ResourceId::generate())]).await;
+        assert!(matches!(next[0], Ok(Answer::Thread(Some(_)))));
     }
 
     async fn idle_thread_of(db: &TestDb) -> ResourceId {

@@ -39,8 +39,9 @@ pub(crate) fn options() -> PgPoolOptions {
 }
 
 /// Whether a kept connection, idle for `idle_for`, may be used: at once unless in doubt, else
-/// if it answers a test (a round trip).
-async fn usable(conn: &mut PgConnection, idle_for: Duration) -> bool {
+/// if it answers a test (a round trip). The pool's rule, and the creating task's
+/// (`pg_creator`).
+pub(crate) async fn usable(conn: &mut PgConnection, idle_for: Duration) -> bool {
     if !in_doubt(idle_for) {
         return true;
     }
