@@ -281,7 +281,7 @@ mod tests {
     }
 
     fn run_job(new: &crate::NewRun) -> Job {
-        let creation = creation_if_idle(&Scope::local(), new, Utc::now());
+        let creation = creation_if_idle(&Scope::local(), new, Utc::now()).unwrap();
         job(Creation::Run(Box::new(creation)))
     }
 

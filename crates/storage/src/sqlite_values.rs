@@ -17,7 +17,7 @@ pub(crate) fn ts(at: DateTime<Utc>) -> String {
     at.to_rfc3339_opts(SecondsFormat::AutoSi, false)
 }
 
-/// A value as JSON text.
+/// A value as JSON text (also what `spindle_create_group` takes on PostgreSQL).
 pub(crate) fn json<T: Serialize + ?Sized>(value: &T) -> StorageResult<String> {
     serde_json::to_string(value).map_err(|e| StorageError::Invalid(format!("cannot encode: {e}")))
 }

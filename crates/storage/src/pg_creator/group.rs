@@ -9,6 +9,7 @@ use uuid::Uuid;
 
 use crate::model::JsonObject;
 use crate::runs::{ClaimStart, RunRow};
+use crate::sqlite_values::json;
 use crate::{ResourceId, Run, StorageError, StorageResult, Thread, ThreadStatus};
 
 /// The call, each run made expanded into its row's columns with its place among the runs
@@ -104,7 +105,11 @@ pub(crate) async fn create(
     threads: &[&ThreadCreation],
     runs: &[&RunCreation],
 ) -> StorageResult<Made> {
-    let rows = bind(sqlx::query(CREATE_GROUP), threads, runs)
+    let metadata = threads
+        .iter()
+        .map(|thread| json(&thread.metadata))
+        .collect::<StorageResult<_>>()?;
+    let rows = bind(sqlx::query(CREATE_GROUP), threads, metadata, runs)
         .fetch_all(conn)
         .await?;
     let mut made = Made {
@@ -134,21 +139,21 @@ pub(crate) async fn create(
     Ok(made)
 }
 
-/// Binds the function's parallel arrays: a column each of the threads, then of the runs.
+/// Binds the function's parallel arrays: a column each of the threads (their metadata as
+/// JSON text), then of the runs.
 fn bind<'q>(
     query: crate::postgres::PgQuery<'q>,
     threads: &[&ThreadCreation],
+    metadata: Vec<String>,
     runs: &[&RunCreation],
 ) -> crate::postgres::PgQuery<'q> {
     fn column<T, U>(rows: &[&T], f: impl Fn(&T) -> U) -> Vec<U> {
         rows.iter().map(|row| f(row)).collect()
     }
-    // A JSON value's text cannot fail, as serializing could in general.
-    let json = |object: &JsonObject| serde_json::Value::Object(object.clone()).to_string();
     query
         .bind(column(threads, |t| t.thread_id))
         .bind(column(threads, |t| t.user_id.clone()))
-        .bind(column(threads, |t| json(&t.metadata)))
+        .bind(metadata)
         .bind(column(threads, |t| t.now))
         .bind(column(runs, |r| r.run_id))
         .bind(column(runs, |r| r.thread_id))

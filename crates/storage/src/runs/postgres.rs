@@ -26,6 +26,7 @@ use crate::error::conflict_if_taken;
 use crate::pg_creator::{self, group::RunMade, RunCreation};
 use crate::pg_notify::{notify, notify_logged, notify_runs, CANCEL, RUNS};
 use crate::postgres::{PgQuery, PostgresStorage};
+use crate::sqlite_values::json;
 use crate::StorageError;
 
 mod end;
@@ -635,16 +636,16 @@ fn creation(
     start: Start,
     now: DateTime<Utc>,
     decided: Decided,
-) -> RunCreation {
+) -> StorageResult<RunCreation> {
     let claimed = start.status == RunStatus::Running;
-    RunCreation {
+    Ok(RunCreation {
         run_id: new.run_id,
         thread_id: new.thread_id,
         assistant_id: new.assistant_id,
         user_id: scope.user_id.clone(),
         status: start.status.as_str(),
-        kwargs: Value::Object(new.kwargs.clone()).to_string(),
-        metadata: Value::Object(new.metadata.clone()).to_string(),
+        kwargs: json(&new.kwargs)?,
+        metadata: json(&new.metadata)?,
         multitask_strategy: new.multitask_strategy.as_str(),
         attempt: start.attempt,
         run_after: new.run_after,
@@ -657,11 +658,15 @@ fn creation(
         assistant_read: new
             .assistant_read
             .map(|read| (read.version, read.updated_at)),
-    }
+    })
 }
 
 /// A run's creation on its own, as if its thread had no active run ([`Decided::IfIdle`]).
-pub(crate) fn creation_if_idle(scope: &Scope, new: &NewRun, now: DateTime<Utc>) -> RunCreation {
+pub(crate) fn creation_if_idle(
+    scope: &Scope,
+    new: &NewRun,
+    now: DateTime<Utc>,
+) -> StorageResult<RunCreation> {
     let start = Start::of(new.claim_now(&[], now), now);
     creation(scope, new, start, now, Decided::IfIdle)
 }
@@ -675,16 +680,21 @@ async fn insert_run(
     start: Start,
     now: DateTime<Utc>,
 ) -> StorageResult<Option<RunMade>> {
-    let creation = creation(scope, new, start, now, Decided::InTransaction);
+    let creation = creation(scope, new, start, now, Decided::InTransaction)?;
     let mut made = pg_creator::group::create(conn, &[], &[&creation])
         .await
-        .map_err(|e| match e {
-            StorageError::Database(e) => {
-                conflict_if_taken(e, || format!("run {} already exists", new.run_id))
-            }
-            other => other,
-        })?;
+        .map_err(|e| taken_as_conflict(e, new.run_id))?;
     Ok(made.run(0))
+}
+
+/// A creation's error, a run id already taken as [`StorageError::Conflict`].
+fn taken_as_conflict(error: StorageError, run_id: Uuid) -> StorageError {
+    match error {
+        StorageError::Database(e) => {
+            conflict_if_taken(e, || format!("run {run_id} already exists"))
+        }
+        other => other,
+    }
 }
 
 impl PostgresStorage {
@@ -822,15 +832,12 @@ impl PostgresStorage {
         scope: &Scope,
         new: &NewRun,
     ) -> StorageResult<Option<CreatedRun>> {
-        let creation = creation_if_idle(scope, new, Utc::now());
-        let made = match self.creator.run(creation).await {
-            Err(StorageError::Database(e)) => {
-                return Err(conflict_if_taken(e, || {
-                    format!("run {} already exists", new.run_id)
-                }))
-            }
-            made => made?,
-        };
+        let creation = creation_if_idle(scope, new, Utc::now())?;
+        let made = self
+            .creator
+            .run(creation)
+            .await
+            .map_err(|e| taken_as_conflict(e, new.run_id))?;
         Ok(made.map(|(run, claimed)| CreatedRun {
             run,
             cancelled: Vec::new(),
