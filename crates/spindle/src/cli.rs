@@ -13,7 +13,7 @@ use clap::{Args, Parser, Subcommand};
     long_about = "Spindle: a self-hosted agent run server that speaks the LangGraph agent-server API.\n\n\
                   Point the official LangGraph clients (langgraph-sdk, @langchain/langgraph-sdk) at it.\n\
                   `spindle dev` needs nothing else; `spindle serve` runs on PostgreSQL for several processes.",
-    after_help = "Examples:\n  spindle dev\n  spindle serve --database-url postgres://user@db/spindle --host 0.0.0.0 --port 8000\n  spindle migrate --database-url postgres://user@db/spindle"
+    after_help = "Examples:\n  spindle dev\n  spindle serve --database-url postgres://user@db/spindle --host 0.0.0.0 --port 8000\n  spindle migrate --database-url postgres://user@db/spindle\n  spindle check graphs/agent.yaml langgraph.json"
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -30,6 +30,16 @@ pub enum Command {
     Serve(ServerArgs),
     /// Apply pending schema migrations to the database and exit.
     Migrate(DatabaseArgs),
+    /// Check graph files and config files (langgraph.json) as a server would load them,
+    /// without starting one; exits non-zero when any file fails.
+    Check(CheckArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// Graph files (.yaml, .yml, .json) and config files (langgraph.json, spindle.json)
+    #[arg(required = true, value_name = "FILE")]
+    pub files: Vec<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -153,6 +163,7 @@ impl Cli {
         match &self.command {
             Command::Dev(args) | Command::Serve(args) => args.database.config.as_deref(),
             Command::Migrate(args) => args.config.as_deref(),
+            Command::Check(_) => None,
         }
     }
 }

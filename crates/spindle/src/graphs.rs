@@ -52,7 +52,7 @@ pub fn graph_files(config: &LoadedConfig) -> Vec<(String, PathBuf)> {
 
 /// Whether a `graphs` entry names Python: `./path/file.py:name`, or `package.module:name`
 /// (LangGraph's two forms), rather than a graph file.
-fn is_python_graph(source: &str) -> bool {
+pub fn is_python_graph(source: &str) -> bool {
     let Some((target, name)) = source.rsplit_once(':') else {
         return false;
     };

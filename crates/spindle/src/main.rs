@@ -1,5 +1,6 @@
 //! The `spindle` binary: command line, configuration and wiring.
 
+mod check;
 mod cli;
 mod config;
 mod database;
@@ -37,8 +38,13 @@ const DEFAULT_PORT: u16 = 2024;
 const DEFAULT_DATA_DIR: &str = ".spindle";
 
 fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    // Reads files and prints; no config's environment, no logging, no runtime.
+    if let Command::Check(args) = &cli.command {
+        return check::run(&args.files);
+    }
     // First, while this is the process's only thread (see `env::load`).
-    let (cli, config, loaded_env) = match configure(Cli::parse()) {
+    let (cli, config, loaded_env) = match configure(cli) {
         Ok(configured) => configured,
         Err(err) => {
             eprintln!("error: {err:#}");
@@ -92,6 +98,7 @@ async fn run(cli: Cli, config: LoadedConfig) -> Result<()> {
         Command::Dev(args) => serve(args, Mode::Dev, config).await,
         Command::Serve(args) => serve(args, Mode::Serve, config).await,
         Command::Migrate(args) => migrate(args, config).await,
+        Command::Check(_) => unreachable!("`check` returns before the runtime starts"),
     }
 }
 
@@ -451,7 +458,7 @@ mod tests {
     fn server_args(argv: &[&str]) -> ServerArgs {
         match Cli::try_parse_from(argv).unwrap().command {
             Command::Dev(args) | Command::Serve(args) => args,
-            Command::Migrate(_) => panic!("not a server command"),
+            Command::Migrate(_) | Command::Check(_) => panic!("not a server command"),
         }
     }
 

@@ -190,11 +190,7 @@ pub(super) fn compile_doc(
     };
     let known = |n: &str| n == START || n == END || node_names.iter().any(|x| x == n);
     let suggest = |n: &str| -> String {
-        let close: Vec<&String> = node_names
-            .iter()
-            .filter(|x| x.eq_ignore_ascii_case(n) || x.starts_with(n) || n.starts_with(x.as_str()))
-            .collect();
-        match close.first() {
+        match node_names.iter().find(|x| looks_like(x, n)) {
             Some(c) => format!(" (did you mean `{c}`?)"),
             None => format!("; nodes are: {}", node_names.join(", ")),
         }
@@ -310,6 +306,16 @@ pub(super) fn compile_doc(
         };
         cx.err(place, e.message)
     })
+}
+
+/// Whether `typed` is probably a misspelling of `name`: another case, a prefix either way, or
+/// a typo or two (swapped, missing or extra letters).
+fn looks_like(name: &str, typed: &str) -> bool {
+    let typos = (name.chars().count() / 3).max(1);
+    name.eq_ignore_ascii_case(typed)
+        || name.starts_with(typed)
+        || typed.starts_with(name)
+        || strsim::damerau_levenshtein(name, typed) <= typos
 }
 
 pub(super) fn node_set(

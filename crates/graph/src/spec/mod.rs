@@ -57,6 +57,11 @@ use crate::graph::Graph;
 
 pub use compile::compile_value;
 
+/// The JSON Schema (draft-07) of graph files, for editors and `spindle check`'s users; the
+/// server serves it at `/graph-file.schema.json`. It says what the compiler here accepts (its
+/// tests check the example graphs and the documentation's against both).
+pub const SCHEMA: &str = include_str!("../../graph-file.schema.json");
+
 /// A graph file that cannot be used, with where and why.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub struct SpecError {

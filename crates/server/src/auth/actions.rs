@@ -16,7 +16,8 @@ pub struct Action {
 }
 
 /// The action of a route (its method and path template); `None` for the routes that touch no
-/// resource (`/info`, the health checks), which any authenticated caller may call.
+/// resource (`/info`, the graph file schema, the health checks), which any authenticated
+/// caller may call.
 pub fn of(method: &Method, path: &str) -> Option<Action> {
     let (resource, action) = if path.ends_with("/runs/crons") || path.starts_with("/runs/crons") {
         ("crons", cron_action(method, path)?)
@@ -242,8 +243,16 @@ mod tests {
                 (Method::DELETE, item.delete.is_some()),
             ];
             for (method, served) in methods {
-                let system = ["/ok", "/health", "/live", "/ready", "/info", "/metrics"]
-                    .contains(&path.as_str());
+                let system = [
+                    "/ok",
+                    "/health",
+                    "/live",
+                    "/ready",
+                    "/info",
+                    "/graph-file.schema.json",
+                    "/metrics",
+                ]
+                .contains(&path.as_str());
                 if served && !system {
                     assert!(
                         of(&method, &path).is_some(),

@@ -21,9 +21,24 @@ pub fn health_router() -> OpenApiRouter<AppState> {
         .routes(routes!(ready))
 }
 
-/// `/info`, which LangGraph's `http.disable_meta` turns off with the documentation.
+/// `/info` and the graph file format's schema, which LangGraph's `http.disable_meta` turns
+/// off with the documentation.
 pub fn meta_router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(info))
+    OpenApiRouter::new()
+        .routes(routes!(info))
+        .routes(routes!(graph_file_schema))
+}
+
+/// The JSON Schema of graph files (docs/graph-files.md), for editors: a YAML file that starts
+/// with `# yaml-language-server: $schema=http://127.0.0.1:2024/graph-file.schema.json` is
+/// checked and completed as it is typed.
+#[utoipa::path(get, path = "/graph-file.schema.json", tag = "system",
+    responses((status = 200, description = "the JSON Schema (draft-07) of graph files", body = Object)))]
+async fn graph_file_schema() -> impl axum::response::IntoResponse {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/schema+json")],
+        spindle_graph::spec::SCHEMA,
+    )
 }
 
 #[derive(Serialize, ToSchema)]

@@ -1,0 +1,155 @@
+"""Graph files as a newcomer meets them: docs/graph-files.md, the JSON Schema editors use
+(served at /graph-file.schema.json), and `spindle check`.
+
+The documentation is tested as written: every YAML example in it must fit the schema, every
+whole graph in it must pass `spindle check`, and the first graph, with the langgraph.json the
+page gives, must run through the official client with the result the page prints.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import httpx
+import jsonschema
+import pytest
+import yaml
+from langgraph_sdk import get_sync_client
+
+import harness
+
+DOCS = harness.REPO / "docs" / "graph-files.md"
+EXAMPLES = sorted((harness.REPO / "examples" / "graphs").glob("*.yaml"))
+SCHEMA_FILE = harness.REPO / "crates" / "graph" / "graph-file.schema.json"
+SCHEMA_LINE = "# yaml-language-server: $schema=http://127.0.0.1:2024/graph-file.schema.json"
+
+
+def doc_blocks(language: str) -> list[str]:
+    """The fenced code blocks of docs/graph-files.md in `language`, in page order."""
+    return re.findall(rf"```{language}\n(.*?)```", DOCS.read_text(), flags=re.S)
+
+
+def yaml_examples() -> list[dict]:
+    """Every YAML example of the page, parsed (each is a mapping: a graph or a part of one)."""
+    return [yaml.safe_load(block) for block in doc_blocks("yaml") if block.strip() != SCHEMA_LINE]
+
+
+def is_whole_graph(doc: dict) -> bool:
+    return "nodes" in doc and "edges" in doc
+
+
+@pytest.fixture(scope="module")
+def schema() -> dict:
+    return json.loads(SCHEMA_FILE.read_text())
+
+
+def partial(schema: dict) -> dict:
+    """The schema of a part of a graph document: the same keys, none required (the page shows
+    a node or a `state` section on its own)."""
+    part = copy.deepcopy(schema)
+    part["definitions"]["graph"].pop("required")
+    return part
+
+
+def test_the_server_serves_the_schema_editors_read(server, schema):
+    """`# yaml-language-server: $schema=<server>/graph-file.schema.json` works: the server
+    answers the repository's schema, as JSON Schema, and it is a valid draft-07 schema."""
+    r = httpx.get(server.base_url + "/graph-file.schema.json")
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("application/schema+json")
+    assert r.json() == schema
+    jsonschema.Draft7Validator.check_schema(r.json())
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_graph_fits_the_schema(path, schema):
+    jsonschema.validate(yaml.safe_load(path.read_text()), schema)
+
+
+def test_every_yaml_example_of_the_docs_fits_the_schema(schema):
+    examples = yaml_examples()
+    assert len(examples) >= 15, "the page lost its examples"
+    validator = jsonschema.Draft7Validator(partial(schema))
+    for doc in examples:
+        errors = [f"{e.message} at {'/'.join(map(str, e.path))}" for e in validator.iter_errors(doc)]
+        assert not errors, f"an example of docs/graph-files.md does not fit the schema:\n{yaml.safe_dump(doc)}\n{errors}"
+
+
+def test_the_schema_refuses_what_the_compiler_refuses(schema, tmp_path):
+    """A misspelled key, an unknown node kind and a missing `nodes` are refused by both the
+    schema (in the editor) and `spindle check` (naming the file and line)."""
+    good = {"nodes": {"a": {"kind": "script", "code": "#{}"}}, "edges": [{"from": "__start__", "to": "a"}]}
+    bad = {
+        "misspelled key": {**good, "nodes": {"a": {"kind": "script", "cod": "#{}"}}},
+        "unknown kind": {**good, "nodes": {"a": {"kind": "scrip", "code": "#{}"}}},
+        "no nodes": {"edges": good["edges"]},
+        "unknown reducer": {**good, "state": {"n": {"reducer": "sum"}}},
+    }
+    jsonschema.validate(good, schema)
+    for what, doc in bad.items():
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(doc, schema)
+        path = tmp_path / f"{what.replace(' ', '_')}.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        done = harness.run(["check", str(path)], tmp_path)
+        assert done.returncode != 0, f"spindle check accepted {what}: {done.stdout}"
+        assert f"error: {path}" in done.stderr, done.stderr
+
+
+def test_every_whole_graph_of_the_docs_passes_spindle_check(tmp_path):
+    graphs = [doc for doc in yaml_examples() if is_whole_graph(doc)]
+    assert len(graphs) >= 4, "the page lost its whole graphs"
+    paths = []
+    for i, doc in enumerate(graphs):
+        path = tmp_path / f"doc_graph_{i}.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        paths.append(path)
+    done = harness.run(["check", *map(str, paths)], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("ok: ") == len(paths), done.stdout
+
+
+def test_spindle_check_names_the_line_of_a_mistake(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text(
+        "nodes:\n"
+        "  step: {kind: script, code: '#{}'}\n"
+        "edges:\n"
+        "  - {from: __start__, to: stpe}\n")
+    done = harness.run(["check", str(path)], tmp_path)
+    assert done.returncode == 1
+    assert f"error: {path}:4: at `edges[0].to`: unknown node `stpe`" in done.stderr, done.stderr
+    assert "did you mean `step`?" in done.stderr, done.stderr
+
+
+def test_the_first_graph_of_the_docs_runs_as_the_docs_say(tmp_path):
+    """A newcomer copies the page's first graph and its langgraph.json, runs `spindle check`,
+    starts `spindle dev` and runs the graph with the official client: the result is the one
+    the page prints."""
+    first_graph = doc_blocks("yaml")[0]
+    assert first_graph.startswith(SCHEMA_LINE), "the first graph should show the editor line"
+    config = json.loads(doc_blocks("json")[0])
+    assert config == {"graphs": {"counter": "./graphs/counter.yaml"}}
+    (tmp_path / "graphs").mkdir()
+    (tmp_path / "graphs" / "counter.yaml").write_text(first_graph)
+    (tmp_path / "langgraph.json").write_text(json.dumps(config))
+
+    done = harness.run(["check", "langgraph.json"], tmp_path)
+    assert done.returncode == 0, done.stderr
+
+    printed = re.search(r"print\(result\)  # (\{.*\})", DOCS.read_text()).group(1)
+    expected = eval(printed, {})  # the page prints a Python dict literal
+    srv = harness.start(
+        "sqlite",
+        lambda port: ["dev", "--port", str(port), "--data-dir", str(tmp_path / "data")],
+        tmp_path,
+    )
+    try:
+        client = get_sync_client(url=srv.base_url)
+        thread = client.threads.create()
+        assert client.runs.wait(thread["thread_id"], "counter", input={}) == expected
+    finally:
+        harness.stop(srv)
