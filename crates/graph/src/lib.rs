@@ -54,6 +54,7 @@ pub mod node;
 pub mod nodes;
 pub mod prebuilt;
 pub mod pregel;
+pub mod prompt;
 pub mod script;
 pub mod spec;
 pub mod store;

@@ -75,6 +75,13 @@ impl ModelRegistry {
     pub fn get(&self, name: &str) -> Option<Arc<dyn ChatModel>> {
         self.models.get(name).cloned()
     }
+
+    /// The declared names, sorted (for messages that list them).
+    pub fn names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self.models.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        names
+    }
 }
 
 /// How a scripted model cuts its reply into chunks.

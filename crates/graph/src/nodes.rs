@@ -69,10 +69,11 @@ impl Router for ToolsCondition {
 /// A chat model call over the conversation in `messages_key`.
 pub struct ModelNode {
     /// The model.
-    pub model: Arc<dyn ChatModel>,
+    pub model: NodeModel,
     /// Tools offered to the model.
     pub tools: Vec<ToolSchema>,
-    /// A system prompt put first.
+    /// A system prompt put first; its `{name}` placeholders are filled per run
+    /// ([`crate::prompt`]).
     pub system: Option<String>,
     /// Stream tokens as `messages` events.
     pub stream: bool,
@@ -80,11 +81,47 @@ pub struct ModelNode {
     pub messages_key: String,
 }
 
+/// Which model a model node calls.
+pub enum NodeModel {
+    /// Always this one.
+    Fixed(Arc<dyn ChatModel>),
+    /// The one of `models` the run names under `key` (its context, else its
+    /// `config.configurable`): LangGraph templates' `context.model`.
+    PerRun {
+        /// Where the run names it.
+        key: String,
+        /// The models it may name.
+        models: Arc<crate::model::ModelRegistry>,
+    },
+}
+
+impl NodeModel {
+    /// The model this run calls.
+    fn for_run(&self, ctx: &TaskContext) -> Result<Arc<dyn ChatModel>, NodeError> {
+        let (key, models) = match self {
+            NodeModel::Fixed(model) => return Ok(model.clone()),
+            NodeModel::PerRun { key, models } => (key, models),
+        };
+        let name = crate::prompt::fill(&format!("{{{key}}}"), ctx)?;
+        models.get(&name).ok_or_else(|| {
+            NodeError::new(
+                "ValueError",
+                format!(
+                    "the run chose the model `{name}` (its `{key}`), which the graph does not \
+                     declare; declared: {}",
+                    models.names().join(", ")
+                ),
+            )
+        })
+    }
+}
+
 #[async_trait]
 impl Node for ModelNode {
     async fn run(&self, input: Value, ctx: &TaskContext) -> Result<Command, NodeError> {
         let mut messages: Vec<Value> = Vec::new();
         if let Some(system) = &self.system {
+            let system = crate::prompt::fill(system, ctx)?;
             messages.push(
                 coerce_message(&json!({"type": "system", "content": system}))
                     .map_err(|e| NodeError::new("ValueError", e.0))?,
@@ -94,7 +131,8 @@ impl Node for ModelNode {
             messages.extend(list.iter().cloned());
         }
         let streaming = if self.stream { Some(ctx) } else { None };
-        let reply = traced_invoke(self, &messages, streaming, ctx).await?;
+        let model = self.model.for_run(ctx)?;
+        let reply = traced_invoke(self, &model, &messages, streaming, ctx).await?;
         let mut update = Map::new();
         update.insert(self.messages_key.clone(), json!([reply]));
         Ok(Command::update(Value::Object(update)))
@@ -105,19 +143,19 @@ impl Node for ModelNode {
 /// stream event per token chunk (when the node streams), end.
 async fn traced_invoke(
     node: &ModelNode,
+    model: &Arc<dyn ChatModel>,
     messages: &[Value],
     streaming: Option<&TaskContext>,
     ctx: &TaskContext,
 ) -> Result<Value, NodeError> {
     // The model's identity is only asked for when someone listens.
-    let trace = ctx.traces().then(|| node.model.identity()).and_then(|who| {
+    let trace = ctx.traces().then(|| model.identity()).and_then(|who| {
         ctx.child_trace(who.class, "seq:step:1", || {
             ctx.model_metadata(who.provider, who.model.as_deref())
         })
     });
     let Some(trace) = trace else {
-        return node
-            .model
+        return model
             .invoke(messages, &node.tools, streaming, ctx.cancel_token())
             .await;
     };
@@ -127,8 +165,7 @@ async fn traced_invoke(
         .emit(&ctx.run, "on_chat_model_start", json!({ "input": input }))
         .await;
     ctx.set_model_call(Some(trace.clone()));
-    let reply = node
-        .model
+    let reply = model
         .invoke(messages, &node.tools, streaming, ctx.cancel_token())
         .await;
     ctx.set_model_call(None);

@@ -5,15 +5,14 @@ use std::sync::Arc;
 use crate::builder::{BuildError, GraphBuilder};
 use crate::channels::{ChannelKind, ChannelSpec};
 use crate::graph::{Graph, END, START};
-use crate::model::ChatModel;
-use crate::nodes::{ModelNode, ToolsCondition, ToolsNode};
+use crate::nodes::{ModelNode, NodeModel, ToolsCondition, ToolsNode};
 use crate::tools::Tool;
 
 /// `{messages}` graph: `agent` calls the model; when it asks for tools, `tools` runs them and
 /// the model is called again, until it answers without tool calls.
 pub fn agent_graph(
     name: &str,
-    model: Arc<dyn ChatModel>,
+    model: NodeModel,
     tools: Vec<Arc<Tool>>,
     system: Option<String>,
     stream: bool,

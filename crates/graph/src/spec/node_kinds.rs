@@ -12,9 +12,10 @@ use super::resources::pick_tools;
 use super::SpecError;
 use crate::builder::NodeOptions;
 use crate::graph::Graph;
-use crate::model::{ChatModel, ModelRegistry};
+use crate::model::ModelRegistry;
 use crate::node::{Node, RetryPolicy};
-use crate::nodes::{InterruptNode, ModelNode, ScriptNode, SubgraphNode, ToolsNode};
+use crate::nodes::{InterruptNode, ModelNode, NodeModel, ScriptNode, SubgraphNode, ToolsNode};
+use crate::prompt;
 use crate::tools::Tool;
 
 fn retry_policy(cx: &Ctx, v: &Value, place: &str) -> Result<RetryPolicy, SpecError> {
@@ -86,14 +87,33 @@ pub(super) fn compile_node(
     let messages_key = string(cx, m, "messages_key", place)?
         .unwrap_or(default_messages)
         .to_string();
-    let get_model = |m: &Map<String, Value>| -> Result<Arc<dyn ChatModel>, SpecError> {
+    // `model: "{key}"` lets each run choose among the declared models (`context.key`).
+    let get_model = |m: &Map<String, Value>| -> Result<NodeModel, SpecError> {
         let name = required(cx, m, "model", place)?;
-        models.as_ref().and_then(|r| r.get(name)).ok_or_else(|| {
-            cx.err(
-                format!("{place}.model"),
-                format!("unknown model `{name}`; declare it under `models`"),
-            )
-        })
+        let registry = models.as_ref().filter(|r| !r.names().is_empty());
+        if let Some(key) = prompt::sole_placeholder(name) {
+            let models = registry.cloned().ok_or_else(|| {
+                cx.err(
+                    format!("{place}.model"),
+                    format!(
+                        "`{name}` chooses a model per run, and none is declared under `models`"
+                    ),
+                )
+            })?;
+            return Ok(NodeModel::PerRun {
+                key: key.to_string(),
+                models,
+            });
+        }
+        registry
+            .and_then(|r| r.get(name))
+            .map(NodeModel::Fixed)
+            .ok_or_else(|| {
+                cx.err(
+                    format!("{place}.model"),
+                    format!("unknown model `{name}`; declare it under `models`"),
+                )
+            })
     };
     let need_messages = |what: &str| -> Result<(), SpecError> {
         if channels.iter().any(|c| c == &messages_key) {
