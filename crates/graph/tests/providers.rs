@@ -941,3 +941,91 @@ fn provider_declarations_are_checked() {
     load("{provider: openai, model: gpt-4o-mini}").unwrap();
     load("{provider: google_genai, model: gemini-2.0-flash}").unwrap();
 }
+
+#[tokio::test]
+async fn gemini_answers_function_calls_by_name_in_one_turn() {
+    let reply = gemini_sse(&[gemini_parts(json!([{"text": "ok"}]), Some("STOP"))]);
+    let (base, seen) = fake_server(vec![(200, "text/event-stream".into(), reply)]).await;
+    let yaml = format!(
+        "state: {{messages: messages}}\nmodels:\n  llm: {{provider: gemini, base_url: \"{base}\", model: gemini-test}}\nnodes:\n  model: {{kind: model, model: llm}}\nedges:\n  - {{from: __start__, to: model}}\n"
+    );
+    let g = Arc::new(load_str(&yaml, "g.yaml", "g", Format::Yaml).unwrap());
+    // Tool messages without a `name`: the name comes from the call they answer.
+    let history = json!([
+        {"type": "human", "content": "hi"},
+        {"type": "ai", "content": "", "tool_calls": [
+            {"name": "add", "args": {"a": 1}, "id": "t1"},
+            {"name": "mul", "args": {"a": 2}, "id": "t2"},
+        ]},
+        {"type": "tool", "content": "4", "tool_call_id": "t2"},
+        {"type": "tool", "content": "1", "tool_call_id": "t1"},
+    ]);
+    let (out, _) = Harness::new()
+        .run(
+            &g,
+            None,
+            RunInput::Values(json!({"messages": history})),
+            &[],
+            |_| {},
+        )
+        .await;
+    assert_eq!(texts(&out.unwrap().values).last().unwrap(), "ok");
+    let body = &seen.lock().unwrap()[0].body;
+    assert!(body.get("systemInstruction").is_none());
+    assert_eq!(
+        body["contents"],
+        json!([
+            {"role": "user", "parts": [{"text": "hi"}]},
+            {"role": "model", "parts": [
+                {"functionCall": {"name": "add", "args": {"a": 1}}},
+                {"functionCall": {"name": "mul", "args": {"a": 2}}},
+            ]},
+            {"role": "user", "parts": [
+                {"functionResponse": {"name": "mul", "response": {"output": "4"}}},
+                {"functionResponse": {"name": "add", "response": {"output": "1"}}},
+            ]},
+        ])
+    );
+}
+
+/// Answers one request with `first` as the start of an event stream, then stays silent.
+async fn stalling_server(first: String) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let Ok((mut sock, _)) = listener.accept().await else {
+            return;
+        };
+        let mut tmp = [0u8; 4096];
+        let _ = sock.read(&mut tmp).await;
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+        let chunk = format!("{head}{:x}\r\n{first}\r\n", first.len());
+        let _ = sock.write_all(chunk.as_bytes()).await;
+        tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+    });
+    format!("http://{addr}")
+}
+
+#[tokio::test]
+async fn cancelling_a_run_stops_a_model_stream_midway() {
+    let base = stalling_server(anthropic_sse(&[anthropic_start(5)])).await;
+    let yaml = agent_with(&format!(
+        r#"{{provider: anthropic, base_url: "{base}", model: claude-test}}"#
+    ));
+    let g = Arc::new(load_str(&yaml, "c.yaml", "c", Format::Yaml).unwrap());
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let c2 = cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        c2.cancel();
+    });
+    let started = std::time::Instant::now();
+    let env = spindle_graph::RunEnv {
+        cancel,
+        ..Default::default()
+    };
+    let input = RunInput::Values(json!({"messages": ["hi"]}));
+    let out = spindle_graph::pregel::run(&g, input, Default::default(), env).await;
+    assert_eq!(out.unwrap_err().class(), "CancelledError");
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+}
