@@ -947,7 +947,7 @@ async fn gemini_answers_function_calls_by_name_in_one_turn() {
     let reply = gemini_sse(&[gemini_parts(json!([{"text": "ok"}]), Some("STOP"))]);
     let (base, seen) = fake_server(vec![(200, "text/event-stream".into(), reply)]).await;
     let yaml = format!(
-        "state: {{messages: messages}}\nmodels:\n  llm: {{provider: gemini, base_url: \"{base}\", model: gemini-test}}\nnodes:\n  model: {{kind: model, model: llm}}\nedges:\n  - {{from: __start__, to: model}}\n"
+        "state: {{messages: messages}}\nmodels:\n  llm: {{provider: gemini, base_url: \"{base}\", model: models/gemini-test}}\nnodes:\n  model: {{kind: model, model: llm}}\nedges:\n  - {{from: __start__, to: model}}\n"
     );
     let g = Arc::new(load_str(&yaml, "g.yaml", "g", Format::Yaml).unwrap());
     // Tool messages without a `name`: the name comes from the call they answer.
@@ -970,7 +970,16 @@ async fn gemini_answers_function_calls_by_name_in_one_turn() {
         )
         .await;
     assert_eq!(texts(&out.unwrap().values).last().unwrap(), "ok");
-    let body = &seen.lock().unwrap()[0].body;
+    let seen = seen.lock().unwrap().clone();
+    // A `models/` prefix on the name is not doubled in the path.
+    assert!(
+        seen[0]
+            .line
+            .starts_with("POST /v1beta/models/gemini-test:streamGenerateContent?"),
+        "{}",
+        seen[0].line
+    );
+    let body = &seen[0].body;
     assert!(body.get("systemInstruction").is_none());
     assert_eq!(
         body["contents"],

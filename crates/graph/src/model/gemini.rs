@@ -102,7 +102,9 @@ struct Meta {
 
 impl GeminiModel {
     fn url(&self) -> String {
-        let path = format!("/v1beta/models/{}:streamGenerateContent", self.http.model);
+        // Google's own examples name models both as `gemini-x` and as `models/gemini-x`.
+        let model = self.http.model.trim_start_matches("models/");
+        let path = format!("/v1beta/models/{model}:streamGenerateContent");
         self.http.url(&path)
     }
 

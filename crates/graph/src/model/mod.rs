@@ -89,12 +89,7 @@ impl ModelRegistry {
 
 /// An `AIMessageChunk` as LangChain serialises it; `last` marks the final chunk of a reply
 /// (`chunk_position: "last"`).
-pub(crate) fn chunk_message(
-    id: &str,
-    content: &str,
-    tool_call_chunks: Vec<Value>,
-    last: bool,
-) -> Value {
+fn chunk_message(id: &str, content: &str, tool_call_chunks: Vec<Value>, last: bool) -> Value {
     json!({
         "content": content,
         "additional_kwargs": {},
