@@ -192,6 +192,17 @@ async fn openai_provider_streams_tokens_and_calls_tools() {
         .collect();
     assert_eq!(text, "The sum is 5.");
     assert_eq!(chunks[0][1]["langgraph_node"], "model");
+    let pieces: Vec<Value> = chunks
+        .iter()
+        .map(|c| c[0]["tool_call_chunks"].clone())
+        .filter(|t| t.as_array().is_some_and(|a| !a.is_empty()))
+        .map(|t| t[0]["args"].clone())
+        .collect();
+    assert_eq!(pieces, ["", "{\"a\": 2,", " \"b\": 3}"]);
+    assert_eq!(
+        v["messages"][3]["response_metadata"]["model_name"],
+        "test-model"
+    );
     // The tool message (not streamed by a model) is streamed whole.
     assert!(events
         .iter()
