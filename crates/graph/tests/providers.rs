@@ -582,7 +582,11 @@ async fn anthropic_provider_streams_text_and_tool_use() {
     ];
     tool_turn.extend(anthropic_end("tool_use", 30));
     let mut text_turn = vec![
-        anthropic_start(60),
+        {
+            let mut start = anthropic_start(50);
+            start.1["message"]["usage"]["cache_read_input_tokens"] = json!(10);
+            start
+        },
         (
             "content_block_start",
             json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),

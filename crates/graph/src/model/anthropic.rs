@@ -178,9 +178,13 @@ impl AnthropicModel {
 fn read_start(message: &Value, meta: &mut Meta) {
     meta.id = message["id"].clone();
     meta.model = message["model"].as_str().map(str::to_string);
-    meta.input_tokens = message
-        .pointer("/usage/input_tokens")
-        .and_then(Value::as_u64);
+    let u = &message["usage"];
+    // Cached prompt tokens are reported apart; LangChain counts them as input too.
+    let cached = ["cache_creation_input_tokens", "cache_read_input_tokens"]
+        .iter()
+        .filter_map(|k| u[*k].as_u64())
+        .sum::<u64>();
+    meta.input_tokens = u["input_tokens"].as_u64().map(|n| n + cached);
     meta.output_tokens = message
         .pointer("/usage/output_tokens")
         .and_then(Value::as_u64);
