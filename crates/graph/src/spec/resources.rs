@@ -8,8 +8,25 @@ use serde_json::{json, Map, Value};
 
 use super::read::{check_keys, obj, required, script, string, string_list, Ctx};
 use super::SpecError;
-use crate::model::{ChatModel, Chunking, ModelRegistry, OpenAiModel, ScriptedModel, ToolSchema};
+use crate::model::{
+    AnthropicModel, ChatModel, Chunking, GeminiModel, HttpSettings, ModelRegistry, OpenAiModel,
+    ScriptedModel, ToolSchema,
+};
 use crate::tools::{Tool, ToolImpl};
+
+/// The providers `provider:` accepts, for the error naming an unknown one.
+const PROVIDERS: &str = "scripted, openai, openai_compatible, anthropic, gemini or google_genai";
+
+/// Keys every HTTP provider accepts; see docs/model-providers.md.
+const HTTP_KEYS: [&str; 7] = [
+    "provider",
+    "base_url",
+    "base_url_env",
+    "model",
+    "model_env",
+    "api_key_env",
+    "params",
+];
 
 pub(super) fn compile_models(
     cx: &Ctx,
@@ -21,116 +38,151 @@ pub(super) fn compile_models(
     for (name, spec) in obj(cx, v, place)? {
         let p = format!("{place}.{name}");
         let m = obj(cx, spec, &p)?;
-        let provider = required(cx, m, "provider", &p)?;
-        let model: Arc<dyn ChatModel> = match provider {
-            "scripted" => {
-                check_keys(cx, m, &p, &["provider", "responses", "chunk", "delay_ms"])?;
-                let responses = match m.get("responses") {
-                    Some(Value::Array(r)) if !r.is_empty() => r.clone(),
-                    _ => {
-                        return Err(
-                            cx.err(&p, "a scripted model needs a non-empty `responses` list")
-                        )
-                    }
-                };
-                for (i, r) in responses.iter().enumerate() {
-                    let ok = r.is_string()
-                        || r.as_object().is_some_and(|o| {
-                            o.keys()
-                                .all(|k| ["content", "tool_calls", "id"].contains(&k.as_str()))
-                        });
-                    if !ok {
-                        return Err(cx.err(
-                            format!("{p}.responses[{i}]"),
-                            "a response is a text or a mapping of `content`, `tool_calls` and `id`",
-                        ));
-                    }
-                    for (j, c) in r
-                        .get("tool_calls")
-                        .and_then(Value::as_array)
-                        .into_iter()
-                        .flatten()
-                        .enumerate()
-                    {
-                        if c.get("name").and_then(Value::as_str).is_none() {
-                            return Err(cx.err(
-                                format!("{p}.responses[{i}].tool_calls[{j}]"),
-                                "a tool call needs a `name`",
-                            ));
-                        }
-                    }
-                }
-                let chunking = match string(cx, m, "chunk", &p)?.unwrap_or("word") {
-                    "char" => Chunking::Char,
-                    "word" => Chunking::Word,
-                    "whole" | "none" => Chunking::Whole,
-                    other => {
-                        return Err(cx.err(
-                            format!("{p}.chunk"),
-                            format!("unknown chunking `{other}`; expected char, word or whole"),
-                        ))
-                    }
-                };
-                let delay = m.get("delay_ms").and_then(Value::as_u64).unwrap_or(0);
-                Arc::new(ScriptedModel {
-                    responses,
-                    chunking,
-                    delay: Duration::from_millis(delay),
+        let model: Arc<dyn ChatModel> = match required(cx, m, "provider", &p)? {
+            "scripted" => Arc::new(scripted_model(cx, m, &p)?),
+            provider @ ("openai" | "openai_compatible") => {
+                let keys = [HTTP_KEYS.as_slice(), &["api_key_header", "query"]].concat();
+                check_keys(cx, m, &p, &keys)?;
+                // Plain `openai` means OpenAI itself; a compatible server must say where it is.
+                let default_url = (provider == "openai").then_some("https://api.openai.com/v1");
+                Arc::new(OpenAiModel {
+                    http: http_settings(cx, m, &p, default_url)?,
+                    api_key_header: string(cx, m, "api_key_header", &p)?.map(str::to_string),
+                    query: string_map(cx, m, "query", &p)?,
                 })
             }
-            "openai" | "openai_compatible" => {
-                check_keys(
-                    cx,
-                    m,
-                    &p,
-                    &[
-                        "provider",
-                        "base_url",
-                        "base_url_env",
-                        "model",
-                        "model_env",
-                        "api_key_env",
-                        "params",
-                    ],
-                )?;
-                let env = |key: &str| -> Result<Option<String>, SpecError> {
-                    Ok(string(cx, m, key, &p)?
-                        .and_then(|var| std::env::var(var).ok())
-                        .filter(|s| !s.is_empty()))
-                };
-                let base_url = env("base_url_env")?
-                    .or(string(cx, m, "base_url", &p)?.map(str::to_string))
-                    .ok_or_else(|| cx.err(&p, "an openai model needs `base_url` (or `base_url_env` naming a set variable)"))?;
-                let model = env("model_env")?
-                    .or(string(cx, m, "model", &p)?.map(str::to_string))
-                    .ok_or_else(|| {
-                        cx.err(
-                            &p,
-                            "an openai model needs `model` (or `model_env` naming a set variable)",
-                        )
-                    })?;
-                let params = match m.get("params") {
-                    None => Map::new(),
-                    Some(v) => obj(cx, v, &format!("{p}.params"))?.clone(),
-                };
-                Arc::new(OpenAiModel {
-                    base_url,
-                    model,
-                    api_key: env("api_key_env")?,
-                    params,
-                    client: reqwest::Client::new(),
+            "anthropic" => {
+                check_keys(cx, m, &p, &HTTP_KEYS)?;
+                let http = http_settings(cx, m, &p, Some("https://api.anthropic.com"))?;
+                Arc::new(AnthropicModel { http })
+            }
+            "gemini" | "google_genai" => {
+                check_keys(cx, m, &p, &HTTP_KEYS)?;
+                let default_url = "https://generativelanguage.googleapis.com";
+                Arc::new(GeminiModel {
+                    http: http_settings(cx, m, &p, Some(default_url))?,
                 })
             }
             other => {
                 return Err(cx.err(
                     format!("{p}.provider"),
-                    format!("unknown provider `{other}`; expected scripted or openai"),
+                    format!("unknown provider `{other}`; expected {PROVIDERS}"),
                 ))
             }
         };
         reg.insert(name.clone(), model);
     }
     Ok(reg)
+}
+
+fn scripted_model(cx: &Ctx, m: &Map<String, Value>, p: &str) -> Result<ScriptedModel, SpecError> {
+    check_keys(cx, m, p, &["provider", "responses", "chunk", "delay_ms"])?;
+    let responses = match m.get("responses") {
+        Some(Value::Array(r)) if !r.is_empty() => r.clone(),
+        _ => return Err(cx.err(p, "a scripted model needs a non-empty `responses` list")),
+    };
+    for (i, r) in responses.iter().enumerate() {
+        let ok = r.is_string()
+            || r.as_object().is_some_and(|o| {
+                o.keys()
+                    .all(|k| ["content", "tool_calls", "id"].contains(&k.as_str()))
+            });
+        if !ok {
+            return Err(cx.err(
+                format!("{p}.responses[{i}]"),
+                "a response is a text or a mapping of `content`, `tool_calls` and `id`",
+            ));
+        }
+        for (j, c) in r
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            if c.get("name").and_then(Value::as_str).is_none() {
+                return Err(cx.err(
+                    format!("{p}.responses[{i}].tool_calls[{j}]"),
+                    "a tool call needs a `name`",
+                ));
+            }
+        }
+    }
+    let chunking = match string(cx, m, "chunk", p)?.unwrap_or("word") {
+        "char" => Chunking::Char,
+        "word" => Chunking::Word,
+        "whole" | "none" => Chunking::Whole,
+        other => {
+            return Err(cx.err(
+                format!("{p}.chunk"),
+                format!("unknown chunking `{other}`; expected char, word or whole"),
+            ))
+        }
+    };
+    let delay = m.get("delay_ms").and_then(Value::as_u64).unwrap_or(0);
+    Ok(ScriptedModel {
+        responses,
+        chunking,
+        delay: Duration::from_millis(delay),
+    })
+}
+
+/// `base_url`, `model` (each from its `_env` variable when set), the key from `api_key_env`
+/// and `params`.
+fn http_settings(
+    cx: &Ctx,
+    m: &Map<String, Value>,
+    p: &str,
+    default_url: Option<&str>,
+) -> Result<HttpSettings, SpecError> {
+    let env = |key: &str| -> Result<Option<String>, SpecError> {
+        Ok(string(cx, m, key, p)?
+            .and_then(|var| std::env::var(var).ok())
+            .filter(|s| !s.is_empty()))
+    };
+    let setting = |key: &str, default: Option<&str>| -> Result<String, SpecError> {
+        env(&format!("{key}_env"))?
+            .or(string(cx, m, key, p)?.map(str::to_string))
+            .or(default.map(str::to_string))
+            .ok_or_else(|| {
+                cx.err(
+                    p,
+                    format!("this model needs `{key}` (or `{key}_env` naming a set variable)"),
+                )
+            })
+    };
+    let params = match m.get("params") {
+        None => Map::new(),
+        Some(v) => obj(cx, v, &format!("{p}.params"))?.clone(),
+    };
+    Ok(HttpSettings {
+        base_url: setting("base_url", default_url)?,
+        model: setting("model", None)?,
+        api_key: env("api_key_env")?,
+        params,
+        client: reqwest::Client::new(),
+    })
+}
+
+/// A mapping of strings (`query:`); numbers and booleans are written as text.
+fn string_map(
+    cx: &Ctx,
+    m: &Map<String, Value>,
+    key: &str,
+    p: &str,
+) -> Result<Vec<(String, String)>, SpecError> {
+    let Some(v) = m.get(key) else {
+        return Ok(Vec::new());
+    };
+    let place = format!("{p}.{key}");
+    obj(cx, v, &place)?
+        .iter()
+        .map(|(k, v)| match v {
+            Value::String(s) => Ok((k.clone(), s.clone())),
+            Value::Number(_) | Value::Bool(_) => Ok((k.clone(), v.to_string())),
+            _ => Err(cx.err(format!("{place}.{k}"), "expected a string")),
+        })
+        .collect()
 }
 
 pub(super) fn compile_tools(
