@@ -22,14 +22,15 @@ from langgraph_sdk import get_sync_client
 import harness
 
 DOCS = harness.REPO / "docs" / "graph-files.md"
+PROVIDERS = harness.REPO / "docs" / "model-providers.md"
 EXAMPLES = sorted((harness.REPO / "examples" / "graphs").glob("*.yaml"))
 SCHEMA_FILE = harness.REPO / "crates" / "graph" / "graph-file.schema.json"
 SCHEMA_LINE = "# yaml-language-server: $schema=http://127.0.0.1:2024/graph-file.schema.json"
 
 
-def doc_blocks(language: str) -> list[str]:
-    """The fenced code blocks of docs/graph-files.md in `language`, in page order."""
-    return re.findall(rf"```{language}\n(.*?)```", DOCS.read_text(), flags=re.S)
+def doc_blocks(language: str, page: Path = DOCS) -> list[str]:
+    """The fenced code blocks of a page in `language`, in page order."""
+    return re.findall(rf"```{language}\n(.*?)```", page.read_text(), flags=re.S)
 
 
 def yaml_examples() -> list[dict]:
@@ -76,6 +77,16 @@ def test_every_yaml_example_of_the_docs_fits_the_schema(schema):
     for doc in examples:
         errors = [f"{e.message} at {'/'.join(map(str, e.path))}" for e in validator.iter_errors(doc)]
         assert not errors, f"an example of docs/graph-files.md does not fit the schema:\n{yaml.safe_dump(doc)}\n{errors}"
+
+
+def test_every_model_declaration_of_the_providers_page_fits_the_schema(schema):
+    declarations = [yaml.safe_load(block) for block in doc_blocks("yaml", PROVIDERS)]
+    declarations = [doc for doc in declarations if isinstance(doc, dict) and "models" in doc]
+    assert len(declarations) >= 3, "docs/model-providers.md lost its examples"
+    validator = jsonschema.Draft7Validator(partial(schema))
+    for doc in declarations:
+        errors = [f"{e.message} at {'/'.join(map(str, e.path))}" for e in validator.iter_errors(doc)]
+        assert not errors, f"an example of docs/model-providers.md does not fit the schema:\n{yaml.safe_dump(doc)}\n{errors}"
 
 
 def test_the_schema_refuses_what_the_compiler_refuses(schema, tmp_path):
