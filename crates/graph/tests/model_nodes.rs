@@ -129,3 +129,22 @@ fn a_per_run_model_needs_declared_models() {
     assert_eq!(err.place, "nodes.a.model");
     assert!(err.message.contains("none is declared"), "{err}");
 }
+
+#[tokio::test]
+async fn a_scripted_model_takes_its_time_when_nobody_streams_it() {
+    let yaml = r#"
+state: {messages: messages}
+models:
+  slow: {provider: scripted, chunk: word, delay_ms: 40, responses: ["one two three"]}
+nodes:
+  answer: {kind: model, model: slow}
+edges:
+  - {from: START, to: answer}
+"#;
+    let g = Arc::new(load_str(yaml, "t.yaml", "t", Format::Yaml).unwrap());
+    let started = std::time::Instant::now();
+    let (out, _) = Harness::new().run(&g, None, hello(), &[], |_| {}).await;
+    // Five chunks ("one", " ", "two", " ", "three") of 40 ms each, as when streamed.
+    assert!(started.elapsed() >= std::time::Duration::from_millis(200));
+    assert_eq!(texts(&out.unwrap().values).last().unwrap(), "one two three");
+}

@@ -122,7 +122,17 @@ impl ChatModel for ScriptedModel {
                 c
             })
             .collect();
-        if let Some(ctx) = ctx.filter(|c| c.streams_tokens()) {
+        let streamed_to = ctx.filter(|c| c.streams_tokens());
+        if streamed_to.is_none() && !self.delay.is_zero() {
+            // A stand-in for a real model takes its time whether or not anyone streams it:
+            // as long as its chunks would have taken.
+            let chunks = split_text(&text, self.chunking).len().max(1) as u32;
+            tokio::select! {
+                _ = cancel.cancelled() => return Err(NodeError::Cancelled),
+                _ = tokio::time::sleep(self.delay * chunks) => {}
+            }
+        }
+        if let Some(ctx) = streamed_to {
             let pieces = split_text(&text, self.chunking);
             let n = pieces.len();
             for (i, piece) in pieces.into_iter().enumerate() {
