@@ -85,7 +85,11 @@ pub(super) fn compile_doc(
     if let Some(gs) = m.get("graphs") {
         let place = join(prefix, "graphs");
         for (gname, gdoc) in obj(cx, gs, &place)? {
-            let g = compile_doc(cx, gdoc, &format!("{place}.{gname}"), gname, &graphs)?;
+            let gplace = format!("{place}.{gname}");
+            let g = match gdoc {
+                Value::String(file) => super::import::import(cx, file, gname, &gplace)?,
+                _ => compile_doc(cx, gdoc, &gplace, gname, &graphs)?,
+            };
             graphs.insert(gname.clone(), Arc::new(g));
         }
     }

@@ -45,6 +45,7 @@
 //! Scripts are Rhai (see [`crate::script`] for the host API).
 
 mod compile;
+mod import;
 pub mod locate;
 mod node_kinds;
 mod read;
@@ -98,8 +99,19 @@ pub enum Format {
 }
 
 /// Load a graph file; the format follows the extension (`.json` is JSON, anything else YAML).
-/// The graph's name defaults to the file stem.
+/// The graph's name defaults to the file stem. Graph files it imports (`graphs: {x: ./x.yaml}`)
+/// are loaded relative to it.
 pub fn load_file(path: &Path) -> Result<Graph, SpecError> {
+    let stem = path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("graph")
+        .to_string();
+    import::compiling(path, || load_file_named(path, &stem))
+}
+
+/// Load a graph file whose name defaults to `default_name`.
+fn load_file_named(path: &Path, default_name: &str) -> Result<Graph, SpecError> {
     let file = path.display().to_string();
     let source = std::fs::read_to_string(path).map_err(|e| SpecError {
         file: file.clone(),
@@ -111,12 +123,7 @@ pub fn load_file(path: &Path) -> Result<Graph, SpecError> {
         Some("json") => Format::Json,
         _ => Format::Yaml,
     };
-    let stem = path
-        .file_stem()
-        .and_then(|s| s.to_str())
-        .unwrap_or("graph")
-        .to_string();
-    load_str(&source, &file, &stem, format)
+    load_str(&source, &file, default_name, format)
 }
 
 /// Load a graph from text. `file` names it in errors; `default_name` is used when the
