@@ -79,6 +79,8 @@ async def test_a_failed_runs_error_and_log_line_say_where(server):
     assert run["status"] == "error"
     [line] = failure_lines(srv, run["run_id"])
     assert "WARN" in line, line
-    for field in (f"run_id={run['run_id']}", f"thread_id={thread['thread_id']}", "graph=broken",
-                  "node=step", "error=ScriptError", "message=\"graph 'broken', node 'step': line 10"):
+    # Text fields are quoted by tracing's formatter; ids are not.
+    for field in (f"run_id={run['run_id']}", f"thread_id={thread['thread_id']}", 'graph="broken"',
+                  'node="step"', 'error="ScriptError"',
+                  "error_message=\"graph 'broken', node 'step': line 10"):
         assert field in line, (field, line)

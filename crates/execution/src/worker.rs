@@ -966,7 +966,8 @@ fn log_failure(run: &Run, graph: Option<&str>, failure: Option<&Failure>, body: 
         graph = graph.unwrap_or("-"),
         node = failure.and_then(Failure::node).unwrap_or("-"),
         error = body["error"].as_str().unwrap_or("Error"),
-        message = body["message"].as_str().unwrap_or_default(),
+        // Not `message`: that name is the event's own text in tracing's output.
+        error_message = body["message"].as_str().unwrap_or_default(),
         traceback,
         "run failed"
     );
