@@ -550,14 +550,8 @@ impl RunWorkers {
             None => None,
         };
         if let Some(body) = &error {
+            log_failure(run, graph_name.as_deref(), failure, body);
             let message = body["message"].as_str().unwrap_or_default();
-            // Why, for the operator: the end's log line below says only the status.
-            tracing::warn!(
-                graph = graph_name.as_deref().unwrap_or("-"),
-                error = body["error"].as_str().unwrap_or("Error"),
-                reason = message,
-                "run failed"
-            );
             let _ = failed.set(message.to_owned());
         }
         drop(sink);
@@ -781,7 +775,10 @@ impl RunWorkers {
                 columns: python_thread_columns(pool, &assistant.fields.graph_id, run).await,
             },
             PythonEnd::WorkerLost(why) => Ran::HandedBack(why),
-            PythonEnd::Refused(body) => Ran::NotStarted(Failure::Worker(body)),
+            PythonEnd::Refused(body) => Ran::NotStarted(Failure::Worker {
+                body,
+                traceback: None,
+            }),
         }
     }
 
@@ -883,13 +880,13 @@ fn python_ran(done: crate::python::calls::RunDone) -> Ran {
     let outcome = match done.status.as_str() {
         "success" | "interrupted" => Ok(()),
         "cancelled" => Err(Failure::Run(RunError::Cancelled)),
-        _ => Err(Failure::Worker(done.error.unwrap_or_else(
-            || json!({"error": "WorkerError", "message": format!("the run ended {}", done.status)}),
-        ))),
+        _ => Err(Failure::Worker {
+            body: done.error.unwrap_or_else(
+                || json!({"error": "WorkerError", "message": format!("the run ended {}", done.status)}),
+            ),
+            traceback: done.traceback,
+        }),
     };
-    if let (Err(Failure::Worker(body)), Some(traceback)) = (&outcome, &done.traceback) {
-        tracing::warn!(error = %body, %traceback, "the run's graph raised");
-    }
     Ran::Python { outcome, columns }
 }
 
@@ -920,9 +917,12 @@ enum Failure {
     Run(RunError),
     /// The run could not start (its assistant or graph is gone).
     Setup(String),
-    /// A Python worker's `{error, message}`: the exception the graph raised, or why the
-    /// worker could not run it.
-    Worker(Value),
+    /// A Python worker's `{error, message}`: the exception the graph raised (with the
+    /// traceback the worker sent), or why the worker could not run it.
+    Worker {
+        body: Value,
+        traceback: Option<String>,
+    },
 }
 
 impl From<RunError> for Failure {
@@ -936,9 +936,41 @@ impl Failure {
         match self {
             Failure::Run(e) => json!({"error": e.class(), "message": e.message()}),
             Failure::Setup(msg) => json!({"error": "RunSetupError", "message": msg}),
-            Failure::Worker(body) => body.clone(),
+            Failure::Worker { body, .. } => body.clone(),
         }
     }
+
+    /// The node the run failed in, when known: the engine's failed task, or the node a
+    /// Python worker named.
+    fn node(&self) -> Option<&str> {
+        match self {
+            Failure::Run(e) => e.node(),
+            Failure::Worker { body, .. } => body["node"].as_str(),
+            Failure::Setup(_) => None,
+        }
+    }
+}
+
+/// The one line an operator reads about a run that ended in error (a node's failure, a time
+/// limit, a run that could not start): which run, thread, graph and node, and the error as
+/// the run's client reads it (`body`), with a Python graph's traceback when it sent one.
+fn log_failure(run: &Run, graph: Option<&str>, failure: Option<&Failure>, body: &Value) {
+    let traceback = match failure {
+        Some(Failure::Worker { traceback, .. }) => traceback.as_deref(),
+        _ => None,
+    };
+    tracing::warn!(
+        run_id = %run.run_id,
+        thread_id = %run.thread_id,
+        assistant_id = %run.assistant_id,
+        graph = graph.unwrap_or("-"),
+        node = failure.and_then(Failure::node).unwrap_or("-"),
+        error = body["error"].as_str().unwrap_or("Error"),
+        // Not `message`: that name is the event's own text in tracing's output.
+        error_message = body["message"].as_str().unwrap_or_default(),
+        traceback,
+        "run failed"
+    );
 }
 
 /// The run's status and its thread's new state, as api-facts describes: the thread is `error`

@@ -189,6 +189,18 @@ impl NodeError {
         }
     }
 
+    /// This failure, said to have happened at `place` (e.g. `graph 'g', node 'n'`), which goes
+    /// before the message clients read; its class stays as it is. Other errors pass through.
+    pub fn at(self, place: &str) -> NodeError {
+        match self {
+            NodeError::Failed { class, message } => NodeError::Failed {
+                class,
+                message: format!("{place}: {message}"),
+            },
+            other => other,
+        }
+    }
+
     /// LangGraph's `InvalidUpdateError`.
     pub fn invalid_update(message: impl Into<String>) -> Self {
         NodeError::new("InvalidUpdateError", message)

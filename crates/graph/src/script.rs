@@ -18,6 +18,11 @@
 //!   `store_search(prefix, filter, limit)` reach the long-term store;
 //! - `call_model(name, messages)` calls a model declared in the graph file.
 //!
+//! A script's failure says where it happened: the graph file's line and column when the graph
+//! file told the script where its text starts ([`ScriptOrigin`]), else the script's own line
+//! (`script line 3, column 9`); the engine puts the graph and the node (or route, tool,
+//! reducer) before it. A failure on `()`, which a state key never written reads as, says so.
+//!
 //! Scripts that never wait (no `sleep`, store or model call) run inline on the async thread:
 //! they are bounded by the operation limit and a thread hop would cost more than the script.
 
@@ -322,6 +327,46 @@ pub struct Script {
     needs_thread: bool,
     limits: ScriptLimits,
     models: Option<Arc<ModelRegistry>>,
+    origin: Option<ScriptOrigin>,
+}
+
+/// Where a script's text sits in its graph file, so that its errors can name the file's line
+/// and column rather than the script's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScriptOrigin {
+    /// The graph file, as it was named when loaded.
+    pub file: String,
+    /// The file's line (1-based) that holds the script's first line.
+    pub line: usize,
+    /// The file's column (1-based) of the script's first character.
+    pub column: usize,
+    /// Columns before the text of each later line (a block scalar's indentation).
+    pub indent: usize,
+}
+
+impl ScriptOrigin {
+    /// `line L, column C of FILE` for a position in the script.
+    fn describe(&self, line: usize, column: usize) -> String {
+        let file_column = if line == 1 {
+            self.column + column.saturating_sub(1)
+        } else {
+            self.indent + column
+        };
+        format!(
+            "line {}, column {file_column} of {}",
+            self.line + line - 1,
+            self.file
+        )
+    }
+}
+
+/// Where in a script something happened, in the file's terms when `origin` is known, else in
+/// the script's own (said so).
+fn describe_position(origin: Option<&ScriptOrigin>, line: usize, column: usize) -> String {
+    match origin {
+        Some(o) => o.describe(line, column),
+        None => format!("script line {line}, column {column}"),
+    }
 }
 
 impl std::fmt::Debug for Script {
@@ -330,13 +375,26 @@ impl std::fmt::Debug for Script {
     }
 }
 
-/// A syntax error: message and 1-based line within the script.
+/// A syntax error: message and 1-based line and column within the script.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScriptSyntaxError {
     /// What is wrong.
     pub message: String,
     /// Line in the script, when known.
     pub line: Option<usize>,
+    /// Column in that line, when known.
+    pub column: Option<usize>,
+}
+
+impl ScriptSyntaxError {
+    /// The error with where it is: in the file's terms when `origin` is known.
+    pub fn describe(&self, origin: Option<&ScriptOrigin>) -> String {
+        match (self.line, self.column) {
+            (Some(l), Some(c)) => format!("{} ({})", self.message, describe_position(origin, l, c)),
+            (Some(l), None) => format!("{} (script line {l})", self.message),
+            _ => self.message.clone(),
+        }
+    }
 }
 
 impl Script {
@@ -350,6 +408,7 @@ impl Script {
         let ast = engine.compile(source).map_err(|e| ScriptSyntaxError {
             message: e.0.to_string(),
             line: e.1.line(),
+            column: e.1.position(),
         })?;
         let needs_thread = ["sleep", "store_", "call_model"]
             .iter()
@@ -360,7 +419,14 @@ impl Script {
             needs_thread,
             limits,
             models,
+            origin: None,
         })
+    }
+
+    /// Tell the script where its text sits in its graph file, for its errors.
+    pub fn with_origin(mut self, origin: Option<ScriptOrigin>) -> Script {
+        self.origin = origin;
+        self
     }
 
     /// Run with `vars` in scope and the task's context, returning the script's value as JSON.
@@ -422,7 +488,7 @@ impl Script {
         for v in held {
             ctx.write_custom(v).await;
         }
-        result.map_err(script_error)
+        result.map_err(|e| self.node_error(e))
     }
 
     /// Run without a task (custom reducers): host functions that need a run fail.
@@ -433,57 +499,95 @@ impl Script {
         }
         self.engine
             .eval_ast_with_scope::<Dynamic>(&mut scope, &self.ast)
-            .map_err(|e| e.to_string())
+            .map_err(|e| self.located(e.to_string(), &e))
+    }
+
+    /// A script's failure as the node's error: raised classes, interrupts and cancels as
+    /// they are, anything else a `ScriptError` that says where it happened.
+    fn node_error(&self, e: EvalAltResult) -> NodeError {
+        match e {
+            EvalAltResult::ErrorRuntime(ref d, _) => {
+                let v = from_dyn(d);
+                if let Some(err) = v.get("__error__") {
+                    let message = err["message"].as_str().unwrap_or_default().to_string();
+                    return NodeError::new(
+                        err["error"].as_str().unwrap_or("Error"),
+                        self.located(message, &e),
+                    );
+                }
+                if let Some(i) = v.get("__interrupt__") {
+                    return NodeError::Interrupted(vec![Interrupt {
+                        id: i["id"].as_str().unwrap_or_default().to_string(),
+                        value: i["value"].clone(),
+                    }]);
+                }
+                if v.get("__cancelled__").is_some() {
+                    return NodeError::Cancelled;
+                }
+                let msg = match v {
+                    Value::String(s) => s,
+                    other => other.to_string(),
+                };
+                NodeError::new("ScriptError", self.located(msg, &e))
+            }
+            EvalAltResult::ErrorTerminated(reason, _) => {
+                if reason.to_string().contains("cancelled") {
+                    NodeError::Cancelled
+                } else {
+                    NodeError::new("TimeoutError", "the script ran past its time limit")
+                }
+            }
+            EvalAltResult::ErrorTooManyOperations(_) => {
+                NodeError::new("ScriptError", "the script ran past its operation limit")
+            }
+            other => NodeError::new("ScriptError", self.located(other.to_string(), &other)),
+        }
+    }
+
+    /// `message` preceded by where `e` happened, and followed by a hint when the error is
+    /// a key never written read as `()`.
+    fn located(&self, message: String, e: &EvalAltResult) -> String {
+        let pos = e.position();
+        // Rhai's own text ends with ` (line L, position C)`, which would contradict a file line.
+        let message = match message.rfind(" (line ") {
+            Some(i) if message.ends_with(')') => message[..i].to_string(),
+            _ => message,
+        };
+        let message = match unit_hint(e) {
+            Some(hint) => format!("{message}. {hint}"),
+            None => message,
+        };
+        match (pos.line(), pos.position()) {
+            (Some(l), c) => format!(
+                "{}: {message}",
+                describe_position(self.origin.as_ref(), l, c.unwrap_or(1))
+            ),
+            _ => message,
+        }
     }
 }
 
-fn script_error(e: EvalAltResult) -> NodeError {
-    match e {
-        EvalAltResult::ErrorRuntime(d, pos) => {
-            let v = from_dyn(&d);
-            if let Some(err) = v.get("__error__") {
-                return NodeError::new(
-                    err["error"].as_str().unwrap_or("Error"),
-                    err["message"].as_str().unwrap_or_default(),
-                );
-            }
-            if let Some(i) = v.get("__interrupt__") {
-                return NodeError::Interrupted(vec![Interrupt {
-                    id: i["id"].as_str().unwrap_or_default().to_string(),
-                    value: i["value"].clone(),
-                }]);
-            }
-            if v.get("__cancelled__").is_some() {
-                return NodeError::Cancelled;
-            }
-            let msg = match v {
-                Value::String(s) => s,
-                other => other.to_string(),
-            };
-            NodeError::new("ScriptError", with_line(msg, pos))
-        }
-        EvalAltResult::ErrorTerminated(reason, _) => {
-            if reason.to_string().contains("cancelled") {
-                NodeError::Cancelled
-            } else {
-                NodeError::new("TimeoutError", "the script ran past its time limit")
-            }
-        }
-        EvalAltResult::ErrorTooManyOperations(_) => {
-            NodeError::new("ScriptError", "the script ran past its operation limit")
-        }
-        other => {
-            let pos = other.position();
-            NodeError::new("ScriptError", with_line(other.to_string(), pos))
-        }
-    }
-}
-
-fn with_line(msg: String, pos: Position) -> String {
-    match pos.line() {
-        Some(l) if !msg.contains("line ") => format!("{msg} (script line {l})"),
-        _ => msg,
-    }
+/// Said when a script fails on Rhai's unit `()`, which is what a state key that was never
+/// written reads as: only errors whose text shows `()` as an operand or the type used.
+fn unit_hint(e: &EvalAltResult) -> Option<&'static str> {
+    let unit_operand = |s: &str| {
+        ["(())", "((),", ", ())", "'()'", "type ()"]
+            .iter()
+            .any(|p| s.contains(p))
+    };
+    let recognised = match e {
+        EvalAltResult::ErrorFunctionNotFound(sig, _) => unit_operand(sig),
+        EvalAltResult::ErrorDotExpr(..)
+        | EvalAltResult::ErrorIndexingType(..)
+        | EvalAltResult::ErrorPropertyNotFound(..)
+        | EvalAltResult::ErrorMismatchDataType(..) => unit_operand(&e.to_string()),
+        EvalAltResult::ErrorInFunctionCall(_, _, inner, _) => return unit_hint(inner),
+        _ => false,
+    };
+    recognised.then_some(
+        "Hint: a state key that was never written reads as Rhai's unit `()`; \
+         give it a default under `state:` or check `state.key != ()` first",
+    )
 }
 
 /// Read a script's result as a node result: `()` is no update, a map is an update, and

@@ -118,7 +118,10 @@ impl Tool {
         })?;
         match &self.imp {
             ToolImpl::Script(script) => {
-                let v = script.eval(&[("args", args.clone())], ctx).await?;
+                let v = script
+                    .eval(&[("args", args.clone())], ctx)
+                    .await
+                    .map_err(|e| e.at(&format!("tool '{}'", self.schema.name)))?;
                 Ok(plain(&v))
             }
             ToolImpl::Http {

@@ -61,7 +61,10 @@ async fn scripts_raise_named_errors_and_runtime_errors_are_script_errors() {
     let e = out.unwrap_err();
     assert_eq!(
         (e.class(), e.message().as_str()),
-        ("PermissionError", "nope")
+        (
+            "PermissionError",
+            "graph 't', node 'a': line 2, column 28 of t.yaml: nope"
+        )
     );
 
     let g = graph("nodes:\n  a: {kind: script, code: 'let x = 1; x.no_such_method()'}\nedges:\n  - {from: START, to: a}\n");

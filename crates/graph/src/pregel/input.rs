@@ -259,7 +259,10 @@ impl Loop {
             );
             routed = task::route(&self.graph, slot, &base, &writes, &[], &ctx)
                 .await
-                .map_err(|e| LoopError::Run(RunError::from_node(e)))?;
+                .map_err(|e| {
+                    let place = task::route_place(&self.graph, START);
+                    LoopError::Run(RunError::from_node(e.at(&place)))
+                })?;
         }
         for g in goto {
             routed.extend(

@@ -295,7 +295,7 @@ pub(crate) async fn run_subgraph(
         // A static interrupt inside a subgraph pauses the parent too.
         Ok(_) => Err(NodeError::Interrupted(Vec::new())),
         Err(LoopError::Node(e)) => Err(e),
-        Err(LoopError::Run(RunError::Node { class, message })) => {
+        Err(LoopError::Run(RunError::Node { class, message, .. })) => {
             Err(NodeError::Failed { class, message })
         }
         Err(LoopError::Run(RunError::Cancelled)) => Err(NodeError::Cancelled),
@@ -449,9 +449,11 @@ impl Loop {
             .state
             .apply(&self.graph, &state_writes, version)
             .map_err(|e| {
+                // A reducer's failure: its message names the key (and the script's line).
                 LoopError::Run(RunError::Node {
                     class: "InvalidUpdateError".into(),
-                    message: e.message,
+                    message: format!("graph '{}': {}", self.graph.name, e.message),
+                    node: None,
                 })
             })?;
         for i in triggered {
@@ -582,7 +584,12 @@ impl Loop {
                 .await?;
                 self.flush().await?;
                 self.save_exit().await?;
-                return Err(RunError::Node { class, message }.into());
+                return Err(RunError::Node {
+                    class,
+                    message,
+                    node: Some(t.name.clone()),
+                }
+                .into());
             }
             if !result.interrupts.is_empty() {
                 let all: Vec<Interrupt> = result

@@ -164,6 +164,8 @@ pub enum RunError {
         class: String,
         /// Message.
         message: String,
+        /// The node whose task failed, when a task did (the message says where too).
+        node: Option<String>,
     },
     /// The step limit was reached.
     #[error("Recursion limit of {0} reached without hitting a stop condition. You can increase the limit by setting the `recursion_limit` config key.")]
@@ -191,6 +193,14 @@ impl RunError {
         }
     }
 
+    /// The node whose task failed, when one did.
+    pub fn node(&self) -> Option<&str> {
+        match self {
+            RunError::Node { node, .. } => node.as_deref(),
+            _ => None,
+        }
+    }
+
     /// The message clients see.
     pub fn message(&self) -> String {
         match self {
@@ -201,15 +211,21 @@ impl RunError {
 
     pub(crate) fn from_node(e: NodeError) -> RunError {
         match e {
-            NodeError::Failed { class, message } => RunError::Node { class, message },
+            NodeError::Failed { class, message } => RunError::Node {
+                class,
+                message,
+                node: None,
+            },
             NodeError::Cancelled => RunError::Cancelled,
             NodeError::Interrupted(_) => RunError::Node {
                 class: "GraphInterrupt".into(),
                 message: "interrupt outside a task".into(),
+                node: None,
             },
             NodeError::ParentCommand(_) => RunError::Node {
                 class: "InvalidUpdateError".into(),
                 message: "Command(graph=PARENT) used in the root graph".into(),
+                node: None,
             },
         }
     }

@@ -386,7 +386,7 @@ pub(crate) async fn execute(
     };
     let result = match outcome {
         Ok(cmd) => finish_command(lp, task, state, cmd, &ctx, trace.as_ref()).await,
-        Err(e) => Err(e),
+        Err(e) => Err(e.at(&node_place(graph, &def.name))),
     };
     match &result {
         Ok(_) => {}
@@ -423,8 +423,11 @@ async fn finish_command(
     trace: Option<&NodeTrace>,
 ) -> Result<Vec<(String, Value)>, NodeError> {
     let graph = &lp.graph;
-    let pairs = cmd.update_pairs()?;
-    let writes = normalise_writes(graph, pairs)?;
+    let node_name = &graph.nodes[task.node].name;
+    let pairs = cmd
+        .update_pairs()
+        .map_err(|e| e.at(&node_place(graph, node_name)))?;
+    let writes = normalise_writes(graph, pairs).map_err(|e| e.at(&node_place(graph, node_name)))?;
     // Messages the node returned without streaming them are streamed now, whole.
     if ctx.streams_messages() {
         for (k, v) in &writes {
@@ -458,7 +461,6 @@ async fn finish_command(
     } else {
         Value::Object(writes.iter().cloned().collect())
     };
-    let node_name = &graph.nodes[task.node].name;
     lp.run
         .emit(
             &lp.ns,
@@ -466,7 +468,9 @@ async fn finish_command(
             json!({ node_name: update_json }),
         )
         .await;
-    let routed = route(graph, task.node, state, &writes, &cmd.goto, ctx).await?;
+    let routed = route(graph, task.node, state, &writes, &cmd.goto, ctx)
+        .await
+        .map_err(|e| e.at(&route_place(graph, node_name)))?;
     // The node's output comes after its routers ran, as LangGraph's node sequence does.
     if let Some(t) = trace {
         let chunk = json!({ "chunk": update_json });
@@ -489,6 +493,16 @@ async fn finish_command(
     let mut all = writes;
     all.extend(routed);
     Ok(all)
+}
+
+/// Where a node's failure happened, as its error message says.
+pub(crate) fn node_place(graph: &Graph, node: &str) -> String {
+    format!("graph '{}', node '{node}'", graph.name)
+}
+
+/// Where a failure of the routing after `node` (its edges' route scripts, its gotos) happened.
+pub(crate) fn route_place(graph: &Graph, node: &str) -> String {
+    format!("graph '{}', route from '{node}'", graph.name)
 }
 
 async fn run_with_retry(

@@ -8,7 +8,7 @@ use super::locate::line_of;
 use super::SpecError;
 use crate::graph::{END, START};
 use crate::model::ModelRegistry;
-use crate::script::{Script, ScriptLimits};
+use crate::script::{Script, ScriptLimits, ScriptOrigin};
 
 /// Router answers mapped to node names.
 pub(super) type PathMap = Vec<(String, String)>;
@@ -140,18 +140,66 @@ pub(super) fn script(
     place: &str,
     models: &Option<Arc<ModelRegistry>>,
 ) -> Result<Arc<Script>, SpecError> {
-    Script::compile(code, ScriptLimits::default(), models.clone())
-        .map(Arc::new)
-        .map_err(|e| {
-            let mut err = cx.err(place, format!("script does not compile: {}", e.message));
-            if let (Some(base), Some(l)) = (err.line, e.line) {
-                // A block scalar (`code: |`) starts on the next line.
-                let block =
-                    cx.source.lines().nth(base - 1).is_some_and(|t| {
-                        t.trim_end().ends_with('|') || t.trim_end().ends_with('>')
-                    });
-                err.line = Some(base + l - usize::from(!block));
+    let origin = script_origin(cx, code, place);
+    match Script::compile(code, ScriptLimits::default(), models.clone()) {
+        Ok(s) => Ok(Arc::new(s.with_origin(origin))),
+        Err(e) => {
+            let mut err = cx.err(
+                place,
+                format!("script does not compile: {}", e.describe(origin.as_ref())),
+            );
+            if let (Some(o), Some(l)) = (&origin, e.line) {
+                err.line = Some(o.line + l - 1);
             }
-            err
-        })
+            Err(err)
+        }
+    }
+}
+
+/// Where `code`, the value at `place`, starts in the file: a block scalar (`code: |`) on the
+/// lines after its key, or a one-line value (quoted or not) on its key's line. Only when the
+/// file's text is the script's text there, so lines and columns map one to one; a folded or
+/// escaped script has no origin, and its errors give the script's own lines.
+fn script_origin(cx: &Ctx, code: &str, place: &str) -> Option<ScriptOrigin> {
+    let key_line = line_of(cx.source, place)?;
+    let key = place.rsplit('.').next()?;
+    let lines: Vec<&str> = cx.source.lines().collect();
+    let text = lines.get(key_line - 1)?;
+    let after_key = [
+        format!("\"{key}\":"),
+        format!("'{key}':"),
+        format!("{key}:"),
+    ]
+    .iter()
+    .find_map(|k| text.find(k.as_str()).map(|i| i + k.len()))?;
+    let rest = &text[after_key..];
+    let value_at = after_key + (rest.len() - rest.trim_start().len());
+    let value = &text[value_at..];
+    if value.starts_with('|') {
+        let first = code.lines().next()?;
+        let (i, line) = lines
+            .iter()
+            .enumerate()
+            .skip(key_line)
+            .find(|(_, l)| !l.trim().is_empty())?;
+        let indent = line.len() - line.trim_start().len();
+        let same = code
+            .lines()
+            .zip(&lines[i..])
+            .all(|(c, f)| c.trim_end() == f.get(indent..).unwrap_or("").trim_end());
+        return (same && line[indent..].trim_end() == first.trim_end()).then(|| ScriptOrigin {
+            file: cx.file.to_string(),
+            line: i + 1,
+            column: indent + 1,
+            indent,
+        });
+    }
+    let start = value_at + usize::from(value.starts_with(['"', '\'']));
+    let one_line = !code.contains('\n') && text[start..].starts_with(code);
+    one_line.then(|| ScriptOrigin {
+        file: cx.file.to_string(),
+        line: key_line,
+        column: text[..start].chars().count() + 1,
+        indent: 0,
+    })
 }

@@ -1,0 +1,86 @@
+"""A run that fails says where: its error, as the client reads it, names the graph, the node and
+the graph file's line and column of a failing script, and the server logs one line with the
+run, the thread, the graph, the node, the error's class and its message."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import harness
+import pytest
+from langgraph_sdk import get_client
+
+pytestmark = pytest.mark.spindle_only
+
+# Line 9 holds the failing expression: `state.items` was never written, so it reads as `()`.
+BROKEN_GRAPH = """\
+name: broken
+state:
+  n: {type: integer, default: 0}
+  items: any
+nodes:
+  step:
+    kind: script
+    code: |
+      let n = state.n;
+      #{ n: n + state.items.len() }
+edges:
+  - {from: __start__, to: step}
+"""
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("error_locations")
+    (folder / "broken.yaml").write_text(BROKEN_GRAPH)
+    (folder / "langgraph.json").write_text(json.dumps({"graphs": {"broken": "./broken.yaml"}}))
+    srv = harness.start(
+        "sqlite",
+        lambda port: ["serve", "--config", str(folder / "langgraph.json"), "--host", "127.0.0.1",
+                      "--port", str(port), "--database-url", f"sqlite://{folder / 'spindle.db'}"],
+        folder,
+    )
+    yield srv, folder
+    harness.stop(srv)
+
+
+def failure_lines(srv, run_id: str) -> list[str]:
+    """The server's `run failed` lines about this run, waited for (the log is written as the run
+    ends, and the client may hear of the end first)."""
+    deadline = time.monotonic() + 10
+    while True:
+        lines = [ANSI.sub("", line) for line in srv.output().splitlines()]
+        found = [line for line in lines if "run failed" in line and f"run_id={run_id}" in line]
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
+async def test_a_failed_runs_error_and_log_line_say_where(server):
+    srv, _ = server
+    client = get_client(url=srv.base_url)
+    thread = await client.threads.create()
+    events = [p async for p in client.runs.stream(thread["thread_id"], "broken", input={})]
+    [error] = [p.data for p in events if p.event == "error"]
+    assert error["error"] == "ScriptError", events
+    # The file is named as the config names it, resolved to where it is.
+    assert re.fullmatch(
+        r"graph 'broken', node 'step': line 10, column 29 of \S*broken\.yaml: "
+        r"Function not found: len \(\(\)\)\. Hint: a state key that was never written reads as "
+        r"Rhai's unit `\(\)`; give it a default under `state:` or check `state\.key != \(\)` first",
+        error["message"],
+    ), error
+
+    [run] = await client.runs.list(thread["thread_id"])
+    assert run["status"] == "error"
+    [line] = failure_lines(srv, run["run_id"])
+    assert "WARN" in line, line
+    # Text fields are quoted by tracing's formatter; ids are not.
+    for field in (f"run_id={run['run_id']}", f"thread_id={thread['thread_id']}", 'graph="broken"',
+                  'node="step"', 'error="ScriptError"',
+                  "error_message=\"graph 'broken', node 'step': line 10"):
+        assert field in line, (field, line)
