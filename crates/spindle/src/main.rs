@@ -237,13 +237,13 @@ fn redact(url: &str) -> String {
 
 async fn serve(args: ServerArgs, mode: Mode, config: LoadedConfig) -> Result<()> {
     let started = Instant::now();
+    check_graphs_given(&args, mode, &config)?;
     if mode == Mode::Serve
         && args.database.database_url.is_none()
         && config.file.server.database_url.is_none()
     {
         tracing::warn!("no --database-url given: using an embedded SQLite database, which one process at a time can serve");
     }
-    check_graphs_given(&args, mode, &config)?;
     http_section::log_unused(config.file.http.as_ref());
     let http = config.http()?;
     let auth = config.auth()?;
