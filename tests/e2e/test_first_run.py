@@ -58,13 +58,15 @@ def test_a_start_on_a_taken_port_leaves_nothing_and_suggests_another(tmp_path, c
 
 
 def test_a_failed_start_removes_the_data_dir_it_created(tmp_path):
-    """A graph file that does not load fails the start after the data folder was created:
-    the folder goes again."""
-    (tmp_path / "spindle.json").write_text(json.dumps({"graphs": {"bad": "./missing.yaml"}}))
-    r = harness.run(["dev", "--port", str(harness.free_port())], tmp_path, timeout=30)
+    """A start that fails after the database was opened (here: the Python interpreter of a
+    Python graph's workers does not exist) removes the data folder it created."""
+    (tmp_path / "spindle.json").write_text(json.dumps({"graphs": {"agent": "./agent.py:graph"}}))
+    missing_python = tmp_path / "no-such-python"
+    r = harness.run(["dev", "--port", str(harness.free_port()), "--python", str(missing_python)],
+                    tmp_path, timeout=60)
     assert r.returncode != 0, r.stdout
-    assert "missing.yaml" in r.stderr, r.stderr
-    assert files_in(tmp_path) == ["spindle.json"]
+    assert "error" in r.stderr, r.stderr
+    assert files_in(tmp_path) == ["spindle.json"], r.stderr
 
 
 def test_the_data_dir_is_ignored_by_git(tmp_path):
