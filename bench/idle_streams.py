@@ -1186,7 +1186,8 @@ def main(argv) -> int:
         return 2
     for binary in (args.spindle_bin, args.loadgen_bin):
         if not binary.exists():
-            log(f"!! {binary} does not exist")
+            log(f"!! {binary} does not exist (`cargo build --release -p spindle -p spindle-loadgen`; "
+                "the load generator is not in the default build)")
             return 2
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGHUP, _on_signal)

@@ -296,7 +296,8 @@ def spindle_server(binary: Path, cwd: Path, database_url: str | None,
                    python_project: tuple | None = None) -> Server:
     """`spindle dev` on a fresh data dir (SQLite), or `spindle serve` on the given database.
 
-    It runs in an empty folder so that it finds no config file and serves its example graphs;
+    It runs in an empty folder so that it finds no config file and serves its example graphs
+    (`serve` with `--examples`);
     with `python_project` (the reference's project folder, the Python interpreter of the workers
     and their number) it serves that project's Python graphs through its workers instead, from
     a copy of the folder.
@@ -312,7 +313,9 @@ def spindle_server(binary: Path, cwd: Path, database_url: str | None,
         if workers:
             common += ["--python-workers", str(workers)]
     if database_url:
-        argv = [str(binary), "serve", *common, "--database-url", database_url]
+        # Without a Python project, the example graphs, which `serve` serves only when asked to.
+        examples = [] if python_project else ["--examples"]
+        argv = [str(binary), "serve", *common, "--database-url", database_url, *examples]
     else:
         argv = [str(binary), "dev", *common, "--data-dir", str(cwd / "data")]
     return Server("spindle", argv, cwd, port)

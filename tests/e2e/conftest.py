@@ -221,7 +221,7 @@ def _session_server(backend: str, extra_args: list[str] | None = None, env: dict
             srv = harness.start(
                 backend,
                 lambda port: ["serve", "--host", "127.0.0.1", "--port", str(port),
-                              "--database-url", db_url, *extra_args],
+                              "--database-url", db_url, "--examples", *extra_args],
                 workdir,
                 env=env,
             )

@@ -121,7 +121,7 @@ def start(
     """Start the binary on a free 127.0.0.1 port and wait for GET /ok.
 
     The process runs in ``workdir``, which holds no spindle.json, so the built-in example graphs
-    are served. On failure the test fails with the server's captured output.
+    are served (`serve` needs ``--examples`` for that). On failure the test fails with the server's captured output.
     """
     binary = spindle_bin()
     failure = ""
@@ -154,7 +154,7 @@ def start(
                 f"spindle ({backend}) did not become ready: {e}\n"
                 f"command: {' '.join(server.argv)}\n{tail(output)}"
             )
-            if "address already in use" in output.lower() or "addrinuse" in output.lower():
+            if "already in use" in output.lower() or "addrinuse" in output.lower():
                 continue  # lost the race for the port; try another one
             break
     pytest.fail(failure, pytrace=False)
@@ -186,7 +186,7 @@ def serve_on_one_database(count: int, workdir: Path, *extra_args: str) -> Iterat
                     "postgres",
                     lambda port: [
                         "serve", "--host", "127.0.0.1", "--port", str(port),
-                        "--database-url", url, *extra_args,
+                        "--database-url", url, "--examples", *extra_args,
                     ],
                     workdir,
                 )

@@ -311,7 +311,7 @@ class ServerProc:
 
     def argv(self) -> list[str]:
         return [str(harness.spindle_bin()), "serve", "--host", "127.0.0.1", "--port", str(self.port),
-                "--database-url", self.db_url, "--run-lease-secs", str(LEASE_SECS),
+                "--database-url", self.db_url, "--examples", "--run-lease-secs", str(LEASE_SECS),
                 "--max-attempts", str(MAX_ATTEMPTS), "--workers", str(WORKERS)]
 
     def mark(self, text: str) -> None:

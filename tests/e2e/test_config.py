@@ -321,7 +321,7 @@ def test_a_mistake_in_http_is_named(tmp_path):
 def test_an_unreachable_postgres_fails_at_once_in_one_line(tmp_path):
     started = time.monotonic()
     done = harness.run(["serve", "--database-url", "postgres://postgres:pw@127.0.0.1:1/test",
-                        "--port", str(harness.free_port())], tmp_path, timeout=30)
+                        "--port", str(harness.free_port()), "--examples"], tmp_path, timeout=30)
     elapsed = time.monotonic() - started
     assert done.returncode != 0
     assert elapsed < 3, elapsed

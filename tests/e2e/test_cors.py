@@ -46,7 +46,9 @@ def spindle(tmp_path: Path, mode: str, config: dict | None = None) -> Iterator[h
         common = ["--host", "127.0.0.1", "--port", str(port), *extra]
         if mode == "dev":
             return ["dev", "--data-dir", str(tmp_path / "d"), *common]
-        return ["serve", "--database-url", f"sqlite://{tmp_path / 'spindle.db'}", *common]
+        # `serve` serves the example graphs only when asked to.
+        examples = [] if config and config.get("graphs") else ["--examples"]
+        return ["serve", "--database-url", f"sqlite://{tmp_path / 'spindle.db'}", *examples, *common]
 
     srv = harness.start("sqlite", args, tmp_path)
     try:

@@ -326,7 +326,8 @@ def two_servers_on_one_database():
             servers.append(
                 harness.start(
                     "postgres",
-                    lambda port: ["serve", "--host", "127.0.0.1", "--port", str(port), "--database-url", url],
+                    lambda port: ["serve", "--host", "127.0.0.1", "--port", str(port), "--database-url", url,
+                                  "--examples"],
                     workdir,
                 )
             )

@@ -28,7 +28,8 @@ class Storage(harness.Storage):
     """A database several `spindle serve` processes in a row are started on."""
 
     def serve_args(self, port: int) -> list[str]:
-        return ["serve", "--host", "127.0.0.1", "--port", str(port), "--database-url", self.database_url]
+        return ["serve", "--host", "127.0.0.1", "--port", str(port), "--database-url", self.database_url,
+                "--examples"]
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -43,7 +43,7 @@ def storage(request):
 def serve(storage):
     backend, workdir, url = storage
     return harness.start(backend, lambda port: ["serve", "--host", "127.0.0.1", "--port", str(port),
-                                                "--database-url", url], workdir)
+                                                "--database-url", url, "--examples"], workdir)
 
 
 def test_events_and_seqs_survive_a_restart(storage):

@@ -13,7 +13,7 @@ use clap::{Args, Parser, Subcommand};
     long_about = "Spindle: a self-hosted agent run server that speaks the LangGraph agent-server API.\n\n\
                   Point the official LangGraph clients (langgraph-sdk, @langchain/langgraph-sdk) at it.\n\
                   `spindle dev` needs nothing else; `spindle serve` runs on PostgreSQL for several processes.",
-    after_help = "Examples:\n  spindle dev\n  spindle serve --database-url postgres://user@db/spindle --host 0.0.0.0 --port 8000\n  spindle migrate --database-url postgres://user@db/spindle\n  spindle check graphs/agent.yaml langgraph.json"
+    after_help = "Examples:\n  spindle dev\n  spindle serve --config langgraph.json --database-url postgres://user@db/spindle --host 0.0.0.0 --port 8000\n  spindle migrate --database-url postgres://user@db/spindle\n  spindle check graphs/agent.yaml langgraph.json"
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -26,7 +26,8 @@ pub enum Command {
     /// graphs when no config file is found.
     Dev(ServerArgs),
     /// Run a production server on the database given by --database-url (PostgreSQL for several
-    /// processes, or a SQLite file).
+    /// processes, or a SQLite file), serving the graphs of the config file (or, with
+    /// --examples, the example graphs).
     Serve(ServerArgs),
     /// Apply pending schema migrations to the database and exit.
     Migrate(DatabaseArgs),
@@ -132,6 +133,11 @@ pub struct ServerArgs {
     /// first) [default: no limit]
     #[arg(long, env = "SPINDLE_PYTHON_MAX_MEMORY_MB", value_parser = clap::value_parser!(u64).range(1..))]
     pub python_max_memory_mb: Option<u64>,
+
+    /// Serve the example graphs built into the binary when the config names no graphs.
+    /// `dev` does so anyway; `serve` refuses to start without graphs unless given this
+    #[arg(long, env = "SPINDLE_EXAMPLES")]
+    pub examples: bool,
 
     /// `dev` only: do not reload the graphs (Python graphs and graph files) when their files change
     #[arg(long, env = "SPINDLE_NO_RELOAD")]

@@ -12,7 +12,7 @@ mod reload;
 mod store;
 mod telemetry;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -109,24 +109,107 @@ enum Mode {
 }
 
 /// The database URL: the flag or environment, else the config file, else a SQLite file in the
-/// data folder (which is created).
-fn database_url(args: &DatabaseArgs, config: &LoadedConfig) -> Result<String> {
+/// data folder (which is created; the guard removes it again unless the start succeeds).
+fn database_url(args: &DatabaseArgs, config: &LoadedConfig) -> Result<(String, NewDataDir)> {
     if let Some(url) = args
         .database_url
         .clone()
         .or_else(|| config.file.server.database_url.clone())
     {
         check_scheme(&url)?;
-        return Ok(url);
+        return Ok((url, NewDataDir(None)));
     }
     let data_dir: PathBuf = args
         .data_dir
         .clone()
         .or_else(|| config.file.server.data_dir.clone())
         .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
-    std::fs::create_dir_all(&data_dir)
+    let created = prepare_data_dir(&data_dir)?;
+    let url = data_dir.join("spindle.db").to_string_lossy().into_owned();
+    Ok((url, NewDataDir(created.then_some(data_dir))))
+}
+
+/// Creates the data folder if needed, with a `.gitignore` of `*` so that a `.spindle/` in a
+/// project never shows in `git status`. An existing folder gets one when it lacks it and is
+/// empty or holds a Spindle database (not any folder named by --data-dir, which could be the
+/// project itself). Answers whether the folder was created now.
+fn prepare_data_dir(data_dir: &Path) -> Result<bool> {
+    let existed = data_dir.is_dir();
+    std::fs::create_dir_all(data_dir)
         .with_context(|| format!("cannot create the data folder {}", data_dir.display()))?;
-    Ok(data_dir.join("spindle.db").to_string_lossy().into_owned())
+    let gitignore = data_dir.join(".gitignore");
+    let is_data_dir = !existed
+        || data_dir.join("spindle.db").exists()
+        || std::fs::read_dir(data_dir).is_ok_and(|mut entries| entries.next().is_none());
+    if is_data_dir && !gitignore.exists() {
+        std::fs::write(&gitignore, "# Spindle's data folder: never committed.\n*\n")
+            .with_context(|| format!("cannot write {}", gitignore.display()))?;
+    }
+    Ok(!existed)
+}
+
+/// A data folder this start created: removed when dropped, so that a start that fails leaves
+/// nothing behind, unless `keep` says the start succeeded.
+struct NewDataDir(Option<PathBuf>);
+
+impl NewDataDir {
+    fn keep(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for NewDataDir {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.take() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// `serve` without graphs would put the built-in examples into production by accident: it
+/// refuses unless they are asked for (`--examples`). `dev` serves them when no graph is given.
+fn check_graphs_given(args: &ServerArgs, mode: Mode, config: &LoadedConfig) -> Result<()> {
+    if mode == Mode::Dev || args.examples || !config.file.graphs.is_empty() {
+        return Ok(());
+    }
+    let found = match &config.path {
+        Some(path) => format!("the config file {} names no graphs", path.display()),
+        None => "no config file was given (--config) or found (./spindle.json, \
+                 ./langgraph.json, ./aegra.json)"
+            .to_owned(),
+    };
+    anyhow::bail!(
+        "no graphs to serve: {found}.\n  \
+         Name your graphs in a config file's `graphs` section and pass it: \
+         spindle serve --config path/to/langgraph.json (see \"Graphs\" in the README).\n  \
+         To serve the built-in example graphs on purpose: spindle serve --examples"
+    )
+}
+
+/// Listens on the server's address. Called before anything is written to disk, so that a start
+/// that cannot listen (most often: the port is taken) leaves nothing behind.
+async fn listen(host: &str, port: u16) -> Result<TcpListener> {
+    match TcpListener::bind((host, port)).await {
+        Ok(listener) => Ok(listener),
+        Err(err) if err.kind() == std::io::ErrorKind::AddrInUse => {
+            let example = match free_port_after(host, port) {
+                Some(free) => format!("--port {free} (free now)"),
+                None => "--port N".to_owned(),
+            };
+            anyhow::bail!(
+                "cannot listen on {host}:{port}: port {port} is already in use (by another \
+                 server, perhaps another spindle); start on another port with {example}"
+            )
+        }
+        Err(err) => Err(err).with_context(|| format!("cannot listen on {host}:{port}")),
+    }
+}
+
+/// The first of the next few ports that can be listened on now, to suggest one.
+fn free_port_after(host: &str, port: u16) -> Option<u16> {
+    (1..=50)
+        .filter_map(|offset| port.checked_add(offset))
+        .find(|&candidate| std::net::TcpListener::bind((host, candidate)).is_ok())
 }
 
 /// Refuses a URL whose scheme names no database Spindle reads (`mysql://`, a misspelt
@@ -161,6 +244,7 @@ fn redact(url: &str) -> String {
 
 async fn serve(args: ServerArgs, mode: Mode, config: LoadedConfig) -> Result<()> {
     let started = Instant::now();
+    check_graphs_given(&args, mode, &config)?;
     if mode == Mode::Serve
         && args.database.database_url.is_none()
         && config.file.server.database_url.is_none()
@@ -170,8 +254,22 @@ async fn serve(args: ServerArgs, mode: Mode, config: LoadedConfig) -> Result<()>
     http_section::log_unused(config.file.http.as_ref());
     let http = config.http()?;
     let auth = config.auth()?;
-    let url = database_url(&args.database, &config)?;
     let (mut registry, python_graphs) = graphs::load(&config)?;
+    let host = args
+        .host
+        .clone()
+        .or(config.file.server.host.clone())
+        .unwrap_or_else(|| DEFAULT_HOST.into());
+    let port = args
+        .port
+        .or(config.file.server.port)
+        .unwrap_or(DEFAULT_PORT);
+    // Connections wait in the listen queue until the server is ready to answer them.
+    let listener = listen(&host, port).await?;
+    let addr = listener.local_addr()?;
+    // Declared before the storage, so dropped after it: a failed start removes a data folder
+    // it created once the database is closed.
+    let (url, mut new_data_dir) = database_url(&args.database, &config)?;
     // One registry for the process; every storage call is timed into it from here on.
     let metrics = Arc::new(Metrics::new());
     let options = connect_options(&args, &config);
@@ -194,20 +292,7 @@ async fn serve(args: ServerArgs, mode: Mode, config: LoadedConfig) -> Result<()>
         ),
     };
     graphs::ensure_default_assistants(storage.as_ref(), &registry).await?;
-
-    let host = args
-        .host
-        .clone()
-        .or(config.file.server.host.clone())
-        .unwrap_or_else(|| DEFAULT_HOST.into());
-    let port = args
-        .port
-        .or(config.file.server.port)
-        .unwrap_or(DEFAULT_PORT);
-    let listener = TcpListener::bind((host.as_str(), port))
-        .await
-        .with_context(|| format!("cannot listen on {host}:{port}"))?;
-    let addr = listener.local_addr()?;
+    new_data_dir.keep();
 
     let graph_ids = registry.ids();
     let described = graphs::described(&registry);
@@ -226,9 +311,13 @@ async fn serve(args: ServerArgs, mode: Mode, config: LoadedConfig) -> Result<()>
         redact(&url),
         storage.backend().as_str()
     );
-    match &config.path {
-        Some(path) => println!("  Config:   {}", path.display()),
-        None => println!("  Config:   none found; serving the example graphs"),
+    match (&config.path, config.file.graphs.is_empty()) {
+        (Some(path), false) => println!("  Config:   {}", path.display()),
+        (Some(path), true) => println!(
+            "  Config:   {} (names no graphs); serving the example graphs",
+            path.display()
+        ),
+        (None, _) => println!("  Config:   none found; serving the example graphs"),
     }
     match described.as_slice() {
         [] => println!("  Graphs:   none"),
@@ -408,8 +497,9 @@ fn webhook_config(args: &ServerArgs, config: &LoadedConfig) -> WebhookConfig {
 }
 
 async fn migrate(args: DatabaseArgs, config: LoadedConfig) -> Result<()> {
-    let url = database_url(&args, &config)?;
+    let (url, mut new_data_dir) = database_url(&args, &config)?;
     let applied = database::migrate(&url).await?;
+    new_data_dir.keep();
     println!(
         "{}: applied {applied} migration(s); the schema is up to date",
         redact(&url)
@@ -443,7 +533,6 @@ async fn shutdown_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::Path;
 
     #[test]
     fn redacts_passwords_only() {
@@ -548,6 +637,7 @@ mod tests {
                 database_url: Some(bad.into()),
             };
             let err = database_url(&args, &LoadedConfig::default())
+                .map(|(url, _)| url)
                 .unwrap_err()
                 .to_string();
             let scheme = bad.split("://").next().unwrap();
@@ -576,8 +666,81 @@ mod tests {
             data_dir: Some(dir.path().join("data")),
             database_url: None,
         };
-        let url = database_url(&args, &LoadedConfig::default()).unwrap();
+        let (url, mut created) = database_url(&args, &LoadedConfig::default()).unwrap();
         assert!(Path::new(&url).starts_with(dir.path().join("data")));
         assert!(dir.path().join("data").is_dir());
+        created.keep();
+        drop(created);
+        assert!(
+            dir.path().join("data").is_dir(),
+            "kept once the start succeeded"
+        );
+    }
+
+    #[test]
+    fn a_data_dir_created_by_a_failed_start_is_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let args = DatabaseArgs {
+            config: None,
+            data_dir: Some(dir.path().join("data")),
+            database_url: None,
+        };
+        let (_, created) = database_url(&args, &LoadedConfig::default()).unwrap();
+        drop(created);
+        assert!(!dir.path().join("data").exists());
+        // An existing folder is never removed.
+        std::fs::create_dir(dir.path().join("data")).unwrap();
+        let (_, existing) = database_url(&args, &LoadedConfig::default()).unwrap();
+        drop(existing);
+        assert!(dir.path().join("data").is_dir());
+    }
+
+    #[test]
+    fn a_data_dir_gets_a_gitignore_but_not_any_existing_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let new = dir.path().join("new");
+        assert!(prepare_data_dir(&new).unwrap());
+        assert_eq!(
+            std::fs::read_to_string(new.join(".gitignore"))
+                .unwrap()
+                .lines()
+                .last(),
+            Some("*")
+        );
+        // An existing data folder (it holds a database) without one gets one.
+        let old = dir.path().join("old");
+        std::fs::create_dir(&old).unwrap();
+        std::fs::write(old.join("spindle.db"), "").unwrap();
+        assert!(!prepare_data_dir(&old).unwrap());
+        assert!(old.join(".gitignore").exists());
+        // A folder with other files (the project itself as --data-dir) is left as it is.
+        let project = dir.path().join("project");
+        std::fs::create_dir(&project).unwrap();
+        std::fs::write(project.join("langgraph.json"), "{}").unwrap();
+        assert!(!prepare_data_dir(&project).unwrap());
+        assert!(!project.join(".gitignore").exists());
+    }
+
+    #[test]
+    fn serve_without_graphs_is_refused_unless_the_examples_are_asked_for() {
+        let none = LoadedConfig::default();
+        let err = check_graphs_given(&server_args(&["spindle", "serve"]), Mode::Serve, &none)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--config") && err.contains("--examples"),
+            "{err}"
+        );
+        let examples = server_args(&["spindle", "serve", "--examples"]);
+        assert!(check_graphs_given(&examples, Mode::Serve, &none).is_ok());
+        let dev = server_args(&["spindle", "dev"]);
+        assert!(check_graphs_given(&dev, Mode::Dev, &none).is_ok());
+        let mut with_graphs = LoadedConfig::default();
+        with_graphs
+            .file
+            .graphs
+            .insert("echo".into(), "./echo.yaml".into());
+        let serve = server_args(&["spindle", "serve"]);
+        assert!(check_graphs_given(&serve, Mode::Serve, &with_graphs).is_ok());
     }
 }
