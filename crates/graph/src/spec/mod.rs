@@ -1,5 +1,6 @@
 //! Graph files: YAML or JSON documents compiled to [`Graph`]s, checked at load time with
-//! errors that name the file, the place in it and the problem.
+//! errors that name the file, the place in it and the problem. Authors' documentation:
+//! docs/graph-files.md; the JSON Schema: [`SCHEMA`]. A sketch of the format:
 //!
 //! ```yaml
 //! name: agent                       # optional; defaults to the file name
@@ -19,12 +20,13 @@
 //! models:
 //!   m: {provider: scripted, chunk: word, responses: ["hi", {content: "", tool_calls: [...]}]}
 //!   gpt: {provider: openai, base_url: "https://api.openai.com/v1", model: gpt-4o-mini,
-//!         api_key_env: OPENAI_API_KEY}
+//!         api_key_env: OPENAI_API_KEY}   # also anthropic, gemini (docs/model-providers.md)
 //! tools:
 //!   add: {kind: script, description: Add, parameters: {...}, code: "args.a + args.b"}
 //!   weather: {kind: http, method: GET, url: "https://example.org/w/{city}", parameters: {...}}
 //! graphs:                           # graphs used by subgraph nodes
 //!   child: { ...a graph document... }
+//!   shared: ./shared.yaml           # or a graph file, relative to this one
 //! nodes:
 //!   model: {kind: model, model: m, tools: [add], system: "Be brief.", stream: true}
 //!   tools: {kind: tools, tools: [add]}
@@ -36,7 +38,7 @@
 //!   - {from: __start__, to: model}                       # START and END are accepted too
 //!   - {from: [left, right], to: merge}                   # a join: merge runs once both ran
 //!   - {from: model, route: tools_condition, to: [tools, __end__]}
-//!   - {from: tools, route: "if state.n > 3 { END } else { \"model\" }", to: [model, __end__]}
+//!   - {from: tools, route: "if state.n > 3 { \"__end__\" } else { \"model\" }", to: [model, __end__]}
 //!   - {from: x, route: {code: "...", path_map: {yes: a, no: b}}}
 //! interrupt_before: [tools]         # or "*"
 //! interrupt_after: []
