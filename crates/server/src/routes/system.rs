@@ -33,7 +33,8 @@ pub fn meta_router() -> OpenApiRouter<AppState> {
 /// with `# yaml-language-server: $schema=http://127.0.0.1:2024/graph-file.schema.json` is
 /// checked and completed as it is typed.
 #[utoipa::path(get, path = "/graph-file.schema.json", tag = "system",
-    responses((status = 200, description = "the JSON Schema (draft-07) of graph files", body = Object)))]
+    responses((status = 200, description = "the JSON Schema (draft-07) of graph files", body = Object,
+        content_type = "application/schema+json")))]
 async fn graph_file_schema() -> impl axum::response::IntoResponse {
     (
         [(axum::http::header::CONTENT_TYPE, "application/schema+json")],
