@@ -102,7 +102,7 @@ impl NodeModel {
             NodeModel::Fixed(model) => return Ok(model.clone()),
             NodeModel::PerRun { key, models } => (key, models),
         };
-        let name = crate::prompt::fill(&format!("{{{key}}}"), ctx)?;
+        let name = crate::prompt::value(key, ctx)?;
         models.get(&name).ok_or_else(|| {
             NodeError::new(
                 "ValueError",

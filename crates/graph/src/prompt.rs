@@ -16,14 +16,9 @@ pub fn fill(template: &str, ctx: &TaskContext) -> Result<String, NodeError> {
     fill_with(template, |name| lookup(name, ctx))
 }
 
-/// Whether `text` holds a placeholder (so it must be filled per run).
-pub fn has_placeholder(text: &str) -> bool {
-    let mut found = false;
-    let _ = fill_with(text, |_| {
-        found = true;
-        Some(String::new())
-    });
-    found
+/// The run's value of the placeholder `name` (`model: "{model}"` names a model by it).
+pub fn value(name: &str, ctx: &TaskContext) -> Result<String, NodeError> {
+    lookup(name, ctx).ok_or_else(|| missing(name))
 }
 
 /// The placeholder `text` is made of alone (`{model}` gives `model`), if it is one.
@@ -132,11 +127,9 @@ mod tests {
     }
 
     #[test]
-    fn text_without_placeholders_is_unchanged_and_detected_as_such() {
+    fn text_without_placeholders_is_unchanged() {
         let text = "Reply in JSON: {\"answer\": ...} and { spaced }";
         assert_eq!(fill_from(text, &[]).unwrap(), text);
-        assert!(!has_placeholder(text));
-        assert!(has_placeholder("at {system_time}"));
         assert_eq!(sole_placeholder("{model}"), Some("model"));
         assert_eq!(sole_placeholder("gpt {model}"), None);
     }

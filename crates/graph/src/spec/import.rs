@@ -40,10 +40,7 @@ pub(super) fn import(
             ),
         ));
     }
-    IMPORTING.with(|files| files.borrow_mut().push(key));
-    let compiled = super::load_file_named(&path, name);
-    IMPORTING.with(|files| files.borrow_mut().pop());
-    compiled
+    with_file(key, || super::load_file_named(&path, name))
 }
 
 /// Marks `path` as being compiled while `compile` runs (the outermost file of an import
@@ -56,6 +53,11 @@ pub(super) fn compiling<T>(path: &Path, compile: impl FnOnce() -> T) -> T {
     if !outermost {
         return compile();
     }
+    with_file(key, compile)
+}
+
+/// Runs `compile` with `key` on the stack of files being compiled.
+fn with_file<T>(key: PathBuf, compile: impl FnOnce() -> T) -> T {
     IMPORTING.with(|files| files.borrow_mut().push(key));
     let out = compile();
     IMPORTING.with(|files| files.borrow_mut().pop());
