@@ -39,7 +39,7 @@ def yaml_examples() -> list[dict]:
 
 
 def is_whole_graph(doc: dict) -> bool:
-    return "nodes" in doc and "edges" in doc
+    return ("nodes" in doc and "edges" in doc) or "variants" in doc
 
 
 @pytest.fixture(scope="module")

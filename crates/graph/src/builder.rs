@@ -465,6 +465,7 @@ impl GraphBuilder {
             context_schema: self.context_schema,
             default_config: self.default_config,
             default_context: self.default_context,
+            variants: None,
         })
     }
 }

@@ -178,6 +178,11 @@ pub struct TaskContext {
     pub(crate) task_id: String,
     pub(crate) node: String,
     pub(crate) step: i64,
+    /// The run's step limit (`recursion_limit`).
+    pub(crate) recursion_limit: usize,
+    /// Steps the run may still take, this task's included: LangGraph's `RemainingSteps`
+    /// (`1` on the last step, LangGraph's `IsLastStep`).
+    pub(crate) remaining_steps: usize,
     pub(crate) triggers: Vec<String>,
     pub(crate) path: Value,
     /// Resume values for this task's interrupts, in the order the interrupts are raised.
@@ -202,6 +207,8 @@ impl TaskContext {
             task_id: uuid::Uuid::new_v4().to_string(),
             node: node.to_string(),
             step: 0,
+            recursion_limit: crate::pregel::DEFAULT_RECURSION_LIMIT,
+            remaining_steps: crate::pregel::DEFAULT_RECURSION_LIMIT,
             triggers: Vec::new(),
             path: json!(["__pregel_pull", node]),
             resume: Vec::new(),
@@ -231,6 +238,11 @@ impl TaskContext {
     /// The super-step number.
     pub fn step(&self) -> i64 {
         self.step
+    }
+
+    /// Steps the run may still take, this task's included (`1` on its last step).
+    pub fn remaining_steps(&self) -> usize {
+        self.remaining_steps
     }
 
     /// The run's config.

@@ -1,7 +1,7 @@
 //! The compiled graph: channels, nodes, edges and branches, plus what the assistants
 //! endpoints show of it (schemas, drawable graph, subgraphs).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
@@ -127,7 +127,21 @@ pub struct GraphSchemas {
     pub context_schema: Value,
 }
 
+/// Graphs one graph id runs, each run choosing by name: LangGraph's graph factories, for
+/// graph files, whose shape can then depend on the run's config. Every variant has the same
+/// state keys (checked when loaded), so a thread's state reads the same whichever ran.
+#[derive(Debug)]
+pub struct Variants {
+    /// Where the run names its choice: its context, else its `config.configurable`.
+    pub key: String,
+    /// The variant of a run that names none.
+    pub default: String,
+    /// The variants by name.
+    pub graphs: BTreeMap<String, Arc<Graph>>,
+}
+
 /// A compiled graph. Cheap to share as `Arc<Graph>`; immutable once built.
+#[derive(Clone)]
 pub struct Graph {
     pub(crate) name: String,
     pub(crate) description: Option<String>,
@@ -154,6 +168,8 @@ pub struct Graph {
     pub(crate) context_schema: Value,
     pub(crate) default_config: Value,
     pub(crate) default_context: Value,
+    /// What a run may choose instead of this graph (which is their default).
+    pub(crate) variants: Option<Arc<Variants>>,
 }
 
 impl std::fmt::Debug for Graph {
@@ -231,29 +247,56 @@ impl Graph {
 
     /// A copy with other static interrupts (a subgraph node's own `interrupt_before`/`after`).
     pub fn with_interrupts(&self, before: Option<NodeSet>, after: Option<NodeSet>) -> Graph {
-        Graph {
-            name: self.name.clone(),
-            description: self.description.clone(),
-            channels: self.channels.clone(),
-            channel_index: self.channel_index.clone(),
-            nodes: self.nodes.clone(),
-            node_index: self.node_index.clone(),
-            edges: self.edges.clone(),
-            branches: self.branches.clone(),
-            joins: self.joins.clone(),
-            out_joins: self.out_joins.clone(),
-            out_edges: self.out_edges.clone(),
-            out_branches: self.out_branches.clone(),
-            trigger_names: self.trigger_names.clone(),
-            interrupt_before: before.unwrap_or_else(|| self.interrupt_before.clone()),
-            interrupt_after: after.unwrap_or_else(|| self.interrupt_after.clone()),
-            input_keys: self.input_keys.clone(),
-            output_keys: self.output_keys.clone(),
-            config_schema: self.config_schema.clone(),
-            context_schema: self.context_schema.clone(),
-            default_config: self.default_config.clone(),
-            default_context: self.default_context.clone(),
+        let mut g = self.clone();
+        if let Some(before) = before {
+            g.interrupt_before = before;
         }
+        if let Some(after) = after {
+            g.interrupt_after = after;
+        }
+        g
+    }
+
+    /// The graph a run with this config and context runs: the variant it chooses when this
+    /// graph has variants (see [`Variants`]), else this one. Fails naming the choices when
+    /// the run names one the graph does not have.
+    pub fn for_run(
+        self: &Arc<Self>,
+        config: &Value,
+        context: &Value,
+    ) -> Result<Arc<Graph>, String> {
+        let Some(v) = &self.variants else {
+            return Ok(self.clone());
+        };
+        let chosen = context
+            .get(&v.key)
+            .or_else(|| config.pointer(&format!("/configurable/{}", v.key)))
+            .filter(|c| !c.is_null());
+        let name = match chosen {
+            None => return Ok(v.graphs[&v.default].clone()),
+            Some(Value::String(name)) => name,
+            Some(other) => {
+                return Err(format!(
+                    "`{}` chooses the graph's variant by name, got {other}",
+                    v.key
+                ))
+            }
+        };
+        v.graphs.get(name).cloned().ok_or_else(|| {
+            let names: Vec<&str> = v.graphs.keys().map(String::as_str).collect();
+            format!(
+                "the run chose the variant `{name}` (its `{}`), which the graph does not have; it has: {}",
+                v.key,
+                names.join(", ")
+            )
+        })
+    }
+
+    /// This graph as the default of `variants`: it runs whichever the run chooses.
+    pub fn with_variants(&self, variants: Variants) -> Graph {
+        let mut g = self.clone();
+        g.variants = Some(Arc::new(variants));
+        g
     }
 
     /// Default assistant config (`{"configurable": {...}}` or `{}`).

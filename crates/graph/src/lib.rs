@@ -61,7 +61,7 @@ pub mod store;
 pub mod stream;
 pub mod tools;
 
-pub use graph::{Graph, GraphSchemas, NodeSet, XRay, END, START};
+pub use graph::{Graph, GraphSchemas, NodeSet, Variants, XRay, END, START};
 pub use pregel::{Durability, RunConfig, RunEnv, RunError, RunInput, RunOutcome};
 pub use spec::SpecError;
 pub use stream::{EventSink, StreamEvent, StreamMode};

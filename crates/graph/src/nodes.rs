@@ -132,19 +132,20 @@ impl Node for ModelNode {
         }
         let streaming = if self.stream { Some(ctx) } else { None };
         let model = self.model.for_run(ctx)?;
-        let reply = traced_invoke(self, &model, &messages, streaming, ctx).await?;
+        let reply = traced_invoke(&model, &messages, &self.tools, streaming, ctx).await?;
         let mut update = Map::new();
         update.insert(self.messages_key.clone(), json!([reply]));
         Ok(Command::update(Value::Object(update)))
     }
 }
 
-/// Call the node's model, shown in `events` as a chat model run below the node: start, a
-/// stream event per token chunk (when the node streams), end.
-async fn traced_invoke(
-    node: &ModelNode,
+/// Call a model for a node (a model node, or a script's `call_model`), shown in `events` as a
+/// chat model run below the node: start, a stream event per token chunk (when it streams),
+/// end.
+pub(crate) async fn traced_invoke(
     model: &Arc<dyn ChatModel>,
     messages: &[Value],
+    tools: &[ToolSchema],
     streaming: Option<&TaskContext>,
     ctx: &TaskContext,
 ) -> Result<Value, NodeError> {
@@ -156,7 +157,7 @@ async fn traced_invoke(
     });
     let Some(trace) = trace else {
         return model
-            .invoke(messages, &node.tools, streaming, ctx.cancel_token())
+            .invoke(messages, tools, streaming, ctx.cancel_token())
             .await;
     };
     // LangChain shows a chat model's input as a batch of one conversation.
@@ -166,7 +167,7 @@ async fn traced_invoke(
         .await;
     ctx.set_model_call(Some(trace.clone()));
     let reply = model
-        .invoke(messages, &node.tools, streaming, ctx.cancel_token())
+        .invoke(messages, tools, streaming, ctx.cancel_token())
         .await;
     ctx.set_model_call(None);
     let reply = reply?;
@@ -228,6 +229,42 @@ impl Node for InterruptNode {
             }
             None => Command::none(),
         })
+    }
+}
+
+/// A node of another kind followed by a script (`then:`), which sees the node's input as
+/// `state` and what it would write as `update` (a model node's reply also as `reply`) and
+/// decides what the node writes: a map, `command(update, goto)`, or nothing (`()`), which
+/// writes `update` as the script left it. So a model node can also write other keys, emit
+/// custom events, interrupt on a condition or choose where to go, in the same step.
+pub struct ThenNode {
+    /// The node's own work.
+    pub inner: Arc<dyn Node>,
+    /// The script.
+    pub then: Arc<Script>,
+    /// A model node's conversation key, whose one new message the script sees as `reply`.
+    pub reply_from: Option<String>,
+}
+
+#[async_trait]
+impl Node for ThenNode {
+    async fn run(&self, input: Value, ctx: &TaskContext) -> Result<Command, NodeError> {
+        let done = self.inner.run(input.clone(), ctx).await?;
+        let update = done.update.unwrap_or(Value::Null);
+        let mut vars = vec![("state", input), ("update", update.clone())];
+        if let Some(key) = &self.reply_from {
+            let reply = update
+                .get(key)
+                .and_then(Value::as_array)
+                .and_then(|m| m.last())
+                .cloned()
+                .unwrap_or(Value::Null);
+            vars.push(("reply", reply));
+        }
+        let v = self.then.eval_keeping(&vars, Some("update"), ctx).await?;
+        let mut cmd = to_command(v)?;
+        cmd.goto.splice(0..0, done.goto);
+        Ok(cmd)
     }
 }
 

@@ -16,28 +16,41 @@
 //! - `emit(value)` writes a `custom` stream event; `sleep(ms)` waits (cancellable);
 //! - `store_get(namespace, key)`, `store_put(namespace, key, value)`,
 //!   `store_search(prefix, filter, limit)` reach the long-term store;
-//! - `call_model(name, messages)` calls a model declared in the graph file.
+//! - `call_model(name, messages)` (or `call_model(name, messages, #{stream, tools})`) calls a
+//!   model declared in the graph file, its tokens streamed as a model node's are;
+//!   `call_tool(name, args)` calls a declared tool (node and route scripts);
+//! - `now()` (ISO 8601, UTC) and `now_ms()` read the clock; `to_json(value)` and
+//!   `from_json(text)` convert;
+//! - constants `START` and `END` (node names), `remaining_steps` and `is_last_step`
+//!   (LangGraph's `RemainingSteps` and `IsLastStep`).
+//!
+//! Calls that stream into the run or show in it below the node (a model, a tool) are made by
+//! the task's own side: a script on a blocking thread sends them as a [`TaskRequest`] to
+//! [`Script::eval`], which makes them with the task's context and sends the answer back.
 //!
 //! A script's failure says where it happened: the graph file's line and column when the graph
 //! file told the script where its text starts ([`ScriptOrigin`]), else the script's own line
 //! (`script line 3, column 9`); the engine puts the graph and the node (or route, tool,
 //! reducer) before it. A failure on `()`, which a state key never written reads as, says so.
 //!
-//! Scripts that never wait (no `sleep`, store or model call) run inline on the async thread:
+//! Scripts that never wait (no `sleep`, store, model or tool call) run inline on the async thread:
 //! they are bounded by the operation limit and a thread hop would cost more than the script.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rhai::{Dynamic, Engine, EvalAltResult, Map as RMap, Position, Scope, AST};
 use serde_json::{json, Value};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::context::{interrupt_id, RunShared, TaskContext};
 use crate::messages::{ai_message, coerce_message, message_text, tool_message};
-use crate::model::ModelRegistry;
+use crate::model::{ChatModel, ModelRegistry, ToolSchema};
 use crate::node::{Command, CommandGraph, Goto, Interrupt, NodeError};
+use crate::tools::Tool;
 
 /// Limits applied to every script run.
 #[derive(Debug, Clone, Copy)]
@@ -60,6 +73,61 @@ impl Default for ScriptLimits {
     }
 }
 
+/// What a graph file declares that its scripts may call.
+#[derive(Clone, Default)]
+pub struct ScriptResources {
+    /// The models (`call_model`).
+    pub models: Option<Arc<ModelRegistry>>,
+    /// The tools (`call_tool`). Tools' own scripts have none, so no tool holds itself.
+    pub tools: Option<Arc<HashMap<String, Arc<Tool>>>>,
+}
+
+/// A call a script on a blocking thread asks its task to make (see the module's docs).
+enum TaskRequest {
+    Model {
+        model: Arc<dyn ChatModel>,
+        messages: Vec<Value>,
+        tools: Vec<ToolSchema>,
+        stream: bool,
+        answer: oneshot::Sender<Result<Value, NodeError>>,
+    },
+    Tool {
+        tool: Arc<Tool>,
+        args: Value,
+        answer: oneshot::Sender<Result<Value, NodeError>>,
+    },
+}
+
+impl TaskRequest {
+    /// Make the call with the task's context and send its answer back. Boxed: a tool's
+    /// script may itself ask its task for calls.
+    fn serve(self, ctx: &TaskContext) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(async move { self.serve_now(ctx).await })
+    }
+
+    async fn serve_now(self, ctx: &TaskContext) {
+        match self {
+            TaskRequest::Model {
+                model,
+                messages,
+                tools,
+                stream,
+                answer,
+            } => {
+                let streaming = stream.then_some(ctx);
+                let reply =
+                    crate::nodes::traced_invoke(&model, &messages, &tools, streaming, ctx).await;
+                let _ = answer.send(reply);
+            }
+            TaskRequest::Tool { tool, args, answer } => {
+                let call_id = format!("call_{}", uuid::Uuid::new_v4().simple());
+                let _ =
+                    answer.send(crate::tools::announced_call(&tool, &args, &call_id, ctx).await);
+            }
+        }
+    }
+}
+
 /// What the host functions need while a script runs on this thread.
 struct Host {
     run: Arc<RunShared>,
@@ -69,8 +137,10 @@ struct Host {
     resume: Vec<Value>,
     resume_base: usize,
     counter: AtomicUsize,
-    models: Option<Arc<ModelRegistry>>,
+    resources: ScriptResources,
     runtime: Option<tokio::runtime::Handle>,
+    /// Where calls only the task can make go (scripts on a blocking thread).
+    requests: Option<mpsc::UnboundedSender<TaskRequest>>,
     deadline: Instant,
     /// Custom events written by an inline script, sent when it returns.
     held_custom: std::sync::Mutex<Vec<Value>>,
@@ -107,6 +177,16 @@ fn throw_map(key: &str, payload: Value) -> Box<EvalAltResult> {
     m.insert(key.into(), to_dyn(&payload));
     EvalAltResult::ErrorRuntime(Dynamic::from_map(m), Position::NONE).into()
 }
+
+/// An error a script raises (`raise`, or a call that failed): `#{error, message}` to a
+/// `catch`, the node's error with that class when not caught.
+fn raise_error(class: &str, message: &str) -> Box<EvalAltResult> {
+    let error = json!({"error": class, "message": message, RAISED: true});
+    EvalAltResult::ErrorRuntime(to_dyn(&error), Position::NONE).into()
+}
+
+/// Marks a raised error's map.
+const RAISED: &str = "__raised__";
 
 fn block_on<F: std::future::Future>(host: &Host, fut: F) -> Result<F::Output, Box<EvalAltResult>> {
     match &host.runtime {
@@ -191,10 +271,7 @@ fn build_engine(limits: ScriptLimits) -> Engine {
     engine.register_fn(
         "raise",
         |class: &str, message: &str| -> Result<Dynamic, Box<EvalAltResult>> {
-            Err(throw_map(
-                "__error__",
-                json!({"error": class, "message": message}),
-            ))
+            Err(raise_error(class, message))
         },
     );
     engine.register_fn(
@@ -297,27 +374,146 @@ fn build_engine(limits: ScriptLimits) -> Engine {
             })
         },
     );
+    register_calls(&mut engine);
+    register_clock_and_json(&mut engine);
+    engine
+}
+
+/// `call_model` and `call_tool`: made by the task (see [`TaskRequest`]).
+fn register_calls(engine: &mut Engine) {
+    fn call_model(
+        name: &str,
+        messages: Dynamic,
+        options: Dynamic,
+    ) -> Result<Dynamic, Box<EvalAltResult>> {
+        with_host(|host| {
+            let models = host
+                .resources
+                .models
+                .clone()
+                .ok_or("no models are declared")?;
+            let model = models.get(name).ok_or_else(|| {
+                format!(
+                    "unknown model `{name}`; declared: {}",
+                    models.names().join(", ")
+                )
+            })?;
+            let messages = match from_dyn(&messages) {
+                Value::Array(a) => a,
+                other => vec![other],
+            };
+            let options = from_dyn(&options);
+            let stream = options
+                .get("stream")
+                .and_then(Value::as_bool)
+                .unwrap_or(true);
+            let tools = match options.get("tools") {
+                None | Some(Value::Null) => Vec::new(),
+                Some(names) => tool_schemas(host, names)?,
+            };
+            let reply = ask_task(host, |answer| TaskRequest::Model {
+                model,
+                messages,
+                tools,
+                stream,
+                answer,
+            })?;
+            Ok(to_dyn(&reply))
+        })
+    }
+    engine.register_fn("call_model", |name: &str, messages: Dynamic| {
+        call_model(name, messages, Dynamic::UNIT)
+    });
+    engine.register_fn("call_model", call_model);
     engine.register_fn(
-        "call_model",
-        |name: &str, messages: Dynamic| -> Result<Dynamic, Box<EvalAltResult>> {
+        "call_tool",
+        |name: &str, args: Dynamic| -> Result<Dynamic, Box<EvalAltResult>> {
             with_host(|host| {
-                let models = host.models.clone().ok_or("no models are declared")?;
-                let model = models
-                    .get(name)
-                    .ok_or_else(|| format!("unknown model `{name}`"))?;
-                let msgs = match from_dyn(&messages) {
-                    Value::Array(a) => a,
-                    other => vec![other],
-                };
-                let cancel = host.run.cancel.clone();
-                let out = block_on(host, async move {
-                    model.invoke(&msgs, &[], None, &cancel).await
-                })?;
-                out.map(|m| to_dyn(&m)).map_err(|e| e.to_string().into())
+                let tool = find_tool(host, name)?;
+                let args = from_dyn(&args);
+                let message = ask_task(host, |answer| TaskRequest::Tool { tool, args, answer })?;
+                Ok(to_dyn(&message["content"]))
             })
         },
     );
-    engine
+}
+
+fn find_tool(host: &Host, name: &str) -> Result<Arc<Tool>, Box<EvalAltResult>> {
+    let tools = host
+        .resources
+        .tools
+        .as_ref()
+        .ok_or("call_tool is for node and route scripts; a tool cannot call another")?;
+    tools.get(name).cloned().ok_or_else(|| {
+        let mut known: Vec<&str> = tools.keys().map(String::as_str).collect();
+        known.sort_unstable();
+        format!("unknown tool `{name}`; declared: {}", known.join(", ")).into()
+    })
+}
+
+/// The schemas of the tools `names` lists, offered to a model a script calls.
+fn tool_schemas(host: &Host, names: &Value) -> Result<Vec<ToolSchema>, Box<EvalAltResult>> {
+    let Value::Array(names) = names else {
+        return Err("`tools` must be a list of tool names".into());
+    };
+    names
+        .iter()
+        .map(|n| {
+            let name = n.as_str().ok_or("`tools` must be a list of tool names")?;
+            Ok(find_tool(host, name)?.schema.clone())
+        })
+        .collect()
+}
+
+/// Hand a call to the task and wait for its answer; the call's failure becomes the script's
+/// (a raised class stays catchable with `try`/`catch`).
+fn ask_task(
+    host: &Host,
+    request: impl FnOnce(oneshot::Sender<Result<Value, NodeError>>) -> TaskRequest,
+) -> Result<Value, Box<EvalAltResult>> {
+    let requests = host
+        .requests
+        .as_ref()
+        .ok_or("this function needs the script to run on a blocking thread")?;
+    let (answer, answered) = oneshot::channel();
+    requests
+        .send(request(answer))
+        .map_err(|_| "the task is gone")?;
+    match answered.blocking_recv() {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(raised(e)),
+        Err(_) => Err("the task is gone".into()),
+    }
+}
+
+/// A node error raised inside a script, so that the script's own failure maps back to it.
+fn raised(e: NodeError) -> Box<EvalAltResult> {
+    match e {
+        NodeError::Failed { class, message } => raise_error(&class, &message),
+        NodeError::Cancelled => throw_map("__cancelled__", Value::Null),
+        NodeError::Interrupted(mut list) if list.len() == 1 => {
+            let i = list.remove(0);
+            throw_map("__interrupt__", json!({"id": i.id, "value": i.value}))
+        }
+        other => other.to_string().into(),
+    }
+}
+
+/// `now()`, `now_ms()`, `to_json(value)`, `from_json(text)`.
+fn register_clock_and_json(engine: &mut Engine) {
+    engine.register_fn("now", || {
+        chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    });
+    engine.register_fn("now_ms", || chrono::Utc::now().timestamp_millis());
+    engine.register_fn("to_json", |v: Dynamic| from_dyn(&v).to_string());
+    engine.register_fn(
+        "from_json",
+        |text: &str| -> Result<Dynamic, Box<EvalAltResult>> {
+            serde_json::from_str::<Value>(text)
+                .map(|v| to_dyn(&v))
+                .map_err(|e| format!("from_json: {e}").into())
+        },
+    );
 }
 
 /// A compiled script with the engine that runs it.
@@ -326,7 +522,7 @@ pub struct Script {
     ast: AST,
     needs_thread: bool,
     limits: ScriptLimits,
-    models: Option<Arc<ModelRegistry>>,
+    resources: ScriptResources,
     origin: Option<ScriptOrigin>,
 }
 
@@ -402,7 +598,7 @@ impl Script {
     pub fn compile(
         source: &str,
         limits: ScriptLimits,
-        models: Option<Arc<ModelRegistry>>,
+        resources: ScriptResources,
     ) -> Result<Script, ScriptSyntaxError> {
         let engine = build_engine(limits);
         let ast = engine.compile(source).map_err(|e| ScriptSyntaxError {
@@ -410,7 +606,7 @@ impl Script {
             line: e.1.line(),
             column: e.1.position(),
         })?;
-        let needs_thread = ["sleep", "store_", "call_model"]
+        let needs_thread = ["sleep", "store_", "call_model", "call_tool"]
             .iter()
             .any(|f| source.contains(f));
         Ok(Script {
@@ -418,7 +614,7 @@ impl Script {
             ast,
             needs_thread,
             limits,
-            models,
+            resources,
             origin: None,
         })
     }
@@ -435,7 +631,19 @@ impl Script {
         vars: &[(&str, Value)],
         ctx: &TaskContext,
     ) -> Result<Value, NodeError> {
+        self.eval_keeping(vars, None, ctx).await
+    }
+
+    /// Like [`Script::eval`], but a script that ends without a value (`()`) answers the
+    /// variable `kept` as the script left it: `update.answer = text(reply);` changes `update`.
+    pub async fn eval_keeping(
+        &self,
+        vars: &[(&str, Value)],
+        kept: Option<&str>,
+        ctx: &TaskContext,
+    ) -> Result<Value, NodeError> {
         let start = ctx.interrupt_counter.load(Ordering::SeqCst);
+        let (requests, mut asked) = mpsc::unbounded_channel();
         let host = Arc::new(Host {
             run: ctx.run.clone(),
             graph_ns: ctx.graph_ns.clone(),
@@ -447,36 +655,41 @@ impl Script {
                 .unwrap_or_default(),
             resume_base: start,
             counter: AtomicUsize::new(start),
-            models: self.models.clone(),
+            resources: self.resources.clone(),
             runtime: self.needs_thread.then(tokio::runtime::Handle::current),
+            requests: self.needs_thread.then_some(requests),
             deadline: Instant::now() + self.limits.max_duration,
             held_custom: Default::default(),
         });
-        let mut scope = Scope::new();
-        scope.push_constant("config", to_dyn(&ctx.run.config));
-        scope.push_constant("context", to_dyn(&ctx.run.context));
+        let mut scope = task_scope(ctx);
         for (name, v) in vars {
             scope.push(name.to_string(), to_dyn(v));
         }
+        let kept = kept.map(str::to_string);
         let result = if self.needs_thread {
             let engine = self.engine.clone();
             let ast = self.ast.clone();
             let h2 = host.clone();
-            tokio::task::spawn_blocking(move || {
+            let mut job = tokio::task::spawn_blocking(move || {
                 HOST.with(|slot| *slot.borrow_mut() = Some(h2));
-                let r = engine.eval_ast_with_scope::<Dynamic>(&mut scope, &ast);
+                let r = run_ast(&engine, &mut scope, &ast, kept.as_deref());
                 HOST.with(|slot| *slot.borrow_mut() = None);
-                r.map(|d| from_dyn(&d)).map_err(|e| *e)
-            })
-            .await
-            .map_err(|e| NodeError::new("ScriptError", format!("script thread failed: {e}")))?
+                r
+            });
+            // Serve the script's calls until it returns.
+            let joined = loop {
+                tokio::select! {
+                    joined = &mut job => break joined,
+                    Some(request) = asked.recv() => request.serve(ctx).await,
+                }
+            };
+            joined
+                .map_err(|e| NodeError::new("ScriptError", format!("script thread failed: {e}")))?
         } else {
             HOST.with(|slot| *slot.borrow_mut() = Some(host.clone()));
-            let r = self
-                .engine
-                .eval_ast_with_scope::<Dynamic>(&mut scope, &self.ast);
+            let r = run_ast(&self.engine, &mut scope, &self.ast, kept.as_deref());
             HOST.with(|slot| *slot.borrow_mut() = None);
-            r.map(|d| from_dyn(&d)).map_err(|e| *e)
+            r
         };
         ctx.interrupt_counter
             .store(host.counter.load(Ordering::SeqCst), Ordering::SeqCst);
@@ -508,10 +721,10 @@ impl Script {
         match e {
             EvalAltResult::ErrorRuntime(ref d, _) => {
                 let v = from_dyn(d);
-                if let Some(err) = v.get("__error__") {
-                    let message = err["message"].as_str().unwrap_or_default().to_string();
+                if v.get(RAISED).is_some() {
+                    let message = v["message"].as_str().unwrap_or_default().to_string();
                     return NodeError::new(
-                        err["error"].as_str().unwrap_or("Error"),
+                        v["error"].as_str().unwrap_or("Error"),
                         self.located(message, &e),
                     );
                 }
@@ -564,6 +777,39 @@ impl Script {
             ),
             _ => message,
         }
+    }
+}
+
+/// The scope every task's script starts with: the run's `config` and `context`, node names
+/// `START` and `END`, and the steps left.
+fn task_scope(ctx: &TaskContext) -> Scope<'static> {
+    let mut scope = Scope::new();
+    scope.push_constant("config", to_dyn(&ctx.run.config));
+    scope.push_constant("context", to_dyn(&ctx.run.context));
+    scope.push_constant("START", crate::graph::START);
+    scope.push_constant("END", crate::graph::END);
+    let remaining = ctx.remaining_steps.min(i64::MAX as usize) as i64;
+    scope.push_constant("remaining_steps", remaining);
+    scope.push_constant("is_last_step", remaining <= 1);
+    scope
+}
+
+/// Evaluate, answering the variable `kept` when the script ends without a value.
+fn run_ast(
+    engine: &Engine,
+    scope: &mut Scope<'static>,
+    ast: &AST,
+    kept: Option<&str>,
+) -> Result<Value, EvalAltResult> {
+    let d = engine
+        .eval_ast_with_scope::<Dynamic>(scope, ast)
+        .map_err(|e| *e)?;
+    match kept {
+        Some(name) if d.is_unit() => Ok(scope
+            .get_value::<Dynamic>(name)
+            .map(|v| from_dyn(&v))
+            .unwrap_or(Value::Null)),
+        _ => Ok(from_dyn(&d)),
     }
 }
 

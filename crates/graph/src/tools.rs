@@ -1,10 +1,12 @@
-//! Tools a model can call: `http` (a request built from the arguments) and `script`.
+//! Tools a model can call: `http` (a request built from the arguments), `script`, and
+//! `graph` (another graph run with the arguments: a sub-agent as a tool).
 
 use std::sync::Arc;
 
 use serde_json::{json, Value};
 
 use crate::context::TaskContext;
+use crate::graph::Graph;
 use crate::model::ToolSchema;
 use crate::node::NodeError;
 use crate::script::Script;
@@ -25,6 +27,16 @@ pub enum ToolImpl {
         headers: Vec<(String, String)>,
         /// Client.
         client: reqwest::Client,
+    },
+    /// A graph run with the call's arguments as its input (or what `input` makes of them);
+    /// its answer is `output`'s value, else the text of its last message, else its values.
+    Graph {
+        /// The graph.
+        graph: Arc<Graph>,
+        /// Makes the graph's input from `args`.
+        input: Option<Arc<Script>>,
+        /// Makes the tool's result from `result` (the graph's values) and `args`.
+        output: Option<Arc<Script>>,
     },
 }
 
@@ -110,6 +122,17 @@ impl Tool {
         ctx: &TaskContext,
         deltas: Option<&str>,
     ) -> Result<String, NodeError> {
+        self.call_as(args, ctx, deltas, None).await
+    }
+
+    /// [`Tool::call`] for the call `call_id` (a graph tool's runs stay apart by it).
+    async fn call_as(
+        &self,
+        args: &Value,
+        ctx: &TaskContext,
+        deltas: Option<&str>,
+        call_id: Option<&str>,
+    ) -> Result<String, NodeError> {
         check_args(&self.schema.parameters, args).map_err(|m| {
             NodeError::new(
                 "ToolException",
@@ -162,7 +185,49 @@ impl Tool {
                 }
                 read_body(resp, ctx, deltas).await
             }
+            ToolImpl::Graph {
+                graph,
+                input,
+                output,
+            } => {
+                let at = |e: NodeError| e.at(&format!("tool '{}'", self.schema.name));
+                let graph_input = match input {
+                    Some(script) => script
+                        .eval(&[("args", args.clone())], ctx)
+                        .await
+                        .map_err(at)?,
+                    None => args.clone(),
+                };
+                let call = format!(
+                    "{}:{}",
+                    self.schema.name,
+                    call_id.map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_string)
+                );
+                let result = crate::pregel::run_graph_call(graph, graph_input, ctx, &call)
+                    .await
+                    .map_err(at)?;
+                match output {
+                    Some(script) => {
+                        let vars = [("result", result), ("args", args.clone())];
+                        Ok(plain(&script.eval(&vars, ctx).await.map_err(at)?))
+                    }
+                    None => Ok(graph_answer(&result)),
+                }
+            }
         }
+    }
+}
+
+/// What a graph tool answers by default: the text of the last message it wrote under
+/// `messages`, else its values as JSON.
+fn graph_answer(values: &Value) -> String {
+    match values
+        .get("messages")
+        .and_then(Value::as_array)
+        .and_then(|m| m.last())
+    {
+        Some(last) => crate::messages::message_text(last),
+        None => values.to_string(),
     }
 }
 
@@ -224,7 +289,7 @@ fn complete_text(bytes: &mut Vec<u8>) -> String {
 /// Call a tool, announced in the `tools` stream mode as it starts, as its output arrives (when
 /// it arrives in parts) and as it ends, and shown in
 /// `events` as a tool run below the node. Returns the tool message.
-async fn announced_call(
+pub(crate) async fn announced_call(
     tool: &Tool,
     args: &Value,
     call_id: &str,
@@ -265,13 +330,13 @@ async fn traced_call(
     let name = tool.schema.name.as_str();
     let deltas = announce.then_some(call_id);
     let Some(trace) = ctx.child_trace(name, "seq:step:1", || ctx.inner_metadata()) else {
-        let content = tool.call(args, ctx, deltas).await?;
+        let content = tool.call_as(args, ctx, deltas, Some(call_id)).await?;
         return Ok(success_message(content, call_id, name));
     };
     trace
         .emit(&ctx.run, "on_tool_start", json!({ "input": args }))
         .await;
-    match tool.call(args, ctx, deltas).await {
+    match tool.call_as(args, ctx, deltas, Some(call_id)).await {
         Ok(content) => {
             let msg = success_message(content, call_id, name);
             trace

@@ -32,6 +32,10 @@ pub struct ScriptedModel {
     pub chunking: Chunking,
     /// Pause between chunks.
     pub delay: Duration,
+    /// The model it stands for, when said: its replies' `response_metadata.model_name` and
+    /// its runs' `ls_model_name`, as a real provider's are. Unsaid, replies carry no
+    /// metadata, as LangChain's fake chat models' do.
+    pub model_name: Option<String>,
 }
 
 fn split_text(text: &str, chunking: Chunking) -> Vec<String> {
@@ -67,7 +71,7 @@ impl ChatModel for ScriptedModel {
         ModelIdentity {
             class: "ScriptedChatModel",
             provider: "scripted",
-            model: None,
+            model: self.model_name.clone(),
         }
     }
 
@@ -143,7 +147,8 @@ impl ChatModel for ScriptedModel {
                     ctx.sleep(self.delay).await?;
                 }
                 let last = i + 1 == n && tool_calls.is_empty();
-                ctx.write_model_chunk(chunk_message(&id, &piece, vec![], last), "scripted", None)
+                let chunk = chunk_message(&id, &piece, vec![], last);
+                ctx.write_model_chunk(chunk, "scripted", self.model_name.as_deref())
                     .await;
             }
             if !tool_calls.is_empty() {
@@ -156,13 +161,15 @@ impl ChatModel for ScriptedModel {
                     .collect();
                 let mut chunk = chunk_message(&id, "", chunks, true);
                 chunk["tool_calls"] = Value::Array(tool_calls.clone());
-                ctx.write_model_chunk(chunk, "scripted", None).await;
+                ctx.write_model_chunk(chunk, "scripted", self.model_name.as_deref())
+                    .await;
             }
         }
-        let msg = coerce_message(&json!({
-            "type": "ai", "content": text, "id": id, "tool_calls": tool_calls,
-        }))
-        .map_err(|e| NodeError::new("ValueError", e.0))?;
+        let mut msg = json!({"type": "ai", "content": text, "id": id, "tool_calls": tool_calls});
+        if let Some(name) = &self.model_name {
+            msg["response_metadata"] = json!({"model_name": name});
+        }
+        let msg = coerce_message(&msg).map_err(|e| NodeError::new("ValueError", e.0))?;
         Ok(msg)
     }
 }

@@ -29,6 +29,7 @@ use crate::stream::{StreamMode, StreamModes};
 
 pub use run_types::{
     parse_stream_modes, Durability, RunConfig, RunEnv, RunError, RunInput, RunOutcome,
+    DEFAULT_RECURSION_LIMIT,
 };
 pub use snapshot::{
     fork, get_state, get_state_history, get_state_with_subgraphs, inline_subgraph_states,
@@ -114,6 +115,14 @@ async fn run_root(
     env: RunEnv,
     leave_saves: bool,
 ) -> Result<(RunOutcome, Option<WriteReceipt>), RunError> {
+    // A graph with variants runs the one the run chooses (LangGraph's graph factories).
+    let graph = &graph
+        .for_run(&cfg.config, &cfg.context)
+        .map_err(|message| RunError::Node {
+            class: "ValueError".into(),
+            message,
+            node: None,
+        })?;
     // Subgraphs find their thread in `configurable.thread_id`, as LangGraph nodes do.
     let mut config = match cfg.config.clone() {
         Value::Object(m) => Value::Object(m),
@@ -160,6 +169,7 @@ async fn run_root(
             .interrupt_after
             .unwrap_or_else(|| graph.interrupt_after.clone()),
         recursion_limit: cfg.recursion_limit,
+        steps_run: 0,
         durability: cfg.durability,
         behind: None,
         saves_ordered: true,
@@ -206,14 +216,39 @@ pub(crate) async fn run_subgraph(
     input: Value,
     ctx: &TaskContext,
 ) -> Result<Value, NodeError> {
+    run_below(graph, input, ctx, None).await
+}
+
+/// Run a graph for one call a task makes (a graph called as a tool), in its own namespace
+/// below the task's (`node:task_id|call`) so that calls running side by side stay apart. It
+/// keeps no checkpoints: when the task runs again, the call runs again whole.
+pub(crate) async fn run_graph_call(
+    graph: &Arc<Graph>,
+    input: Value,
+    ctx: &TaskContext,
+    call: &str,
+) -> Result<Value, NodeError> {
+    run_below(graph, input, ctx, Some(call)).await
+}
+
+async fn run_below(
+    graph: &Arc<Graph>,
+    input: Value,
+    ctx: &TaskContext,
+    call: Option<&str>,
+) -> Result<Value, NodeError> {
     let run = ctx.run.clone();
     let thread_id = run
         .config
         .pointer("/configurable/thread_id")
         .and_then(Value::as_str)
         .map(str::to_string);
-    let saver = thread_id.as_ref().and(run.checkpointer.clone());
-    let ns = ctx.task_ns();
+    let saver = match call {
+        None => thread_id.as_ref().and(run.checkpointer.clone()),
+        Some(_) => None,
+    };
+    let mut ns = ctx.task_ns();
+    ns.extend(call.map(str::to_string));
     let trace = ctx.child_trace(&graph.name, "seq:step:1", || ctx.inner_metadata());
     let mut parents = ctx.parents.clone();
     if let Some(pid) = &ctx.checkpoint_id {
@@ -234,7 +269,9 @@ pub(crate) async fn run_subgraph(
         pending: Vec::new(),
         interrupt_before: graph.interrupt_before.clone(),
         interrupt_after: graph.interrupt_after.clone(),
-        recursion_limit: 10_000,
+        // A subgraph counts its own steps against the run's limit, as LangGraph's do.
+        recursion_limit: ctx.recursion_limit,
+        steps_run: 0,
         durability: Durability::Sync,
         behind: None,
         saves_ordered: true,
@@ -342,6 +379,9 @@ pub(crate) struct Loop {
     pub interrupt_before: NodeSet,
     pub interrupt_after: NodeSet,
     pub recursion_limit: usize,
+    /// Steps this invocation has run, against `recursion_limit` (scripts read what is left
+    /// as `remaining_steps`).
+    pub steps_run: usize,
     pub durability: Durability,
     /// Under `Durability::Async`, resolves when every save queued so far is done.
     pub behind: Option<WriteReceipt>,
@@ -514,6 +554,8 @@ impl Loop {
             task_id: task_id.to_string(),
             node: node.to_string(),
             step: self.step + 1,
+            recursion_limit: self.recursion_limit,
+            remaining_steps: self.recursion_limit.saturating_sub(self.steps_run),
             triggers,
             path,
             resume,
@@ -527,7 +569,7 @@ impl Loop {
 
     /// Run steps until nothing is triggered, an interrupt, an error or the step limit.
     async fn steps(&mut self, mut skip_interrupt_before: bool) -> Result<RunOutcome, LoopError> {
-        let mut steps_run = 0usize;
+        self.steps_run = 0;
         loop {
             if self.run.cancel.is_cancelled() {
                 self.flush().await?;
@@ -537,7 +579,7 @@ impl Loop {
             if tasks.is_empty() {
                 break;
             }
-            if steps_run >= self.recursion_limit {
+            if self.steps_run >= self.recursion_limit {
                 self.flush().await?;
                 return Err(RunError::Recursion(self.recursion_limit).into());
             }
@@ -626,7 +668,7 @@ impl Loop {
             }
             let version = self.state.next_version();
             self.step += 1;
-            steps_run += 1;
+            self.steps_run += 1;
             let (blobs, updated) = self.apply_all(&per_task, version)?;
             self.emit_values().await;
             let meta_writes = payloads::writes_metadata(&self.graph, &tasks, &result.done);

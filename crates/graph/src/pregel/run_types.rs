@@ -59,6 +59,9 @@ pub enum RunInput {
     Continue,
 }
 
+/// LangGraph's default `recursion_limit`.
+pub const DEFAULT_RECURSION_LIMIT: usize = 25;
+
 /// Per-run settings.
 #[derive(Debug, Clone)]
 pub struct RunConfig {
@@ -75,7 +78,7 @@ pub struct RunConfig {
     pub stream_modes: Vec<StreamMode>,
     /// Stream subgraph events too.
     pub stream_subgraphs: bool,
-    /// Maximum number of steps (default 25).
+    /// Maximum number of steps (default [`DEFAULT_RECURSION_LIMIT`]).
     pub recursion_limit: usize,
     /// Overrides the graph's `interrupt_before`.
     pub interrupt_before: Option<NodeSet>,
@@ -98,7 +101,7 @@ impl Default for RunConfig {
             context: json!({}),
             stream_modes: Vec::new(),
             stream_subgraphs: false,
-            recursion_limit: 25,
+            recursion_limit: DEFAULT_RECURSION_LIMIT,
             interrupt_before: None,
             interrupt_after: None,
             durability: Durability::Async,

@@ -15,10 +15,9 @@ use super::SpecError;
 use crate::builder::GraphBuilder;
 use crate::channels::ChannelKind;
 use crate::graph::{Graph, NodeSet, END, START};
-use crate::model::ModelRegistry;
 use crate::node::Router;
 use crate::nodes::{ScriptRouter, ToolsCondition};
-use crate::script::{from_dyn, Script};
+use crate::script::{from_dyn, Script, ScriptResources};
 
 /// Compile a parsed graph document.
 pub fn compile_value(
@@ -47,6 +46,9 @@ pub(super) fn compile_doc(
     outer_graphs: &HashMap<String, Arc<Graph>>,
 ) -> Result<Graph, SpecError> {
     let m = obj(cx, doc, prefix)?;
+    if m.contains_key("variants") {
+        return compile_variants(cx, m, prefix, default_name, outer_graphs);
+    }
     check_keys(
         cx,
         m,
@@ -76,10 +78,9 @@ pub(super) fn compile_doc(
         b = b.description(d);
     }
 
-    // Models and tools first: nodes refer to them.
+    // Models, graphs and tools first: nodes refer to them (and tools to graphs).
     let models = compile_models(cx, m.get("models"), &join(prefix, "models"))?;
     let models = Some(Arc::new(models));
-    let tools = compile_tools(cx, m.get("tools"), &join(prefix, "tools"), &models)?;
 
     let mut graphs = outer_graphs.clone();
     if let Some(gs) = m.get("graphs") {
@@ -93,6 +94,20 @@ pub(super) fn compile_doc(
             graphs.insert(gname.clone(), Arc::new(g));
         }
     }
+    let tools = compile_tools(
+        cx,
+        m.get("tools"),
+        &join(prefix, "tools"),
+        &ScriptResources {
+            models: models.clone(),
+            tools: None,
+        },
+        &graphs,
+    )?;
+    let resources = ScriptResources {
+        models,
+        tools: Some(Arc::new(tools.clone())),
+    };
 
     let state_place = join(prefix, "state");
     let mut channel_names = Vec::new();
@@ -100,7 +115,7 @@ pub(super) fn compile_doc(
     if let Some(state) = m.get("state") {
         for (key, spec) in obj(cx, state, &state_place)? {
             let place = format!("{state_place}.{key}");
-            let ch = compile_channel(cx, key, spec, &place, &models)?;
+            let ch = compile_channel(cx, key, spec, &place, &resources)?;
             if matches!(ch.kind, ChannelKind::Messages) {
                 message_keys.push(key.clone());
             }
@@ -170,7 +185,7 @@ pub(super) fn compile_doc(
             cx,
             ndoc,
             &place,
-            &models,
+            &resources,
             &tools,
             &graphs,
             &default_messages,
@@ -268,7 +283,7 @@ pub(super) fn compile_doc(
                     route,
                     em.get("path_map"),
                     &place,
-                    &models,
+                    &resources,
                     &default_messages,
                     &node_names,
                 )?;
@@ -340,12 +355,83 @@ pub(super) fn node_set(
     Ok(set)
 }
 
+/// A graph whose shape the run chooses (`variants:`): each variant a graph file or an inline
+/// graph, all with the same state keys; the default's shape is what the graph shows.
+fn compile_variants(
+    cx: &Ctx,
+    m: &serde_json::Map<String, Value>,
+    prefix: &str,
+    default_name: &str,
+    outer_graphs: &HashMap<String, Arc<Graph>>,
+) -> Result<Graph, SpecError> {
+    check_keys(cx, m, prefix, &["name", "description", "variants"])?;
+    let place = join(prefix, "variants");
+    let v = obj(cx, &m["variants"], &place)?;
+    check_keys(cx, v, &place, &["by", "default", "graphs"])?;
+    let key = required(cx, v, "by", &place)?.to_string();
+    let gplace = format!("{place}.graphs");
+    let Some(docs) = v.get("graphs") else {
+        return Err(cx.err(&place, "`variants` needs `graphs`: the variants by name"));
+    };
+    let name = string(cx, m, "name", prefix)?.unwrap_or(default_name);
+    let mut graphs = std::collections::BTreeMap::new();
+    for (vname, vdoc) in obj(cx, docs, &gplace)? {
+        let vplace = format!("{gplace}.{vname}");
+        let g = match vdoc {
+            Value::String(file) => super::import::import(cx, file, name, &vplace)?,
+            _ => compile_doc(cx, vdoc, &vplace, name, outer_graphs)?,
+        };
+        graphs.insert(vname.clone(), Arc::new(g));
+    }
+    let names: Vec<&str> = graphs.keys().map(String::as_str).collect();
+    let default = match string(cx, v, "default", &place)? {
+        Some(d) if graphs.contains_key(d) => d.to_string(),
+        Some(d) => {
+            return Err(cx.err(
+                format!("{place}.default"),
+                format!("`{d}` is not one of the variants ({})", names.join(", ")),
+            ))
+        }
+        None => {
+            return Err(cx.err(
+                &place,
+                "`variants` needs `default`: the variant of a run that names none",
+            ))
+        }
+    };
+    let keys = |g: &Graph| -> Vec<String> { g.channels().iter().map(|c| c.name.clone()).collect() };
+    let expected = keys(&graphs[&default]);
+    for (vname, g) in &graphs {
+        if keys(g) != expected {
+            return Err(cx.err(
+                format!("{gplace}.{vname}"),
+                format!(
+                    "every variant needs the same state keys, so a thread reads the same whichever ran: `{vname}` has {}, `{default}` has {}",
+                    keys(g).join(", "),
+                    expected.join(", ")
+                ),
+            ));
+        }
+    }
+    let default_graph = graphs[&default].clone();
+    let mut top = default_graph.with_variants(crate::graph::Variants {
+        key,
+        default,
+        graphs,
+    });
+    top.name = name.to_string();
+    if let Some(d) = string(cx, m, "description", prefix)? {
+        top.description = Some(d.to_string());
+    }
+    Ok(top)
+}
+
 pub(super) fn compile_route(
     cx: &Ctx,
     route: &Value,
     path_map: Option<&Value>,
     place: &str,
-    models: &Option<Arc<ModelRegistry>>,
+    resources: &ScriptResources,
     default_messages: &str,
     node_names: &[String],
 ) -> Result<(Arc<dyn Router>, Option<PathMap>), SpecError> {
@@ -367,7 +453,7 @@ pub(super) fn compile_route(
             )
         }
         Value::String(code) => (
-            Arc::new(ScriptRouter(script(cx, code, &rplace, models)?)),
+            Arc::new(ScriptRouter(script(cx, code, &rplace, resources)?)),
             None,
         ),
         Value::Object(m) => {
@@ -378,7 +464,7 @@ pub(super) fn compile_route(
                     cx,
                     code,
                     &format!("{rplace}.code"),
-                    models,
+                    resources,
                 )?)),
                 m.get("path_map"),
             )

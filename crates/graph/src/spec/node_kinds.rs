@@ -12,10 +12,12 @@ use super::resources::pick_tools;
 use super::SpecError;
 use crate::builder::NodeOptions;
 use crate::graph::Graph;
-use crate::model::ModelRegistry;
 use crate::node::{Node, RetryPolicy};
-use crate::nodes::{InterruptNode, ModelNode, NodeModel, ScriptNode, SubgraphNode, ToolsNode};
+use crate::nodes::{
+    InterruptNode, ModelNode, NodeModel, ScriptNode, SubgraphNode, ThenNode, ToolsNode,
+};
 use crate::prompt;
+use crate::script::ScriptResources;
 use crate::tools::Tool;
 
 fn retry_policy(cx: &Ctx, v: &Value, place: &str) -> Result<RetryPolicy, SpecError> {
@@ -72,7 +74,7 @@ pub(super) fn compile_node(
     cx: &Ctx,
     doc: &Value,
     place: &str,
-    models: &Option<Arc<ModelRegistry>>,
+    resources: &ScriptResources,
     tools: &HashMap<String, Arc<Tool>>,
     graphs: &HashMap<String, Arc<Graph>>,
     default_messages: &str,
@@ -90,7 +92,7 @@ pub(super) fn compile_node(
     // `model: "{key}"` lets each run choose among the declared models (`context.key`).
     let get_model = |m: &Map<String, Value>| -> Result<NodeModel, SpecError> {
         let name = required(cx, m, "model", place)?;
-        let registry = models.as_ref().filter(|r| !r.names().is_empty());
+        let registry = resources.models.as_ref().filter(|r| !r.names().is_empty());
         if let Some(key) = prompt::sole_placeholder(name) {
             let models = registry.cloned().ok_or_else(|| {
                 cx.err(
@@ -123,16 +125,18 @@ pub(super) fn compile_node(
         }
     };
     fn allow(extra: &[&'static str]) -> Vec<&'static str> {
-        ["kind", "retry", "description"]
+        ["kind", "retry", "description", "then"]
             .iter()
             .chain(extra.iter())
             .copied()
             .collect()
     }
+    let reply_key = messages_key.clone();
     let runner: Arc<dyn Node> = match kind {
         "script" => {
-            check_keys(cx, m, place, &allow(&["code"]))?;
-            Arc::new(ScriptNode(script(cx, required(cx, m, "code", place)?, &format!("{place}.code"), models)?))
+            // A script does what `then` would itself.
+            check_keys(cx, m, place, &["kind", "retry", "description", "code"])?;
+            Arc::new(ScriptNode(script(cx, required(cx, m, "code", place)?, &format!("{place}.code"), resources)?))
         }
         "model" => {
             check_keys(cx, m, place, &allow(&["model", "tools", "system", "stream", "messages_key"]))?;
@@ -218,6 +222,14 @@ pub(super) fn compile_node(
         other => {
             return Err(cx.err(format!("{place}.kind"), format!("unknown node kind `{other}`; expected script, model, tools, interrupt, subgraph or agent")))
         }
+    };
+    let runner = match string(cx, m, "then", place)? {
+        Some(code) => Arc::new(ThenNode {
+            inner: runner,
+            then: script(cx, code, &format!("{place}.then"), resources)?,
+            reply_from: (kind == "model").then_some(reply_key),
+        }),
+        None => runner,
     };
     Ok((runner, options))
 }

@@ -7,8 +7,7 @@ use serde_json::{Map, Value};
 use super::locate::line_of;
 use super::SpecError;
 use crate::graph::{END, START};
-use crate::model::ModelRegistry;
-use crate::script::{Script, ScriptLimits, ScriptOrigin};
+use crate::script::{Script, ScriptLimits, ScriptOrigin, ScriptResources};
 
 /// Router answers mapped to node names.
 pub(super) type PathMap = Vec<(String, String)>;
@@ -138,10 +137,10 @@ pub(super) fn script(
     cx: &Ctx,
     code: &str,
     place: &str,
-    models: &Option<Arc<ModelRegistry>>,
+    resources: &ScriptResources,
 ) -> Result<Arc<Script>, SpecError> {
     let origin = script_origin(cx, code, place);
-    match Script::compile(code, ScriptLimits::default(), models.clone()) {
+    match Script::compile(code, ScriptLimits::default(), resources.clone()) {
         Ok(s) => Ok(Arc::new(s.with_origin(origin))),
         Err(e) => {
             let mut err = cx.err(

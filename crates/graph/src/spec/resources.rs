@@ -8,10 +8,12 @@ use serde_json::{json, Map, Value};
 
 use super::read::{check_keys, obj, required, script, string, string_list, Ctx};
 use super::SpecError;
+use crate::graph::Graph;
 use crate::model::{
     AnthropicModel, ChatModel, Chunking, GeminiModel, HttpSettings, ModelRegistry, OpenAiModel,
     ScriptedModel, ToolSchema,
 };
+use crate::script::ScriptResources;
 use crate::tools::{Tool, ToolImpl};
 
 /// The providers `provider:` accepts, for the error naming an unknown one.
@@ -76,7 +78,12 @@ pub(super) fn compile_models(
 }
 
 fn scripted_model(cx: &Ctx, m: &Map<String, Value>, p: &str) -> Result<ScriptedModel, SpecError> {
-    check_keys(cx, m, p, &["provider", "responses", "chunk", "delay_ms"])?;
+    check_keys(
+        cx,
+        m,
+        p,
+        &["provider", "responses", "chunk", "delay_ms", "model_name"],
+    )?;
     let responses = match m.get("responses") {
         Some(Value::Array(r)) if !r.is_empty() => r.clone(),
         _ => return Err(cx.err(p, "a scripted model needs a non-empty `responses` list")),
@@ -124,6 +131,7 @@ fn scripted_model(cx: &Ctx, m: &Map<String, Value>, p: &str) -> Result<ScriptedM
         responses,
         chunking,
         delay: Duration::from_millis(delay),
+        model_name: string(cx, m, "model_name", p)?.map(str::to_string),
     })
 }
 
@@ -189,7 +197,8 @@ pub(super) fn compile_tools(
     cx: &Ctx,
     v: Option<&Value>,
     place: &str,
-    models: &Option<Arc<ModelRegistry>>,
+    resources: &ScriptResources,
+    graphs: &HashMap<String, Arc<Graph>>,
 ) -> Result<HashMap<String, Arc<Tool>>, SpecError> {
     let mut out = HashMap::new();
     let Some(v) = v else { return Ok(out) };
@@ -217,8 +226,40 @@ pub(super) fn compile_tools(
                     cx,
                     required(cx, m, "code", &p)?,
                     &format!("{p}.code"),
-                    models,
+                    resources,
                 )?)
+            }
+            "graph" => {
+                check_keys(
+                    cx,
+                    m,
+                    &p,
+                    &[
+                        "kind",
+                        "description",
+                        "parameters",
+                        "graph",
+                        "input",
+                        "output",
+                    ],
+                )?;
+                let name = required(cx, m, "graph", &p)?;
+                let graph = graphs.get(name).cloned().ok_or_else(|| {
+                    cx.err(
+                        format!("{p}.graph"),
+                        format!("unknown graph `{name}`; declare it under `graphs`"),
+                    )
+                })?;
+                let mapping = |key: &str| {
+                    string(cx, m, key, &p)?
+                        .map(|code| script(cx, code, &format!("{p}.{key}"), resources))
+                        .transpose()
+                };
+                ToolImpl::Graph {
+                    graph,
+                    input: mapping("input")?,
+                    output: mapping("output")?,
+                }
             }
             "http" => {
                 check_keys(
@@ -273,7 +314,7 @@ pub(super) fn compile_tools(
             other => {
                 return Err(cx.err(
                     format!("{p}.kind"),
-                    format!("unknown tool kind `{other}`; expected script or http"),
+                    format!("unknown tool kind `{other}`; expected script, http or graph"),
                 ))
             }
         };

@@ -7,8 +7,7 @@ use serde_json::{json, Value};
 use super::read::{check_keys, kind_of, required, script, string, Ctx};
 use super::SpecError;
 use crate::channels::{ChannelKind, ChannelSpec, CustomReducer};
-use crate::model::ModelRegistry;
-use crate::script::Script;
+use crate::script::{Script, ScriptResources};
 
 #[derive(Debug)]
 struct ScriptReducer(Arc<Script>);
@@ -47,7 +46,7 @@ pub(super) fn compile_channel(
     key: &str,
     spec: &Value,
     place: &str,
-    models: &Option<Arc<ModelRegistry>>,
+    resources: &ScriptResources,
 ) -> Result<ChannelSpec, SpecError> {
     let reducers = "last_value, messages, append, add, ephemeral, topic, script";
     let by_reducer = |r: &str| -> Option<ChannelKind> {
@@ -97,7 +96,7 @@ pub(super) fn compile_channel(
                         cx,
                         code,
                         &format!("{place}.code"),
-                        models,
+                        resources,
                     )?)))
                 }
                 Some("topic") => ChannelKind::Topic {

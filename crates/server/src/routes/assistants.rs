@@ -607,7 +607,15 @@ async fn assistant_graph(
     let assistant = state.storage.get_assistant(scope, id).await?;
     let graph_id = assistant.fields.graph_id.clone();
     let graph = match state.graphs.loaded(&graph_id) {
-        Some(LoadedGraph::Engine(graph)) => AssistantGraph::Engine(graph),
+        // A graph with variants is drawn as the one the assistant's runs choose.
+        Some(LoadedGraph::Engine(graph)) => AssistantGraph::Engine(
+            graph
+                .for_run(
+                    &Value::Object(assistant.fields.config.clone()),
+                    &Value::Object(assistant.fields.context.clone()),
+                )
+                .map_err(ApiError::conflict)?,
+        ),
         Some(LoadedGraph::Python(_)) => AssistantGraph::Python {
             pool: state
                 .workers

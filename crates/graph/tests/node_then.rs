@@ -1,0 +1,147 @@
+//! `then:` after a node of another kind: in the same step a model node also writes other
+//! keys, emits custom events, interrupts on a condition or chooses where to go, as a Python
+//! node that calls a model and returns a `Command` does.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{texts, Harness};
+use serde_json::{json, Value};
+use spindle_graph::spec::{load_str, Format};
+use spindle_graph::{Graph, RunInput, StreamMode};
+
+fn graph(yaml: &str) -> Arc<Graph> {
+    Arc::new(load_str(yaml, "t.yaml", "t", Format::Yaml).unwrap_or_else(|e| panic!("{e}")))
+}
+
+fn hello() -> RunInput {
+    RunInput::Values(json!({"messages": [{"type": "human", "content": "hi"}]}))
+}
+
+const MODEL_THEN: &str = r#"
+state: {messages: messages, answer: string, checked: boolean}
+models:
+  m: {provider: scripted, responses: ["ready to go"], model_name: gpt-test}
+nodes:
+  ask:
+    kind: model
+    model: m
+    then: |
+      update.answer = text(reply);
+      emit(#{answered: text(reply)});
+      if text(reply).starts_with("ready") { command(update, "check") }
+  check: {kind: script, code: '#{checked: true}'}
+edges:
+  - {from: __start__, to: ask}
+"#;
+
+#[tokio::test]
+async fn a_model_node_writes_other_keys_emits_and_chooses_where_to_go() {
+    let (out, events) = Harness::new()
+        .run(
+            &graph(MODEL_THEN),
+            None,
+            hello(),
+            &[StreamMode::Custom],
+            |_| {},
+        )
+        .await;
+    let values = out.unwrap().values;
+    assert_eq!(values["answer"], "ready to go");
+    assert_eq!(values["checked"], true, "the goto ran `check`: {values}");
+    // The reply still went where a model node's goes, with the model it stood for.
+    assert_eq!(texts(&values), ["hi", "ready to go"]);
+    let reply = values["messages"].as_array().unwrap().last().unwrap();
+    assert_eq!(reply["response_metadata"]["model_name"], "gpt-test");
+    let custom: Vec<&Value> = events
+        .iter()
+        .filter(|e| e.mode == StreamMode::Custom)
+        .map(|e| &e.data)
+        .collect();
+    assert_eq!(custom, [&json!({"answered": "ready to go"})]);
+}
+
+const INTERRUPT_THEN: &str = r#"
+state: {messages: messages, approved: any}
+models:
+  m: {provider: scripted, responses: ["delete everything?"]}
+nodes:
+  propose:
+    kind: model
+    model: m
+    then: |
+      if text(reply).ends_with("?") {
+        update.approved = interrupt(#{question: text(reply)});
+      }
+edges:
+  - {from: __start__, to: propose}
+  - {from: propose, to: __end__}
+"#;
+
+#[tokio::test]
+async fn a_model_node_interrupts_on_a_condition_and_takes_the_answer() {
+    let h = Harness::new();
+    let g = graph(INTERRUPT_THEN);
+    let (out, _) = h.run(&g, Some("t1"), hello(), &[], |_| {}).await;
+    let out = out.unwrap();
+    assert_eq!(out.interrupts.len(), 1);
+    assert_eq!(
+        out.interrupts[0].value,
+        json!({"question": "delete everything?"})
+    );
+    let resume = RunInput::Command {
+        resume: Some(json!("no")),
+        update: None,
+        goto: Vec::new(),
+    };
+    let (out, _) = h.run(&g, Some("t1"), resume, &[], |_| {}).await;
+    let values = out.unwrap().values;
+    assert_eq!(values["approved"], "no");
+    assert_eq!(texts(&values), ["hi", "delete everything?"]);
+}
+
+const TOOLS_THEN: &str = r#"
+state: {messages: messages, calls: integer, reported: boolean}
+models:
+  m: {provider: scripted, responses: [{content: "", tool_calls: [{name: add, args: {a: 1, b: 2}}]}]}
+tools:
+  add:
+    kind: script
+    parameters: {type: object, properties: {a: {type: integer}, b: {type: integer}}}
+    code: 'args.a + args.b'
+nodes:
+  agent: {kind: model, model: m, tools: [add]}
+  tools:
+    kind: tools
+    tools: [add]
+    then: 'update.calls = update.messages.len(); command(update, "report")'
+  report: {kind: script, code: '#{reported: true}'}
+edges:
+  - {from: __start__, to: agent}
+  - {from: agent, to: tools}
+"#;
+
+#[tokio::test]
+async fn a_tools_node_chooses_where_to_go_with_its_update() {
+    let (out, _) = Harness::new()
+        .run(&graph(TOOLS_THEN), None, hello(), &[], |_| {})
+        .await;
+    let values = out.unwrap().values;
+    assert_eq!(values["calls"], 1);
+    assert_eq!(values["reported"], true);
+    assert_eq!(texts(&values), ["hi", "", "3"]);
+}
+
+#[tokio::test]
+async fn then_is_refused_on_a_script_node_which_does_it_itself() {
+    let yaml = r#"
+state: {x: integer}
+nodes:
+  a: {kind: script, code: '#{x: 1}', then: '()'}
+edges:
+  - {from: __start__, to: a}
+"#;
+    let err = load_str(yaml, "t.yaml", "t", Format::Yaml).unwrap_err();
+    assert!(err.to_string().contains("then"), "{err}");
+}
