@@ -164,3 +164,90 @@ def test_the_first_graph_of_the_docs_runs_as_the_docs_say(tmp_path):
         assert client.runs.wait(thread["thread_id"], "counter", input={}) == expected
     finally:
         harness.stop(srv)
+
+
+def doc_graph_with(marker: str) -> str:
+    """The page's one YAML example whose text holds `marker`."""
+    found = [block for block in doc_blocks("yaml") if marker in block]
+    assert len(found) == 1, f"{len(found)} examples of docs/graph-files.md hold {marker!r}"
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def docs_examples_server(tmp_path_factory):
+    """`spindle dev` serving the page's examples of `then`, a graph as a tool, variants and
+    `is_last_step`, as a reader would copy them."""
+    root = tmp_path_factory.mktemp("docs-examples")
+    examples = {
+        "refund": doc_graph_with("then: |"),
+        "supervisor": doc_graph_with("kind: graph"),
+        "writer": doc_graph_with("variants:"),
+        "countdown": doc_graph_with("is_last_step"),
+    }
+    for name, text in examples.items():
+        (root / f"{name}.yaml").write_text(text)
+    config = {"graphs": {name: f"./{name}.yaml" for name in examples}}
+    (root / "langgraph.json").write_text(json.dumps(config))
+    srv = harness.start(
+        "sqlite",
+        lambda port: ["dev", "--port", str(port), "--data-dir", str(root / "data")],
+        root,
+    )
+    yield get_sync_client(url=srv.base_url)
+    harness.stop(srv)
+
+
+def texts(values: dict) -> list[str]:
+    return [m["content"] for m in values["messages"]]
+
+
+def test_the_docs_then_example_interrupts_and_goes_where_the_answer_says(docs_examples_server):
+    client = docs_examples_server
+    thread = client.threads.create()
+    chunks = list(client.runs.stream(thread["thread_id"], "refund", input={"messages": [
+        {"type": "human", "content": "I want my money back"}]}, stream_mode=["custom", "values"]))
+    custom = [c.data for c in chunks if c.event == "custom"]
+    assert custom == [{"drafted": "Refund of 120 EUR approved?"}]
+    interrupted = [c.data for c in chunks if c.event == "values"][-1]
+    assert interrupted["__interrupt__"][0]["value"] == {"question": "Refund of 120 EUR approved?"}
+    done = client.runs.wait(thread["thread_id"], "refund", command={"resume": "no"})
+    assert done["approved"] == "no"
+    assert done["answer"] == "Sorry, no refund."
+
+
+def test_the_docs_supervisor_hands_work_to_its_research_graph(docs_examples_server):
+    client = docs_examples_server
+    thread = client.threads.create()
+    done = client.runs.wait(thread["thread_id"], "supervisor", input={"messages": [
+        {"type": "human", "content": "How many people live in Paris?"}]})
+    assert texts(done) == [
+        "How many people live in Paris?",
+        "",
+        "Paris has 2.1 million inhabitants.",
+        "Paris has about 2.1 million inhabitants.",
+    ]
+    assert done["messages"][2]["type"] == "tool"
+
+
+def test_the_docs_writer_runs_the_variant_each_run_or_assistant_chooses(docs_examples_server):
+    client = docs_examples_server
+    ask = {"messages": [{"type": "human", "content": "write"}]}
+    quick = client.runs.wait(None, "writer", input=ask)
+    assert texts(quick)[-1] == "A quick draft."
+    thorough = client.runs.wait(None, "writer", input=ask, context={"mode": "thorough"})
+    assert texts(thorough)[-2:] == ["A first draft.", "A reviewed draft."]
+    careful = client.assistants.create("writer", context={"mode": "thorough"})
+    assert texts(client.runs.wait(None, careful["assistant_id"], input=ask))[-1] == "A reviewed draft."
+    drawn = client.assistants.get_graph(careful["assistant_id"])
+    assert {n["id"] for n in drawn["nodes"]} == {"__start__", "draft", "review", "__end__"}
+    thread = client.threads.create()
+    run = client.runs.create(thread["thread_id"], "writer", input=ask, context={"mode": "slow"})
+    client.runs.join(run["thread_id"], run["run_id"])
+    failed = client.runs.get(run["thread_id"], run["run_id"])
+    assert failed["status"] == "error"
+
+
+def test_the_docs_loop_stops_on_its_last_step(docs_examples_server):
+    client = docs_examples_server
+    done = client.runs.wait(None, "countdown", input={"messages": []}, config={"recursion_limit": 4})
+    assert texts(done) == ["step 4", "step 3", "step 2", "step 1"]
