@@ -84,3 +84,17 @@ async def test_a_failed_runs_error_and_log_line_say_where(server):
                   'node="step"', 'error="ScriptError"',
                   "error_message=\"graph 'broken', node 'step': line 10"):
         assert field in line, (field, line)
+
+
+async def test_a_failed_python_runs_log_line_names_the_node_that_raised(python_server):
+    """A LangGraph Python graph's failure is logged as a graph file's is: the node whose task
+    raised (from the note LangGraph adds to the exception), the class, the message."""
+    client = get_client(url=python_server.base_url)
+    thread = await client.threads.create()
+    run = await client.runs.create(thread["thread_id"], "fail", input={"n": 0})
+    await client.runs.join(thread["thread_id"], run["run_id"])
+    assert (await client.runs.get(thread["thread_id"], run["run_id"]))["status"] == "error"
+    [line] = failure_lines(python_server, run["run_id"])
+    for field in (f"run_id={run['run_id']}", 'graph="fail"', 'node="boom"', 'error="ValueError"',
+                  'error_message="boom"', "traceback="):
+        assert field in line, (field, line)

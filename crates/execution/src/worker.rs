@@ -778,6 +778,7 @@ impl RunWorkers {
             PythonEnd::Refused(body) => Ran::NotStarted(Failure::Worker {
                 body,
                 traceback: None,
+                node: None,
             }),
         }
     }
@@ -885,6 +886,7 @@ fn python_ran(done: crate::python::calls::RunDone) -> Ran {
                 || json!({"error": "WorkerError", "message": format!("the run ended {}", done.status)}),
             ),
             traceback: done.traceback,
+            node: done.node,
         }),
     };
     Ran::Python { outcome, columns }
@@ -918,10 +920,11 @@ enum Failure {
     /// The run could not start (its assistant or graph is gone).
     Setup(String),
     /// A Python worker's `{error, message}`: the exception the graph raised (with the
-    /// traceback the worker sent), or why the worker could not run it.
+    /// traceback and the node the worker sent), or why the worker could not run it.
     Worker {
         body: Value,
         traceback: Option<String>,
+        node: Option<String>,
     },
 }
 
@@ -945,7 +948,7 @@ impl Failure {
     fn node(&self) -> Option<&str> {
         match self {
             Failure::Run(e) => e.node(),
-            Failure::Worker { body, .. } => body["node"].as_str(),
+            Failure::Worker { node, .. } => node.as_deref(),
             Failure::Setup(_) => None,
         }
     }

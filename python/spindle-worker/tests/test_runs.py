@@ -134,6 +134,7 @@ async def test_error_keeps_message_of_public_errors_only() -> None:
     assert done["status"] == "error"
     assert done["error"] == {"error": "ValueError", "message": "boom"}
     assert "raise ValueError(\"boom\")" in done["traceback"]
+    assert done["node"] == "boom", "the node whose task raised, for the run-failed log line"
     await worker.close()
 
 

@@ -41,6 +41,9 @@ pub struct RunDone {
     pub error: Option<Value>,
     #[serde(default)]
     pub traceback: Option<String>,
+    /// The node whose task raised the error, when the worker could tell (logged only).
+    #[serde(default)]
+    pub node: Option<String>,
     /// `{values, next, interrupts}` of the run's last state, JSON bytes.
     #[serde(default, rename = "final")]
     pub final_state: Option<serde_bytes::ByteBuf>,
@@ -234,6 +237,7 @@ impl SpindleCalls {
                     "message": format!("the worker's run.done was not understood: {e}"),
                 })),
                 traceback: None,
+                node: None,
                 final_state: None,
             },
         };

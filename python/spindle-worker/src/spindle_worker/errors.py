@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+# The note LangGraph adds to an exception for each task it passes through, innermost first.
+_TASK_NOTE = re.compile(r"^During task with name '(.+)' and id '[^']*'$")
+
+
+def failed_node(exc: BaseException | None) -> str | None:
+    """The top-level node whose task raised `exc`, for the run-failed log line (as Spindle's
+    engine names its failed task): the last of LangGraph's task notes."""
+    notes = getattr(exc, "__notes__", None) or ()
+    names = [m.group(1) for note in notes if (m := _TASK_NOTE.match(note))]
+    return names[-1] if names else None
 
 
 class RemoteError(Exception):

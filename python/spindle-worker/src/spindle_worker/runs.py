@@ -29,7 +29,7 @@ from .auth import wrap_auth_user
 from .batching import EventBatcher
 from .bridge import Callbacks
 from .connection import Connection
-from .errors import FencedError, RequestError, find_fenced
+from .errors import FencedError, RequestError, failed_node, find_fenced
 from .jsonenc import dumpb, public_error
 from .loader import Registry, open_graph
 from .saver import SpindleSaver
@@ -173,6 +173,7 @@ class Run:
 
     async def execute(self) -> None:
         status, error, tb, final = "success", None, None, None
+        failure: BaseException | None = None
         try:
             final = await self._run_graph()
             if final is not None and final["next"]:
@@ -188,7 +189,7 @@ class Run:
                 return
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
-            status, error = "error", public_error(e)
+            status, error, failure = "error", public_error(e), e
             tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
             final = self._final_from_stream()
         if self.fenced or self.conn.closed:
@@ -198,6 +199,9 @@ class Run:
         if error is not None:
             done["error"] = error
             done["traceback"] = tb
+            node = failed_node(failure)
+            if node is not None:
+                done["node"] = node
         if final is not None:
             done["final"] = dumpb(final)
         self.send_done(done)
