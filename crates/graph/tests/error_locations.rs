@@ -161,3 +161,32 @@ fn a_syntax_error_at_load_gives_the_file_line_and_column() {
          Unexpected '}' (line 6, column 18 of g.yaml)"
     );
 }
+
+#[tokio::test]
+async fn a_route_failing_on_an_edited_state_names_itself() {
+    let g = graph(
+        r##"state:
+  items: any
+nodes:
+  step: {kind: script, code: '#{}'}
+edges:
+  - {from: __start__, to: step}
+  - from: step
+    route: 'if state.items.len() > 0 { "step" } else { "__end__" }'
+"##,
+    );
+    let edit = spindle_graph::pregel::NodeUpdate {
+        values: json!({}),
+        as_node: Some("step".into()),
+        goto: Vec::new(),
+    };
+    let err = spindle_graph::pregel::prepare_update_at(&g, "t", "", None, &[edit])
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("graph 'chain', route from 'step': line 8, column 28 of chain.yaml:"),
+        "{err}"
+    );
+    assert!(err.contains(UNIT_HINT), "{err}");
+}

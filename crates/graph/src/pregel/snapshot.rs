@@ -5,7 +5,7 @@ use std::sync::Arc;
 use serde_json::{json, Map, Value};
 
 use super::state::{LoopState, START_INPUT, TASKS};
-use super::task::{normalise_writes, prepare_parts, route};
+use super::task::{normalise_writes, prepare_parts, route, route_place};
 use super::{finished, W_ERROR, W_INTERRUPT};
 use crate::checkpoint::{
     new_checkpoint_id, ChannelBlob, Checkpoint, CheckpointError, CheckpointRef, CheckpointTuple,
@@ -519,9 +519,10 @@ pub async fn prepare_update_at(
         let writes = normalise_writes(graph, pairs).map_err(node_err)?;
         if as_node != END {
             let ctx = detached_ctx(&as_node);
+            // A route that fails on the edited state says which one, as in a run.
             let r = route(graph, slot, &base_state, &writes, &update.goto, &ctx)
                 .await
-                .map_err(node_err)?;
+                .map_err(|e| node_err(e.at(&route_place(graph, &as_node))))?;
             routed.extend(r);
         }
         md_writes.insert(
