@@ -515,18 +515,22 @@ const CANDIDATES_PER_CLAIM: usize = 8;
 /// keep dying on a run.
 fn worker_lost(run: &Run) -> Value {
     let attempts = run.attempt;
+    let message =
+        format!("the run's worker stopped renewing its lease {attempts} time(s); giving up");
+    // The run-failed line its worker would have written (see the worker's `log_failure`):
+    // the process that ends it here never ran it, so the graph and node are not known.
     tracing::warn!(
         run_id = %run.run_id,
         thread_id = %run.thread_id,
+        assistant_id = %run.assistant_id,
+        graph = "-",
+        node = "-",
+        error = "WorkerLost",
+        error_message = %message,
         attempts,
-        "a run's worker stopped renewing its lease on every attempt; the run ends in error"
+        "run failed"
     );
-    serde_json::json!({
-        "error": "WorkerLost",
-        "message": format!(
-            "the run's worker stopped renewing its lease {attempts} time(s); giving up"
-        ),
-    })
+    serde_json::json!({"error": "WorkerLost", "message": message})
 }
 
 /// The columns a run is read with, in [`RunRow`]'s order.
