@@ -220,97 +220,9 @@ pub(super) fn compile_tools(
             parameters,
         };
         let imp = match required(cx, m, "kind", &p)? {
-            "script" => {
-                check_keys(cx, m, &p, &["kind", "description", "parameters", "code"])?;
-                ToolImpl::Script(script(
-                    cx,
-                    required(cx, m, "code", &p)?,
-                    &format!("{p}.code"),
-                    resources,
-                )?)
-            }
-            "graph" => {
-                check_keys(
-                    cx,
-                    m,
-                    &p,
-                    &[
-                        "kind",
-                        "description",
-                        "parameters",
-                        "graph",
-                        "input",
-                        "output",
-                    ],
-                )?;
-                let name = required(cx, m, "graph", &p)?;
-                let graph = graphs.get(name).cloned().ok_or_else(|| {
-                    cx.err(
-                        format!("{p}.graph"),
-                        format!("unknown graph `{name}`; declare it under `graphs`"),
-                    )
-                })?;
-                let mapping = |key: &str| {
-                    string(cx, m, key, &p)?
-                        .map(|code| script(cx, code, &format!("{p}.{key}"), resources))
-                        .transpose()
-                };
-                ToolImpl::Graph {
-                    graph,
-                    input: mapping("input")?,
-                    output: mapping("output")?,
-                }
-            }
-            "http" => {
-                check_keys(
-                    cx,
-                    m,
-                    &p,
-                    &[
-                        "kind",
-                        "description",
-                        "parameters",
-                        "method",
-                        "url",
-                        "headers",
-                    ],
-                )?;
-                let method = string(cx, m, "method", &p)?.unwrap_or("GET");
-                let method = reqwest::Method::from_bytes(method.to_ascii_uppercase().as_bytes())
-                    .map_err(|_| {
-                        cx.err(
-                            format!("{p}.method"),
-                            format!("`{method}` is not an HTTP method"),
-                        )
-                    })?;
-                let url = required(cx, m, "url", &p)?;
-                if !(url.starts_with("http://") || url.starts_with("https://")) {
-                    return Err(cx.err(
-                        format!("{p}.url"),
-                        "the URL must start with http:// or https://",
-                    ));
-                }
-                let headers = match m.get("headers") {
-                    None => Vec::new(),
-                    Some(h) => obj(cx, h, &format!("{p}.headers"))?
-                        .iter()
-                        .map(|(k, v)| {
-                            (
-                                k.clone(),
-                                v.as_str()
-                                    .map(str::to_string)
-                                    .unwrap_or_else(|| v.to_string()),
-                            )
-                        })
-                        .collect(),
-                };
-                ToolImpl::Http {
-                    method,
-                    url: url.to_string(),
-                    headers,
-                    client: reqwest::Client::new(),
-                }
-            }
+            "script" => script_tool(cx, m, &p, resources)?,
+            "http" => http_tool(cx, m, &p)?,
+            "graph" => graph_tool(cx, m, &p, resources, graphs)?,
             other => {
                 return Err(cx.err(
                     format!("{p}.kind"),
@@ -321,6 +233,91 @@ pub(super) fn compile_tools(
         out.insert(name.clone(), Arc::new(Tool { schema, imp }));
     }
     Ok(out)
+}
+
+/// The keys every tool kind has.
+const TOOL_KEYS: [&str; 3] = ["kind", "description", "parameters"];
+
+fn tool_keys<'a>(own: &[&'a str]) -> Vec<&'a str> {
+    TOOL_KEYS.iter().chain(own).copied().collect()
+}
+
+fn script_tool(
+    cx: &Ctx,
+    m: &Map<String, Value>,
+    p: &str,
+    resources: &ScriptResources,
+) -> Result<ToolImpl, SpecError> {
+    check_keys(cx, m, p, &tool_keys(&["code"]))?;
+    let code = required(cx, m, "code", p)?;
+    let script = script(cx, code, &format!("{p}.code"), resources)?;
+    Ok(ToolImpl::Script(script))
+}
+
+fn http_tool(cx: &Ctx, m: &Map<String, Value>, p: &str) -> Result<ToolImpl, SpecError> {
+    check_keys(cx, m, p, &tool_keys(&["method", "url", "headers"]))?;
+    let method = string(cx, m, "method", p)?.unwrap_or("GET");
+    let method =
+        reqwest::Method::from_bytes(method.to_ascii_uppercase().as_bytes()).map_err(|_| {
+            cx.err(
+                format!("{p}.method"),
+                format!("`{method}` is not an HTTP method"),
+            )
+        })?;
+    let url = required(cx, m, "url", p)?;
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        return Err(cx.err(
+            format!("{p}.url"),
+            "the URL must start with http:// or https://",
+        ));
+    }
+    let headers = match m.get("headers") {
+        None => Vec::new(),
+        Some(h) => obj(cx, h, &format!("{p}.headers"))?
+            .iter()
+            .map(|(k, v)| {
+                let v = v
+                    .as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| v.to_string());
+                (k.clone(), v)
+            })
+            .collect(),
+    };
+    Ok(ToolImpl::Http {
+        method,
+        url: url.to_string(),
+        headers,
+        client: reqwest::Client::new(),
+    })
+}
+
+/// A graph declared under `graphs`, run per call (a sub-agent as a tool).
+fn graph_tool(
+    cx: &Ctx,
+    m: &Map<String, Value>,
+    p: &str,
+    resources: &ScriptResources,
+    graphs: &HashMap<String, Arc<Graph>>,
+) -> Result<ToolImpl, SpecError> {
+    check_keys(cx, m, p, &tool_keys(&["graph", "input", "output"]))?;
+    let name = required(cx, m, "graph", p)?;
+    let graph = graphs.get(name).cloned().ok_or_else(|| {
+        cx.err(
+            format!("{p}.graph"),
+            format!("unknown graph `{name}`; declare it under `graphs`"),
+        )
+    })?;
+    let mapping = |key: &str| {
+        string(cx, m, key, p)?
+            .map(|code| script(cx, code, &format!("{p}.{key}"), resources))
+            .transpose()
+    };
+    Ok(ToolImpl::Graph {
+        graph,
+        input: mapping("input")?,
+        output: mapping("output")?,
+    })
 }
 
 pub(super) fn pick_tools(
