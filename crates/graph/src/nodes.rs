@@ -233,16 +233,17 @@ impl Node for InterruptNode {
 }
 
 /// A node of another kind followed by a script (`then:`), which sees the node's input as
-/// `state` and what it would write as `update` (a model node's reply also as `reply`) and
-/// decides what the node writes: a map, `command(update, goto)`, or nothing (`()`), which
-/// writes `update` as the script left it. So a model node can also write other keys, emit
+/// `state` and what it would write as `update` (a model or agent node's reply also as
+/// `reply`) and decides what the node writes: a map, `command(update, goto)`, or nothing
+/// (`()`), which writes `update` as the script left it. So a model node can also write other keys, emit
 /// custom events, interrupt on a condition or choose where to go, in the same step.
 pub struct ThenNode {
     /// The node's own work.
     pub inner: Arc<dyn Node>,
     /// The script.
     pub then: Arc<Script>,
-    /// A model node's conversation key, whose one new message the script sees as `reply`.
+    /// A model or agent node's conversation key, whose last message the script sees as
+    /// `reply`.
     pub reply_from: Option<String>,
 }
 

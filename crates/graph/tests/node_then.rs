@@ -145,3 +145,21 @@ edges:
     let err = load_str(yaml, "t.yaml", "t", Format::Yaml).unwrap_err();
     assert!(err.to_string().contains("then"), "{err}");
 }
+
+#[tokio::test]
+async fn an_agent_nodes_then_sees_its_final_reply() {
+    let yaml = r#"
+state: {messages: messages, final: string}
+models:
+  m: {provider: scripted, responses: ["all done"]}
+nodes:
+  helper: {kind: agent, model: m, then: 'update.final = text(reply);'}
+edges:
+  - {from: __start__, to: helper}
+  - {from: helper, to: __end__}
+"#;
+    let (out, _) = Harness::new()
+        .run(&graph(yaml), None, hello(), &[], |_| {})
+        .await;
+    assert_eq!(out.unwrap().values["final"], "all done");
+}

@@ -227,7 +227,7 @@ pub(super) fn compile_node(
         Some(code) => Arc::new(ThenNode {
             inner: runner,
             then: script(cx, code, &format!("{place}.then"), resources)?,
-            reply_from: (kind == "model").then_some(reply_key),
+            reply_from: matches!(kind, "model" | "agent").then_some(reply_key),
         }),
         None => runner,
     };
