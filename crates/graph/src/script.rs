@@ -643,7 +643,15 @@ impl Script {
         ctx: &TaskContext,
     ) -> Result<Value, NodeError> {
         let start = ctx.interrupt_counter.load(Ordering::SeqCst);
-        let (requests, mut asked) = mpsc::unbounded_channel();
+        // Only a script on a blocking thread asks its task for calls; an inline one (the
+        // common, fast case) has no channel to make.
+        let (requests, asked) = match self.needs_thread {
+            true => {
+                let (tx, rx) = mpsc::unbounded_channel();
+                (Some(tx), Some(rx))
+            }
+            false => (None, None),
+        };
         let host = Arc::new(Host {
             run: ctx.run.clone(),
             graph_ns: ctx.graph_ns.clone(),
@@ -657,7 +665,7 @@ impl Script {
             counter: AtomicUsize::new(start),
             resources: self.resources.clone(),
             runtime: self.needs_thread.then(tokio::runtime::Handle::current),
-            requests: self.needs_thread.then_some(requests),
+            requests,
             deadline: Instant::now() + self.limits.max_duration,
             held_custom: Default::default(),
         });
@@ -666,7 +674,7 @@ impl Script {
             scope.push(name.to_string(), to_dyn(v));
         }
         let kept = kept.map(str::to_string);
-        let result = if self.needs_thread {
+        let result = if let Some(mut asked) = asked {
             let engine = self.engine.clone();
             let ast = self.ast.clone();
             let h2 = host.clone();
@@ -780,14 +788,19 @@ impl Script {
     }
 }
 
+/// `START` and `END` as script strings, made once (a clone shares them).
+static NODE_NAMES: std::sync::LazyLock<(rhai::ImmutableString, rhai::ImmutableString)> =
+    std::sync::LazyLock::new(|| (crate::graph::START.into(), crate::graph::END.into()));
+
 /// The scope every task's script starts with: the run's `config` and `context`, node names
 /// `START` and `END`, and the steps left.
 fn task_scope(ctx: &TaskContext) -> Scope<'static> {
     let mut scope = Scope::new();
     scope.push_constant("config", to_dyn(&ctx.run.config));
     scope.push_constant("context", to_dyn(&ctx.run.context));
-    scope.push_constant("START", crate::graph::START);
-    scope.push_constant("END", crate::graph::END);
+    let (start, end) = &*NODE_NAMES;
+    scope.push_constant("START", start.clone());
+    scope.push_constant("END", end.clone());
     let remaining = ctx.remaining_steps.min(i64::MAX as usize) as i64;
     scope.push_constant("remaining_steps", remaining);
     scope.push_constant("is_last_step", remaining <= 1);
