@@ -147,6 +147,61 @@ def test_dev_reloads_a_changed_graph_file(tmp_path):
     assert "graph file changed; new runs use the new version" in out, out
 
 
+def test_dev_reloads_a_graph_when_a_file_it_imports_changes(tmp_path):
+    """`spindle dev` also watches the graph files a graph file imports, directly or through
+    another import, in the project or outside it; an import added by a change is followed."""
+    project = tmp_path / "project"
+    (project / "lib").mkdir(parents=True)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+
+    def step(add: int) -> str:
+        return ("state: {n: integer}\n"
+                f"nodes: {{s: {{kind: script, code: '#{{ n: (state.n ?? 0) + {add} }}'}}}}\n"
+                "edges: [{from: __start__, to: s}, {from: s, to: __end__}]\n")
+
+    def uses(name: str, path: str) -> str:
+        return ("state: {n: integer}\n"
+                f"graphs: {{{name}: {path}}}\n"
+                f"nodes: {{{name}: {{kind: subgraph, graph: {name}}}}}\n"
+                f"edges: [{{from: __start__, to: {name}}}, {{from: {name}, to: __end__}}]\n")
+
+    # main.yaml -> lib/middle.yaml -> ../shared/add.yaml (outside the project folder)
+    (shared / "add.yaml").write_text(step(1))
+    (project / "lib" / "middle.yaml").write_text(uses("add", "../../shared/add.yaml"))
+    (project / "lib" / "other.yaml").write_text(step(100))
+    (project / "main.yaml").write_text(uses("middle", "./lib/middle.yaml"))
+    (project / "spindle.json").write_text('{"graphs": {"main": "./main.yaml"}}')
+    storage = Storage("sqlite", tmp_path)
+
+    def dev(port):
+        return ["dev", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(tmp_path / "d"),
+                "--config", str(project / "spindle.json")]
+
+    with running(storage, dev) as srv:
+        with get_sync_client(url=srv.base_url, api_key=None, timeout=30) as c:
+            def answer():
+                return c.runs.wait(None, "main", input={"n": 1})
+
+            assert answer() == {"n": 2}
+            (shared / "add.yaml").write_text(step(10))
+            wait_until(lambda: answer() == {"n": 11}, what="the changed imported file to answer",
+                       timeout=20)
+            # The middle file now imports another file: that one is watched from then on.
+            (project / "lib" / "middle.yaml").write_text(uses("add", "./other.yaml"))
+            wait_until(lambda: answer() == {"n": 101}, what="the new import to answer", timeout=20)
+            (project / "lib" / "other.yaml").write_text(step(1000))
+            wait_until(lambda: answer() == {"n": 1001}, what="the newly imported file to answer",
+                       timeout=20)
+            # A broken imported file keeps the version from before serving.
+            (project / "lib" / "other.yaml").write_text("nodes: [this is not a graph")
+            wait_until(lambda: "does not load" in srv.output(), what="the broken file to be logged",
+                       timeout=20)
+            assert answer() == {"n": 1001}
+        out = srv.output()
+    assert "watching imported graph files outside the project" in out, out
+
+
 @pytest.mark.parametrize("durability", ["async", "sync"])
 def test_run_survives_sigkill(storage, durability):
     """A server killed with SIGKILL during a `slow` run and started again finishes that run from

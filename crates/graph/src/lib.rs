@@ -5,7 +5,9 @@
 //!
 //! Loading graphs:
 //! - [`spec::load_file`]`(&Path) -> Result<Graph, SpecError>` loads a YAML or JSON graph file;
-//!   [`SpecError`]'s `Display` names the file, line, place (`nodes.respond.kind`) and problem.
+//!   [`SpecError`]'s `Display` names the file, line, place (`nodes.respond.kind`) and problem;
+//!   [`spec::load_file_with_imports`] also says which files the graph was compiled from (the
+//!   file and the graph files it imports), what `spindle dev` watches.
 //! - [`examples::all`]`() -> Vec<(&'static str, Graph)>`: the built-in example graphs.
 //!
 //! Describing a graph (`/assistants/{id}/...`), all on [`Graph`] (share it as `Arc<Graph>`):

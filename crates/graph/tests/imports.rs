@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use common::{texts, Harness};
 use serde_json::json;
-use spindle_graph::spec::load_file;
+use spindle_graph::spec::{load_file, load_file_with_imports};
 use spindle_graph::RunInput;
 
 /// A fresh folder holding `files` (name, text).
@@ -102,4 +102,58 @@ fn a_missing_or_broken_import_is_named_where_it_is() {
     let err = load_file(&dir.join("uses_bad.yaml")).unwrap_err();
     assert!(err.file.ends_with("shared/bad.yaml"), "{err}");
     assert_eq!(err.line, Some(2), "{err}");
+}
+
+/// `load_file_with_imports` tells the files a graph was compiled from: the file, its imports
+/// (`graphs:` and `variants:`) and theirs, each once (what `spindle dev` watches).
+#[test]
+fn the_files_a_graph_was_compiled_from_are_told() {
+    let dir = folder(
+        "files",
+        &[
+            ("shared/child.yaml", CHILD),
+            (
+                "shared/mid.yaml",
+                "state: {messages: messages}\ngraphs: {c: ./child.yaml}\nnodes: {m: {kind: subgraph, graph: c}}\nedges: [{from: __start__, to: m}]\n",
+            ),
+            (
+                "variants.yaml",
+                "variants: {by: mode, default: a, graphs: {a: ./shared/mid.yaml, b: ./shared/child.yaml}}\n",
+            ),
+            (
+                "top.yaml",
+                "state: {messages: messages}\ngraphs: {v: ./variants.yaml, c: ./shared/child.yaml}\nnodes: {x: {kind: subgraph, graph: v}}\nedges: [{from: __start__, to: x}]\n",
+            ),
+            (
+                "broken.yaml",
+                "graphs: {c: ./shared/child.yaml, n: ./nowhere.yaml}\nnodes: {x: {kind: script, code: '#{}'}}\nedges: [{from: __start__, to: x}]\n",
+            ),
+        ],
+    );
+    let dir = std::fs::canonicalize(dir).unwrap();
+    let loaded = load_file_with_imports(&dir.join("top.yaml"));
+    loaded.graph.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        loaded.files,
+        [
+            dir.join("top.yaml"),
+            dir.join("variants.yaml"),
+            dir.join("shared/mid.yaml"),
+            dir.join("shared/child.yaml"),
+        ]
+    );
+
+    // Loading fails: the files read until then.
+    let loaded = load_file_with_imports(&dir.join("broken.yaml"));
+    assert!(loaded.graph.is_err());
+    assert_eq!(
+        loaded.files,
+        [dir.join("broken.yaml"), dir.join("shared/child.yaml")]
+    );
+
+    // A file that cannot be read has none; a second load starts afresh.
+    let loaded = load_file_with_imports(&dir.join("missing.yaml"));
+    assert!(loaded.graph.is_err() && loaded.files.is_empty());
+    let loaded = load_file_with_imports(&dir.join("shared/child.yaml"));
+    assert_eq!(loaded.files, [dir.join("shared/child.yaml")]);
 }

@@ -11,43 +11,64 @@ use spindle_storage::{AssistantFields, IfExists, JsonObject, NewAssistant, Owner
 
 use crate::config::LoadedConfig;
 
+/// The graphs a server offers, as [`load`] found them.
+pub struct Graphs {
+    /// The graph files' graphs (the example graphs when the config file names no graph).
+    pub registry: GraphRegistry,
+    /// The Python graphs (graph id -> spec), which the Python workers load.
+    pub python: BTreeMap<String, String>,
+    /// The config file's graph files (what `spindle dev` watches to reload them); the
+    /// example graphs served without a config have no file.
+    pub files: Vec<GraphFile>,
+}
+
+/// A graph file of the config file, and the files its graph was compiled from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GraphFile {
+    /// The graph id.
+    pub id: String,
+    /// The file (canonical).
+    pub path: PathBuf,
+    /// The file and the graph files it imports, directly or not (canonical): a change to any
+    /// of them can change the graph.
+    pub files: Vec<PathBuf>,
+}
+
 /// The graph files of the config file (the example graphs when the file names no graph), and
-/// its Python graphs (graph id -> spec), which the Python workers load.
-pub fn load(config: &LoadedConfig) -> Result<(GraphRegistry, BTreeMap<String, String>)> {
-    let mut registry = GraphRegistry::new();
-    let mut python = BTreeMap::new();
+/// its Python graphs, which the Python workers load.
+pub fn load(config: &LoadedConfig) -> Result<Graphs> {
+    let mut graphs = Graphs {
+        registry: GraphRegistry::new(),
+        python: BTreeMap::new(),
+        files: Vec::new(),
+    };
     if config.file.graphs.is_empty() {
         for (id, graph) in spindle_graph::examples::all() {
-            registry.insert(id, graph);
+            graphs.registry.insert(id, graph);
         }
-        return Ok((registry, python));
+        return Ok(graphs);
     }
     for (id, source) in &config.file.graphs {
         if is_python_graph(source) {
-            python.insert(id.clone(), source.clone());
+            graphs.python.insert(id.clone(), source.clone());
             continue;
         }
         let path = config.resolve(source);
-        let graph = spindle_graph::spec::load_file(&path)
+        let loaded = spindle_graph::spec::load_file_with_imports(&path);
+        let graph = loaded
+            .graph
             .with_context(|| format!("cannot load graph '{id}'"))?;
-        registry.insert(id.clone(), graph);
+        graphs.registry.insert(id.clone(), graph);
+        // The file loaded, so it has a canonical path: the first of the files read.
+        if let Some(path) = loaded.files.first() {
+            graphs.files.push(GraphFile {
+                id: id.clone(),
+                path: path.clone(),
+                files: loaded.files.clone(),
+            });
+        }
     }
-    Ok((registry, python))
-}
-
-/// The config file's graph files, by graph id, as absolute paths (what `spindle dev` watches
-/// to reload them). The example graphs served without a config have no file.
-pub fn graph_files(config: &LoadedConfig) -> Vec<(String, PathBuf)> {
-    config
-        .file
-        .graphs
-        .iter()
-        .filter(|(_, source)| !is_python_graph(source))
-        .filter_map(|(id, source)| {
-            let path = config.resolve(source);
-            Some((id.clone(), std::fs::canonicalize(path).ok()?))
-        })
-        .collect()
+    Ok(graphs)
 }
 
 /// Whether a `graphs` entry names Python: `./path/file.py:name`, or `package.module:name`

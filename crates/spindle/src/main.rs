@@ -254,7 +254,11 @@ async fn serve(args: ServerArgs, mode: Mode, config: LoadedConfig) -> Result<()>
     http_section::log_unused(config.file.http.as_ref());
     let http = config.http()?;
     let auth = config.auth()?;
-    let (mut registry, python_graphs) = graphs::load(&config)?;
+    let graphs::Graphs {
+        mut registry,
+        python: python_graphs,
+        files: graph_files,
+    } = graphs::load(&config)?;
     let host = args
         .host
         .clone()
@@ -361,13 +365,8 @@ async fn serve(args: ServerArgs, mode: Mode, config: LoadedConfig) -> Result<()>
         state.workers.set_python(pool.clone());
         pool.supervise(stopping.clone());
     }
-    let graph_files = graphs::graph_files(&config);
     if mode == Mode::Dev && !args.no_reload && (python.is_some() || !graph_files.is_empty()) {
-        let reloadable = reload::Reloadable {
-            pool: python,
-            registry,
-            graph_files,
-        };
+        let reloadable = reload::Reloadable::new(python, registry, graph_files);
         reload::watch(config.base_dir(), reloadable, stopping.clone())?;
     }
     let served = spindle_server::serve(listener, state, shutdown_signal()).await;

@@ -2,20 +2,24 @@
 //! does. Python graphs: new workers load the changed code, and runs in flight on the old ones
 //! resume on the new ones from their last checkpoint. Graph files: the changed file is read
 //! again and its graph takes the old one's place for new runs (runs in flight finish on the
-//! version they started with); a file that no longer loads keeps the old version serving.
+//! version they started with); a file that no longer loads keeps the old version serving. A
+//! graph file is also read again when a graph file it imports changes (`graphs: {x: ./x.yaml}`,
+//! also outside the project), and what it imports is learnt again at each reload.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
-use notify_debouncer_mini::notify::RecursiveMode;
+use notify_debouncer_mini::notify::{RecursiveMode, Watcher};
 use notify_debouncer_mini::{new_debouncer, DebounceEventResult};
 use spindle_execution::python::pool::PythonPool;
 use spindle_execution::GraphRegistry;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+
+use crate::graphs::GraphFile;
 
 /// Changes closer together than this make one reload (an editor saving several files).
 const DEBOUNCE: Duration = Duration::from_millis(400);
@@ -37,16 +41,50 @@ pub struct Reloadable {
     pub pool: Option<Arc<PythonPool>>,
     /// The registry the graph files' graphs are swapped into.
     pub registry: Arc<GraphRegistry>,
-    /// Each graph file's graph id and path (absolute).
-    pub graph_files: Vec<(String, PathBuf)>,
+    /// The graph files and the files each one's graph was compiled from (as last loaded: a
+    /// reload learns them again, since what a file imports can change).
+    graph_files: Mutex<Vec<GraphFile>>,
 }
 
 impl Reloadable {
-    /// Whether a changed path means some graph may have changed: a graph file, or (with
-    /// Python graphs) a Python file outside the folders of tools and data.
+    pub fn new(
+        pool: Option<Arc<PythonPool>>,
+        registry: Arc<GraphRegistry>,
+        graph_files: Vec<GraphFile>,
+    ) -> Self {
+        Self {
+            pool,
+            registry,
+            graph_files: Mutex::new(graph_files),
+        }
+    }
+
+    /// Whether a changed path means some graph may have changed: a graph file or a graph
+    /// file one imports, or (with Python graphs) a Python file outside the folders of tools
+    /// and data.
     fn reloads(&self, path: &Path) -> bool {
-        self.graph_files.iter().any(|(_, file)| file == path)
+        self.graph_files()
+            .iter()
+            .any(|graph| graph.path == path || graph.files.iter().any(|f| f == path))
             || (self.pool.is_some() && python_source(path))
+    }
+
+    fn graph_files(&self) -> std::sync::MutexGuard<'_, Vec<GraphFile>> {
+        // A panic while holding the lock leaves the list as whole as before it.
+        self.graph_files
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The folders holding imported graph files outside `project_dir` (which is watched
+    /// whole): each is watched too, without its subfolders.
+    fn folders_outside(&self, project_dir: &Path) -> BTreeSet<PathBuf> {
+        self.graph_files()
+            .iter()
+            .flat_map(|graph| &graph.files)
+            .filter(|file| !file.starts_with(project_dir))
+            .filter_map(|file| file.parent().map(Path::to_path_buf))
+            .collect()
     }
 }
 
@@ -82,9 +120,15 @@ pub fn watch(
         .watch(&project_dir, RecursiveMode::Recursive)
         .with_context(|| format!("cannot watch {} for changes", project_dir.display()))?;
     tracing::info!(dir = %project_dir.display(), "watching the project's graph files; a change reloads the graphs");
+    let mut outside = BTreeSet::new();
+    watch_outside(
+        debouncer.watcher(),
+        &mut outside,
+        reloadable.folders_outside(&project_dir),
+    );
     tokio::spawn(async move {
         // The debouncer stops when dropped: it lives as long as this task.
-        let _debouncer = debouncer;
+        let mut debouncer = debouncer;
         let mut modified = Modified::since(SystemTime::now());
         loop {
             let paths = tokio::select! {
@@ -96,6 +140,11 @@ pub fn watch(
             };
             let changed = modified.changed(paths);
             reload_graph_files(&reloadable, &changed);
+            watch_outside(
+                debouncer.watcher(),
+                &mut outside,
+                reloadable.folders_outside(&project_dir),
+            );
             if let Some(pool) = &reloadable.pool {
                 let python: Vec<PathBuf> =
                     changed.into_iter().filter(|p| python_source(p)).collect();
@@ -143,23 +192,75 @@ impl Modified {
     }
 }
 
-/// Reads each changed graph file again and swaps its graph in.
-fn reload_graph_files(reloadable: &Reloadable, changed: &[PathBuf]) {
-    for (graph_id, file) in &reloadable.graph_files {
-        if !changed.contains(file) {
-            continue;
-        }
-        match spindle_graph::spec::load_file(file) {
-            Ok(graph) => {
-                reloadable.registry.replace(graph_id, graph);
-                tracing::info!(graph_id = %graph_id, file = %file.display(), "graph file changed; new runs use the new version");
+/// Watches the folders in `wanted` (outside the project) that are not watched yet, and stops
+/// watching those no longer wanted; `watched` is what is watched.
+fn watch_outside(
+    watcher: &mut dyn Watcher,
+    watched: &mut BTreeSet<PathBuf>,
+    wanted: BTreeSet<PathBuf>,
+) {
+    for dir in watched.difference(&wanted) {
+        let _ = watcher.unwatch(dir);
+    }
+    for dir in wanted.difference(watched) {
+        match watcher.watch(dir, RecursiveMode::NonRecursive) {
+            Ok(()) => {
+                tracing::info!(dir = %dir.display(), "watching imported graph files outside the project")
             }
-            Err(error) => tracing::error!(
-                graph_id = %graph_id,
-                file = %file.display(),
-                error = format!("{error:#}"),
-                "graph file changed but does not load; the version from before keeps serving"
-            ),
+            Err(error) => {
+                tracing::warn!(dir = %dir.display(), %error, "cannot watch imported graph files for changes")
+            }
+        }
+    }
+    *watched = wanted;
+}
+
+/// Reads each graph file again whose file, or a graph file it imports, changed, swaps its
+/// graph in, and learns again which files it imports.
+fn reload_graph_files(reloadable: &Reloadable, changed: &[PathBuf]) {
+    let touched: Vec<GraphFile> = reloadable
+        .graph_files()
+        .iter()
+        .filter(|graph| {
+            changed
+                .iter()
+                .any(|c| *c == graph.path || graph.files.contains(c))
+        })
+        .cloned()
+        .collect();
+    for graph in touched {
+        let (graph_id, file) = (&graph.id, &graph.path);
+        let loaded = spindle_graph::spec::load_file_with_imports(file);
+        let files = match loaded.graph {
+            Ok(new) => {
+                reloadable.registry.replace(graph_id, new);
+                tracing::info!(graph_id = %graph_id, file = %file.display(), "graph file changed; new runs use the new version");
+                loaded.files
+            }
+            Err(error) => {
+                tracing::error!(
+                    graph_id = %graph_id,
+                    file = %file.display(),
+                    error = format!("{error:#}"),
+                    "graph file changed but does not load; the version from before keeps serving"
+                );
+                // The files read before the error and the ones from before: a fix to any
+                // of them reloads.
+                let mut files = graph.files.clone();
+                for f in loaded.files {
+                    if !files.contains(&f) {
+                        files.push(f);
+                    }
+                }
+                files
+            }
+        };
+        if let Some(known) = reloadable
+            .graph_files()
+            .iter_mut()
+            .find(|g| g.id == graph.id)
+        {
+            known.files = files;
         }
     }
 }
@@ -236,14 +337,91 @@ mod tests {
 
     #[test]
     fn graph_files_reload_without_python_graphs() {
-        let reloadable = Reloadable {
-            pool: None,
-            registry: Arc::new(GraphRegistry::new()),
-            graph_files: vec![("chain".into(), PathBuf::from("/p/graphs/chain.yaml"))],
-        };
+        let reloadable = Reloadable::new(
+            None,
+            Arc::new(GraphRegistry::new()),
+            vec![GraphFile {
+                id: "chain".into(),
+                path: PathBuf::from("/p/graphs/chain.yaml"),
+                files: vec![PathBuf::from("/p/graphs/chain.yaml")],
+            }],
+        );
         assert!(reloadable.reloads(Path::new("/p/graphs/chain.yaml")));
         assert!(!reloadable.reloads(Path::new("/p/graphs/other.yaml")));
         // Without Python graphs there are no workers to reload.
         assert!(!reloadable.reloads(Path::new("/p/src/agent/graph.py")));
+    }
+
+    /// A graph file whose imported file changes is read again, and what it imports is learnt
+    /// again: an import added by the change is followed, one it removed no longer is.
+    #[test]
+    fn imported_graph_files_reload_and_are_learnt_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let project = dir.path().join("project");
+        let shared = dir.path().join("shared");
+        std::fs::create_dir_all(&project).unwrap();
+        std::fs::create_dir_all(&shared).unwrap();
+        let child = |n: u32| {
+            format!(
+                "state: {{n: {{type: integer, default: 0}}}}\nnodes:\n  step: {{kind: script, code: '#{{ n: (state.n ?? 0) + {n} }}'}}\nedges:\n  - {{from: __start__, to: step}}\n  - {{from: step, to: __end__}}\n"
+            )
+        };
+        let parent = |import: &str| {
+            format!(
+                "state: {{n: {{type: integer, default: 0}}}}\ngraphs:\n  child: {import}\nnodes:\n  child: {{kind: subgraph, graph: child}}\nedges:\n  - {{from: __start__, to: child}}\n  - {{from: child, to: __end__}}\n"
+            )
+        };
+        std::fs::write(project.join("child.yaml"), child(1)).unwrap();
+        std::fs::write(shared.join("other.yaml"), child(2)).unwrap();
+        let main = project.join("main.yaml");
+        std::fs::write(&main, parent("./child.yaml")).unwrap();
+        let main = std::fs::canonicalize(&main).unwrap();
+        let project = std::fs::canonicalize(&project).unwrap();
+        let shared = std::fs::canonicalize(&shared).unwrap();
+
+        let loaded = spindle_graph::spec::load_file_with_imports(&main);
+        let mut registry = GraphRegistry::new();
+        registry.insert("main", loaded.graph.unwrap());
+        assert_eq!(loaded.files, vec![main.clone(), project.join("child.yaml")]);
+        let reloadable = Reloadable::new(
+            None,
+            Arc::new(registry),
+            vec![GraphFile {
+                id: "main".into(),
+                path: main.clone(),
+                files: loaded.files,
+            }],
+        );
+        assert!(reloadable.reloads(&project.join("child.yaml")));
+        assert!(!reloadable.reloads(&shared.join("other.yaml")));
+        assert!(reloadable.folders_outside(&project).is_empty());
+
+        // The imported file changes: the graph is loaded again.
+        let before = reloadable.registry.get("main").unwrap();
+        std::fs::write(project.join("child.yaml"), child(3)).unwrap();
+        reload_graph_files(&reloadable, &[project.join("child.yaml")]);
+        let after = reloadable.registry.get("main").unwrap();
+        assert!(!Arc::ptr_eq(&before, &after), "not reloaded");
+
+        // The main file now imports a file outside the project.
+        std::fs::write(&main, parent("../shared/other.yaml")).unwrap();
+        reload_graph_files(&reloadable, std::slice::from_ref(&main));
+        assert!(reloadable.reloads(&shared.join("other.yaml")));
+        assert!(!reloadable.reloads(&project.join("child.yaml")));
+        assert_eq!(
+            reloadable.folders_outside(&project),
+            BTreeSet::from([shared.clone()])
+        );
+
+        // A broken imported file keeps the graph and the files it was compiled from.
+        std::fs::write(shared.join("other.yaml"), "nodes: [broken").unwrap();
+        let before = reloadable.registry.get("main").unwrap();
+        reload_graph_files(&reloadable, &[shared.join("other.yaml")]);
+        assert!(reloadable.reloads(&shared.join("other.yaml")));
+        let after = reloadable.registry.get("main").unwrap();
+        assert!(
+            Arc::ptr_eq(&before, &after),
+            "a broken file replaced the graph"
+        );
     }
 }

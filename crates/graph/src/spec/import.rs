@@ -1,6 +1,7 @@
 //! Graph files that use other graph files: `graphs: {child: ./child.yaml}` compiles the file
 //! (relative to the importing file) as the graph `child`, so a subgraph is written once and
-//! used by several graphs instead of repeated inline.
+//! used by several graphs instead of repeated inline. The files a compilation read are
+//! recorded, so that `spindle dev` can reload a graph when any of them changes.
 
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
@@ -13,6 +14,9 @@ thread_local! {
     /// The files being compiled on this thread, outermost first: an import of one of them is
     /// a cycle.
     static IMPORTING: RefCell<Vec<PathBuf>> = const { RefCell::new(Vec::new()) };
+    /// Every graph file the outermost compilation on this thread has read so far (canonical
+    /// paths, each once, in the order read).
+    static READ: RefCell<Vec<PathBuf>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Compiles the graph file `relative` names, as `name`, for the file `cx` compiles.
@@ -30,6 +34,7 @@ pub(super) fn import(
             format!("cannot read the graph file {}: {e}", path.display()),
         )
     })?;
+    read(&key);
     let cycle = IMPORTING.with(|files| files.borrow().contains(&key));
     if cycle {
         return Err(cx.err(
@@ -44,16 +49,35 @@ pub(super) fn import(
 }
 
 /// Marks `path` as being compiled while `compile` runs (the outermost file of an import
-/// chain), so that a file importing it back is a cycle.
-pub(super) fn compiling<T>(path: &Path, compile: impl FnOnce() -> T) -> T {
-    let Ok(key) = std::fs::canonicalize(path) else {
-        return compile();
-    };
+/// chain), so that a file importing it back is a cycle. Also returns the graph files read:
+/// `path` and every file it imports, directly or not (canonical paths, each once), as far as
+/// the compilation got; empty when `path` cannot be read, or when this runs inside another
+/// compilation (whose list the files join).
+pub(super) fn compiling<T>(path: &Path, compile: impl FnOnce() -> T) -> (T, Vec<PathBuf>) {
     let outermost = IMPORTING.with(|files| files.borrow().is_empty());
     if !outermost {
-        return compile();
+        return (compile(), Vec::new());
     }
-    with_file(key, compile)
+    let Ok(key) = std::fs::canonicalize(path) else {
+        return (compile(), Vec::new());
+    };
+    READ.with(|read| read.borrow_mut().clear());
+    read(&key);
+    let out = with_file(key, compile);
+    (
+        out,
+        READ.with(|read| std::mem::take(&mut *read.borrow_mut())),
+    )
+}
+
+/// Records that the compilation read the graph file `key`.
+fn read(key: &Path) {
+    READ.with(|read| {
+        let mut read = read.borrow_mut();
+        if !read.iter().any(|k| k == key) {
+            read.push(key.to_path_buf());
+        }
+    });
 }
 
 /// Runs `compile` with `key` on the stack of files being compiled.

@@ -54,7 +54,7 @@ mod read;
 mod resources;
 mod state;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::graph::Graph;
 
@@ -104,12 +104,31 @@ pub enum Format {
 /// The graph's name defaults to the file stem. Graph files it imports (`graphs: {x: ./x.yaml}`)
 /// are loaded relative to it.
 pub fn load_file(path: &Path) -> Result<Graph, SpecError> {
+    load_file_with_imports(path).graph
+}
+
+/// A graph file's graph, with the graph files it was compiled from.
+#[derive(Debug)]
+pub struct LoadedFile {
+    /// The graph, or why the file (or a file it imports) cannot be used.
+    pub graph: Result<Graph, SpecError>,
+    /// The file and every graph file it imports, directly or through other imports
+    /// (`graphs: {x: ./x.yaml}`, `variants: {graphs: {x: ./x.yaml}}`): canonical paths, each
+    /// once, the file first. When loading fails, the files read until then; empty when the
+    /// file itself cannot be read. A change to any of them can change the graph.
+    pub files: Vec<PathBuf>,
+}
+
+/// [`load_file`], also telling which files the graph was compiled from (what `spindle dev`
+/// watches to reload it).
+pub fn load_file_with_imports(path: &Path) -> LoadedFile {
     let stem = path
         .file_stem()
         .and_then(|s| s.to_str())
         .unwrap_or("graph")
         .to_string();
-    import::compiling(path, || load_file_named(path, &stem))
+    let (graph, files) = import::compiling(path, || load_file_named(path, &stem));
+    LoadedFile { graph, files }
 }
 
 /// Load a graph file whose name defaults to `default_name`.

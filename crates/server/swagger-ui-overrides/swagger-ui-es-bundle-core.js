@@ -1,0 +1,1 @@
+// Not shipped with Spindle: /docs loads swagger-ui-bundle.js.
