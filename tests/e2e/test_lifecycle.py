@@ -116,6 +116,14 @@ def test_dev_reuses_its_data_dir(tmp_path):
         assert r.json()["metadata"] == {"k": 1}
 
 
+def dev_with_config(config: Path, data_dir: Path):
+    """`spindle dev` arguments for a port: the given config file, a data dir of the test's."""
+    def args(port: int) -> list[str]:
+        return ["dev", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(data_dir),
+                "--config", str(config)]
+    return args
+
+
 def test_dev_reloads_a_changed_graph_file(tmp_path):
     """`spindle dev` watches its graph files: a changed file serves new runs at once; one
     that no longer loads is logged and the version from before keeps serving."""
@@ -127,9 +135,7 @@ def test_dev_reloads_a_changed_graph_file(tmp_path):
     (project / "spindle.json").write_text('{"graphs": {"chain": "./chain.yaml"}}')
     storage = Storage("sqlite", tmp_path)
 
-    def dev(port):
-        return ["dev", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(tmp_path / "d"),
-                "--config", str(project / "spindle.json")]
+    dev = dev_with_config(project / "spindle.json", tmp_path / "d")
 
     with running(storage, dev) as srv:
         with get_sync_client(url=srv.base_url, api_key=None, timeout=30) as c:
@@ -174,9 +180,7 @@ def test_dev_reloads_a_graph_when_a_file_it_imports_changes(tmp_path):
     (project / "spindle.json").write_text('{"graphs": {"main": "./main.yaml"}}')
     storage = Storage("sqlite", tmp_path)
 
-    def dev(port):
-        return ["dev", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(tmp_path / "d"),
-                "--config", str(project / "spindle.json")]
+    dev = dev_with_config(project / "spindle.json", tmp_path / "d")
 
     with running(storage, dev) as srv:
         with get_sync_client(url=srv.base_url, api_key=None, timeout=30) as c:

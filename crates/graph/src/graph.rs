@@ -268,11 +268,7 @@ impl Graph {
         let Some(v) = &self.variants else {
             return Ok(self.clone());
         };
-        let chosen = context
-            .get(&v.key)
-            .or_else(|| config.pointer(&format!("/configurable/{}", v.key)))
-            .filter(|c| !c.is_null());
-        let name = match chosen {
+        let name = match crate::prompt::run_setting(&v.key, config, context) {
             None => return Ok(v.graphs[&v.default].clone()),
             Some(Value::String(name)) => name,
             Some(other) => {

@@ -27,19 +27,27 @@ pub fn sole_placeholder(text: &str) -> Option<&str> {
     is_identifier(name).then_some(name)
 }
 
+/// What a run sets `name` to: its `context`, else its `config.configurable` (null is unset).
+/// How a run names its model, its prompt's values and its graph's variant.
+pub(crate) fn run_setting<'a>(
+    name: &str,
+    config: &'a Value,
+    context: &'a Value,
+) -> Option<&'a Value> {
+    context
+        .get(name)
+        .or_else(|| config.pointer(&format!("/configurable/{name}")))
+        .filter(|v| !v.is_null())
+}
+
 fn lookup(name: &str, ctx: &TaskContext) -> Option<String> {
     if name == "system_time" {
         return Some(chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, false));
     }
-    let run = &ctx.run;
-    run.context
-        .get(name)
-        .or_else(|| run.config.pointer(&format!("/configurable/{name}")))
-        .filter(|v| !v.is_null())
-        .map(|v| match v {
-            Value::String(s) => s.clone(),
-            other => other.to_string(),
-        })
+    run_setting(name, &ctx.run.config, &ctx.run.context).map(|v| match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    })
 }
 
 fn fill_with(

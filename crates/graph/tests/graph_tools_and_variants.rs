@@ -5,18 +5,10 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{texts, Harness};
+use common::{graph_from_yaml, human_input, texts, Harness};
 use serde_json::{json, Value};
 use spindle_graph::spec::{load_str, Format};
-use spindle_graph::{Graph, RunError, RunInput, StreamMode};
-
-fn graph(yaml: &str) -> Arc<Graph> {
-    Arc::new(load_str(yaml, "t.yaml", "t", Format::Yaml).unwrap_or_else(|e| panic!("{e}")))
-}
-
-fn ask(text: &str) -> RunInput {
-    RunInput::Values(json!({"messages": [{"type": "human", "content": text}]}))
-}
+use spindle_graph::{Graph, RunError, StreamMode};
 
 const SUPERVISOR: &str = r#"
 state: {messages: messages}
@@ -56,9 +48,9 @@ edges:
 async fn a_graph_called_as_a_tool_answers_with_its_last_message() {
     let (out, events) = Harness::new()
         .run(
-            &graph(SUPERVISOR),
+            &graph_from_yaml(SUPERVISOR),
             Some("t1"),
-            ask("how many people live in Paris?"),
+            human_input("how many people live in Paris?"),
             &[StreamMode::Messages],
             |c| c.stream_subgraphs = true,
         )
@@ -91,7 +83,7 @@ async fn a_graph_tool_can_shape_its_answer() {
         "    input: '#{messages: [human(args.request)]}'\n    output: '\"research: \" + text(result.messages[-1])'",
     );
     let (out, _) = Harness::new()
-        .run(&graph(&yaml), None, ask("q"), &[], |_| {})
+        .run(&graph_from_yaml(&yaml), None, human_input("q"), &[], |_| {})
         .await;
     let values = out.unwrap().values;
     assert_eq!(texts(&values)[2], "research: Paris has 2.1 million people");
@@ -133,7 +125,7 @@ variants:
 
 async fn answer(g: &Arc<Graph>, context: Value, config: Value) -> Result<Vec<String>, RunError> {
     let (out, _) = Harness::new()
-        .run(g, None, ask("q"), &[], |c| {
+        .run(g, None, human_input("q"), &[], |c| {
             c.context = context;
             c.config = config;
         })
@@ -143,7 +135,7 @@ async fn answer(g: &Arc<Graph>, context: Value, config: Value) -> Result<Vec<Str
 
 #[tokio::test]
 async fn each_run_runs_the_variant_it_chooses() {
-    let g = graph(VARIANTS);
+    let g = graph_from_yaml(VARIANTS);
     assert_eq!(g.name(), "helper");
     // Its shape, as the assistants endpoints draw it, is the default's.
     assert_eq!(g.node_names().collect::<Vec<_>>(), ["answer"]);

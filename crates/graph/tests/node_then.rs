@@ -4,20 +4,10 @@
 
 mod common;
 
-use std::sync::Arc;
-
-use common::{texts, Harness};
+use common::{graph_from_yaml, human_input, texts, Harness};
 use serde_json::{json, Value};
 use spindle_graph::spec::{load_str, Format};
-use spindle_graph::{Graph, RunInput, StreamMode};
-
-fn graph(yaml: &str) -> Arc<Graph> {
-    Arc::new(load_str(yaml, "t.yaml", "t", Format::Yaml).unwrap_or_else(|e| panic!("{e}")))
-}
-
-fn hello() -> RunInput {
-    RunInput::Values(json!({"messages": [{"type": "human", "content": "hi"}]}))
-}
+use spindle_graph::{RunInput, StreamMode};
 
 const MODEL_THEN: &str = r#"
 state: {messages: messages, answer: string, checked: boolean}
@@ -40,9 +30,9 @@ edges:
 async fn a_model_node_writes_other_keys_emits_and_chooses_where_to_go() {
     let (out, events) = Harness::new()
         .run(
-            &graph(MODEL_THEN),
+            &graph_from_yaml(MODEL_THEN),
             None,
-            hello(),
+            human_input("hi"),
             &[StreamMode::Custom],
             |_| {},
         )
@@ -82,8 +72,8 @@ edges:
 #[tokio::test]
 async fn a_model_node_interrupts_on_a_condition_and_takes_the_answer() {
     let h = Harness::new();
-    let g = graph(INTERRUPT_THEN);
-    let (out, _) = h.run(&g, Some("t1"), hello(), &[], |_| {}).await;
+    let g = graph_from_yaml(INTERRUPT_THEN);
+    let (out, _) = h.run(&g, Some("t1"), human_input("hi"), &[], |_| {}).await;
     let out = out.unwrap();
     assert_eq!(out.interrupts.len(), 1);
     assert_eq!(
@@ -125,7 +115,13 @@ edges:
 #[tokio::test]
 async fn a_tools_node_chooses_where_to_go_with_its_update() {
     let (out, _) = Harness::new()
-        .run(&graph(TOOLS_THEN), None, hello(), &[], |_| {})
+        .run(
+            &graph_from_yaml(TOOLS_THEN),
+            None,
+            human_input("hi"),
+            &[],
+            |_| {},
+        )
         .await;
     let values = out.unwrap().values;
     assert_eq!(values["calls"], 1);
@@ -159,7 +155,7 @@ edges:
   - {from: helper, to: __end__}
 "#;
     let (out, _) = Harness::new()
-        .run(&graph(yaml), None, hello(), &[], |_| {})
+        .run(&graph_from_yaml(yaml), None, human_input("hi"), &[], |_| {})
         .await;
     assert_eq!(out.unwrap().values["final"], "all done");
 }

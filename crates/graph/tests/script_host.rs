@@ -4,20 +4,9 @@
 
 mod common;
 
-use std::sync::Arc;
-
-use common::{texts, Harness};
+use common::{graph_from_yaml, human_input, texts, Harness};
 use serde_json::{json, Value};
-use spindle_graph::spec::{load_str, Format};
-use spindle_graph::{Graph, RunError, RunInput, StreamMode};
-
-fn graph(yaml: &str) -> Arc<Graph> {
-    Arc::new(load_str(yaml, "t.yaml", "t", Format::Yaml).unwrap_or_else(|e| panic!("{e}")))
-}
-
-fn hello() -> RunInput {
-    RunInput::Values(json!({"messages": [{"type": "human", "content": "hi"}]}))
-}
+use spindle_graph::{RunError, RunInput, StreamMode};
 
 const CALLS: &str = r#"
 state: {messages: messages, total: any, quiet: string}
@@ -45,7 +34,13 @@ edges:
 async fn a_script_streams_its_model_calls_tokens_and_calls_a_tool() {
     let modes = [StreamMode::Messages, StreamMode::Tools];
     let (out, events) = Harness::new()
-        .run(&graph(CALLS), None, hello(), &modes, |_| {})
+        .run(
+            &graph_from_yaml(CALLS),
+            None,
+            human_input("hi"),
+            &modes,
+            |_| {},
+        )
         .await;
     let values = out.unwrap().values;
     assert_eq!(texts(&values), ["hi", "three words here"]);
@@ -82,9 +77,9 @@ async fn a_script_can_call_a_model_without_streaming_it() {
     );
     let (out, events) = Harness::new()
         .run(
-            &graph(&yaml),
+            &graph_from_yaml(&yaml),
             None,
-            hello(),
+            human_input("hi"),
             &[StreamMode::Messages],
             |_| {},
         )
@@ -118,7 +113,13 @@ edges:
   - {from: __start__, to: a}
 "#;
     let (out, _) = Harness::new()
-        .run(&graph(yaml), None, RunInput::Values(json!({})), &[], |_| {})
+        .run(
+            &graph_from_yaml(yaml),
+            None,
+            RunInput::Values(json!({})),
+            &[],
+            |_| {},
+        )
         .await;
     assert_eq!(out.unwrap().values["result"], "caught: ToolException");
 }
@@ -127,7 +128,13 @@ edges:
 async fn an_unknown_tool_fails_the_node_naming_the_declared_ones() {
     let yaml = CALLS.replace(r#"call_tool("add""#, r#"call_tool("ad""#);
     let (out, _) = Harness::new()
-        .run(&graph(&yaml), None, hello(), &[], |_| {})
+        .run(
+            &graph_from_yaml(&yaml),
+            None,
+            human_input("hi"),
+            &[],
+            |_| {},
+        )
         .await;
     let err = out.unwrap_err().to_string();
     assert!(err.contains("unknown tool `ad`; declared: add"), "{err}");
@@ -144,7 +151,13 @@ edges:
 "#;
     let before = chrono::Utc::now().timestamp_millis();
     let (out, _) = Harness::new()
-        .run(&graph(yaml), None, RunInput::Values(json!({})), &[], |_| {})
+        .run(
+            &graph_from_yaml(yaml),
+            None,
+            RunInput::Values(json!({})),
+            &[],
+            |_| {},
+        )
         .await;
     let values = out.unwrap().values;
     let ms = values["ms"].as_i64().unwrap();
@@ -168,7 +181,7 @@ edges:
 async fn a_loop_sees_the_steps_left_and_stops_on_the_last_one() {
     let (out, _) = Harness::new()
         .run(
-            &graph(COUNTDOWN),
+            &graph_from_yaml(COUNTDOWN),
             None,
             RunInput::Values(json!({})),
             &[],
@@ -182,9 +195,13 @@ async fn a_loop_sees_the_steps_left_and_stops_on_the_last_one() {
 async fn a_loop_that_ignores_the_steps_left_hits_the_limit() {
     let yaml = COUNTDOWN.replace("if is_last_step { END } else { \"step\" }", "\"step\"");
     let (out, _) = Harness::new()
-        .run(&graph(&yaml), None, RunInput::Values(json!({})), &[], |c| {
-            c.recursion_limit = 4
-        })
+        .run(
+            &graph_from_yaml(&yaml),
+            None,
+            RunInput::Values(json!({})),
+            &[],
+            |c| c.recursion_limit = 4,
+        )
         .await;
     assert!(matches!(out, Err(RunError::Recursion(4))), "{out:?}");
 }
@@ -200,7 +217,13 @@ edges:
   - {from: a, route: 'END'}
 "#;
     let (out, _) = Harness::new()
-        .run(&graph(yaml), None, RunInput::Values(json!({})), &[], |_| {})
+        .run(
+            &graph_from_yaml(yaml),
+            None,
+            RunInput::Values(json!({})),
+            &[],
+            |_| {},
+        )
         .await;
     assert_eq!(out.unwrap().values["seen"], "__start__ __end__");
 }

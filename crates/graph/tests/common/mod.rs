@@ -10,6 +10,17 @@ use spindle_graph::{
 };
 use tokio::sync::mpsc;
 
+/// A graph file's graph from its YAML text (named `t`, from `t.yaml`).
+pub fn graph_from_yaml(yaml: &str) -> Arc<Graph> {
+    let g = spindle_graph::spec::load_str(yaml, "t.yaml", "t", spindle_graph::spec::Format::Yaml);
+    Arc::new(g.unwrap_or_else(|e| panic!("{e}")))
+}
+
+/// A run's input of one human message.
+pub fn human_input(text: &str) -> RunInput {
+    RunInput::Values(json!({"messages": [{"type": "human", "content": text}]}))
+}
+
 pub fn example(id: &str) -> Arc<Graph> {
     Arc::new(
         examples::get(id)
