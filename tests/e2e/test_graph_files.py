@@ -175,14 +175,15 @@ def doc_graph_with(marker: str) -> str:
 
 @pytest.fixture(scope="module")
 def docs_examples_server(tmp_path_factory):
-    """`spindle dev` serving the page's examples of `then`, a graph as a tool, variants and
-    `is_last_step`, as a reader would copy them."""
+    """`spindle dev` serving the page's examples of `then`, a graph as a tool, variants,
+    `is_last_step` and `destinations`, as a reader would copy them."""
     root = tmp_path_factory.mktemp("docs-examples")
     examples = {
-        "refund": doc_graph_with("then: |"),
+        "refund": doc_graph_with("emit(#{ drafted"),
         "supervisor": doc_graph_with("kind: graph"),
         "writer": doc_graph_with("variants:"),
         "countdown": doc_graph_with("is_last_step"),
+        "triage": doc_graph_with("destinations:"),
     }
     for name, text in examples.items():
         (root / f"{name}.yaml").write_text(text)
@@ -251,3 +252,18 @@ def test_the_docs_loop_stops_on_its_last_step(docs_examples_server):
     client = docs_examples_server
     done = client.runs.wait(None, "countdown", input={"messages": []}, config={"recursion_limit": 4})
     assert texts(done) == ["step 4", "step 3", "step 2", "step 1"]
+
+
+def test_the_docs_destinations_are_drawn_and_the_goto_goes_there(docs_examples_server):
+    """A goto chosen by `then` shows in the assistant's drawing once declared as
+    `destinations`: conditional edges, as LangGraph draws `add_node(..., destinations=...)`."""
+    client = docs_examples_server
+    done = client.runs.wait(None, "triage", input={"messages": [{"type": "human", "content": "refund?"}]})
+    assert done["answer"] == "Sorry, no refund."
+    drawn = client.assistants.get_graph("triage")
+    assert drawn["edges"] == [
+        {"source": "__start__", "target": "decide"},
+        {"source": "decide", "target": "__end__", "conditional": True},
+        {"source": "decide", "target": "apologise", "conditional": True},
+        {"source": "apologise", "target": "__end__"},
+    ]

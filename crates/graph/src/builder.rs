@@ -136,6 +136,9 @@ pub struct NodeOptions {
     pub retry: Option<RetryPolicy>,
     /// The graph this node runs, shown by `/subgraphs` and `drawable(xray)`.
     pub subgraph: Option<Arc<Graph>>,
+    /// Where the node may go by a `Command`'s goto (LangGraph's `destinations`): drawn as
+    /// its conditional edges. Only drawn: a goto elsewhere still goes there, as in LangGraph.
+    pub destinations: Vec<String>,
 }
 
 /// Collects a graph's parts and checks them in [`GraphBuilder::compile`].
@@ -208,6 +211,7 @@ impl GraphBuilder {
             runner,
             retry: options.retry,
             subgraph: options.subgraph,
+            destinations: options.destinations,
         });
         self
     }
@@ -340,6 +344,16 @@ impl GraphBuilder {
                     format!("edges[{i}].to"),
                     "an edge cannot enter `__start__`",
                 ));
+            }
+        }
+        for n in &self.nodes {
+            for (i, t) in n.destinations.iter().enumerate() {
+                if t != END && !known(t) {
+                    return Err(err(
+                        format!("nodes.{}.destinations[{i}]", n.name),
+                        format!("unknown node `{t}`"),
+                    ));
+                }
             }
         }
         for (i, b) in self.branches.iter().enumerate() {

@@ -89,6 +89,8 @@ pub struct NodeDef {
     pub(crate) runner: Arc<dyn Node>,
     pub(crate) retry: Option<RetryPolicy>,
     pub(crate) subgraph: Option<Arc<Graph>>,
+    /// Where a `Command` from it may go, for drawing ([`crate::NodeOptions::destinations`]).
+    pub(crate) destinations: Vec<String>,
 }
 
 /// A conditional edge.
@@ -424,11 +426,31 @@ impl Graph {
             {
                 edges.push((src.to_string(), j.target.clone(), false));
             }
-            for b in self.branches.iter().filter(|b| b.source == src) {
-                for t in self.branch_targets(b) {
-                    if !edges.iter().any(|(s, x, _)| s == src && *x == t) {
-                        edges.push((b.source.clone(), t, true));
-                    }
+            let branch_targets = self
+                .branches
+                .iter()
+                .filter(|b| b.source == src)
+                .flat_map(|b| self.branch_targets(b));
+            // A node's declared destinations are drawn as LangGraph draws a `Command`'s:
+            // conditional, sorted.
+            let mut destinations: Vec<String> = self
+                .nodes
+                .iter()
+                .filter(|n| n.name == src)
+                .flat_map(|n| n.destinations.iter().cloned())
+                .collect();
+            destinations.sort();
+            for t in branch_targets {
+                if !edges.iter().any(|(s, x, _)| s == src && *x == t) {
+                    edges.push((src.to_string(), t, true));
+                }
+            }
+            // A destination that is also a fixed edge's target is drawn conditional, as
+            // LangGraph draws it (the declared `Command` may go there or not).
+            for t in destinations {
+                match edges.iter_mut().find(|(s, x, _)| s == src && *x == t) {
+                    Some(edge) => edge.2 = true,
+                    None => edges.push((src.to_string(), t, true)),
                 }
             }
         }

@@ -308,7 +308,7 @@ async fn retry_policy_retries_listed_errors() {
                 }),
                 NodeOptions {
                     retry: Some(policy.clone()),
-                    subgraph: None,
+                    ..Default::default()
                 },
             )
             .edge(START, "f"),
@@ -335,7 +335,7 @@ async fn retry_policy_retries_listed_errors() {
                 }),
                 NodeOptions {
                     retry: Some(only_value_errors),
-                    subgraph: None,
+                    ..Default::default()
                 },
             )
             .edge(START, "f"),
@@ -527,6 +527,7 @@ async fn command_to_parent_updates_the_parent() {
                 NodeOptions {
                     retry: None,
                     subgraph: Some(child),
+                    ..Default::default()
                 },
             )
             .node("after", push("log", "after"))
@@ -563,6 +564,7 @@ async fn interrupt_inside_a_subgraph_resumes_there() {
                 NodeOptions {
                     retry: None,
                     subgraph: Some(child),
+                    ..Default::default()
                 },
             )
             .edge(START, "sub"),
@@ -835,6 +837,7 @@ async fn static_interrupt_inside_a_subgraph_pauses_the_parent() {
                 NodeOptions {
                     retry: None,
                     subgraph: Some(child),
+                    ..Default::default()
                 },
             )
             .edge(START, "sub"),

@@ -159,3 +159,84 @@ edges:
         .await;
     assert_eq!(out.unwrap().values["final"], "all done");
 }
+
+/// Where a `then` (or a script) may go, declared as LangGraph's `add_node(..., destinations=)`
+/// declares it, is drawn as LangGraph draws it. The expected edges are what LangGraph 1.x's
+/// `get_graph().to_json()` gives for the Python twin:
+///
+/// ```python
+/// b = StateGraph(S)
+/// b.add_node("decide", decide, destinations=("zeta", "approve", END))
+/// b.add_node("approve", f); b.add_node("zeta", f)
+/// b.add_edge(START, "decide"); b.add_edge("decide", END)
+/// b.add_edge("approve", END); b.add_edge("zeta", END)
+/// ```
+#[test]
+fn destinations_are_drawn_as_langgraph_draws_a_commands_targets() {
+    let yaml = r#"
+state: {answer: string}
+nodes:
+  decide:
+    kind: script
+    destinations: [zeta, approve, __end__]
+    code: 'command(#{answer: "x"}, "zeta")'
+  approve: {kind: script, code: '#{answer: "a"}'}
+  zeta: {kind: script, code: '#{answer: "z"}'}
+edges:
+  - {from: __start__, to: decide}
+  - {from: decide, to: __end__}
+  - {from: approve, to: __end__}
+  - {from: zeta, to: __end__}
+"#;
+    let drawn = graph_from_yaml(yaml).drawable(spindle_graph::XRay::Off);
+    assert_eq!(
+        drawn["edges"],
+        json!([
+            {"source": "__start__", "target": "decide"},
+            {"source": "decide", "target": "__end__", "conditional": true},
+            {"source": "decide", "target": "approve", "conditional": true},
+            {"source": "decide", "target": "zeta", "conditional": true},
+            {"source": "approve", "target": "__end__"},
+            {"source": "zeta", "target": "__end__"},
+        ])
+    );
+}
+
+#[tokio::test]
+async fn destinations_only_draw_a_goto_elsewhere_still_goes_there() {
+    let yaml = r#"
+state: {messages: messages, answer: string}
+models:
+  m: {provider: scripted, responses: ["fine"]}
+nodes:
+  ask:
+    kind: model
+    model: m
+    destinations: [approve]
+    then: 'command(update, "other")'
+  approve: {kind: script, code: '#{answer: "approved"}'}
+  other: {kind: script, code: '#{answer: "other"}'}
+edges:
+  - {from: __start__, to: ask}
+"#;
+    let (out, _) = Harness::new()
+        .run(&graph_from_yaml(yaml), None, human_input("hi"), &[], |_| {})
+        .await;
+    assert_eq!(out.unwrap().values["answer"], "other");
+}
+
+#[test]
+fn an_unknown_destination_is_refused_where_it_is_written() {
+    let yaml = r#"
+state: {x: integer}
+nodes:
+  a: {kind: script, destinations: [b, nowhere], code: '#{x: 1}'}
+  b: {kind: script, code: '#{x: 2}'}
+edges:
+  - {from: __start__, to: a}
+"#;
+    let err = load_str(yaml, "t.yaml", "t", Format::Yaml).unwrap_err();
+    let message = err.to_string();
+    assert!(message.contains("nodes.a.destinations[1]"), "{message}");
+    assert!(message.contains("unknown node `nowhere`"), "{message}");
+}

@@ -86,6 +86,9 @@ pub(super) fn compile_node(
     if let Some(r) = m.get("retry") {
         options.retry = Some(retry_policy(cx, r, &format!("{place}.retry"))?);
     }
+    if let Some(d) = m.get("destinations") {
+        options.destinations = string_list(cx, d, &format!("{place}.destinations"))?;
+    }
     let messages_key = string(cx, m, "messages_key", place)?
         .unwrap_or(default_messages)
         .to_string();
@@ -125,7 +128,7 @@ pub(super) fn compile_node(
         }
     };
     fn allow(extra: &[&'static str]) -> Vec<&'static str> {
-        ["kind", "retry", "description", "then"]
+        ["kind", "retry", "description", "destinations", "then"]
             .iter()
             .chain(extra.iter())
             .copied()
@@ -135,7 +138,7 @@ pub(super) fn compile_node(
     let runner: Arc<dyn Node> = match kind {
         "script" => {
             // A script does what `then` would itself.
-            check_keys(cx, m, place, &["kind", "retry", "description", "code"])?;
+            check_keys(cx, m, place, &["kind", "retry", "description", "destinations", "code"])?;
             Arc::new(ScriptNode(script(cx, required(cx, m, "code", place)?, &format!("{place}.code"), resources)?))
         }
         "model" => {
