@@ -455,6 +455,17 @@ impl Graph {
             }
         }
 
+        // A node that is entered but has no way out ends the run: LangGraph draws its edge to
+        // `__end__` after the others, by name.
+        let mut termini: Vec<String> = edges
+            .iter()
+            .map(|(_, t, _)| t.clone())
+            .filter(|t| t != END && !edges.iter().any(|(s, _, _)| s == t))
+            .collect();
+        termini.sort();
+        termini.dedup();
+        edges.extend(termini.into_iter().map(|t| (t, END.to_string(), false)));
+
         let mut nodes = vec![runnable(START)];
         let mut sub_nodes = Vec::new();
         let mut sub_edges = Vec::new();

@@ -240,3 +240,35 @@ edges:
     assert!(message.contains("nodes.a.destinations[1]"), "{message}");
     assert!(message.contains("unknown node `nowhere`"), "{message}");
 }
+
+/// A node entered (here only by a goto) with no way out ends the run, and is drawn with an edge
+/// to `__end__` after the others, by name, as LangGraph 1.x draws the Python twin:
+///
+/// ```python
+/// b.add_node("decide", f, destinations=("zeta", "approve"))
+/// b.add_node("approve", f); b.add_node("zeta", f)
+/// b.add_edge(START, "decide")
+/// ```
+#[test]
+fn a_node_with_no_way_out_is_drawn_ending_the_run() {
+    let yaml = r#"
+state: {answer: string}
+nodes:
+  decide: {kind: script, destinations: [zeta, approve], code: 'command(#{answer: "x"}, "zeta")'}
+  approve: {kind: script, code: '#{answer: "a"}'}
+  zeta: {kind: script, code: '#{answer: "z"}'}
+edges:
+  - {from: __start__, to: decide}
+"#;
+    let drawn = graph_from_yaml(yaml).drawable(spindle_graph::XRay::Off);
+    assert_eq!(
+        drawn["edges"],
+        json!([
+            {"source": "__start__", "target": "decide"},
+            {"source": "decide", "target": "approve", "conditional": true},
+            {"source": "decide", "target": "zeta", "conditional": true},
+            {"source": "approve", "target": "__end__"},
+            {"source": "zeta", "target": "__end__"},
+        ])
+    );
+}
