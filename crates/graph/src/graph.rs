@@ -426,44 +426,29 @@ impl Graph {
             {
                 edges.push((src.to_string(), j.target.clone(), false));
             }
-            let branch_targets = self
-                .branches
-                .iter()
-                .filter(|b| b.source == src)
-                .flat_map(|b| self.branch_targets(b));
-            // A node's declared destinations are drawn as LangGraph draws a `Command`'s:
-            // conditional, sorted.
-            let mut destinations: Vec<String> = self
-                .nodes
-                .iter()
-                .filter(|n| n.name == src)
-                .flat_map(|n| n.destinations.iter().cloned())
-                .collect();
-            destinations.sort();
-            for t in branch_targets {
-                if !edges.iter().any(|(s, x, _)| s == src && *x == t) {
-                    edges.push((src.to_string(), t, true));
+            for b in self.branches.iter().filter(|b| b.source == src) {
+                for t in self.branch_targets(b) {
+                    if !edges.iter().any(|(s, x, _)| s == src && *x == t) {
+                        edges.push((b.source.clone(), t, true));
+                    }
                 }
             }
-            // A destination that is also a fixed edge's target is drawn conditional, as
-            // LangGraph draws it (the declared `Command` may go there or not).
+            // A node's declared destinations, drawn as LangGraph draws a `Command`'s targets:
+            // conditional and sorted; a fixed edge to one of them becomes conditional too (the
+            // `Command` may go there or not).
+            let mut destinations: Vec<&String> = match self.node_index.get(src) {
+                Some(&i) => self.nodes[i].destinations.iter().collect(),
+                None => Vec::new(),
+            };
+            destinations.sort();
             for t in destinations {
-                match edges.iter_mut().find(|(s, x, _)| s == src && *x == t) {
+                match edges.iter_mut().find(|(s, x, _)| s == src && x == t) {
                     Some(edge) => edge.2 = true,
-                    None => edges.push((src.to_string(), t, true)),
+                    None => edges.push((src.to_string(), t.clone(), true)),
                 }
             }
         }
-
-        // A node that is entered but has no way out ends the run: LangGraph draws its edge to
-        // `__end__` after the others, by name.
-        let mut termini: Vec<String> = edges
-            .iter()
-            .map(|(_, t, _)| t.clone())
-            .filter(|t| t != END && !edges.iter().any(|(s, _, _)| s == t))
-            .collect();
-        termini.sort();
-        termini.dedup();
+        let termini = termini(&edges);
         edges.extend(termini.into_iter().map(|t| (t, END.to_string(), false)));
 
         let mut nodes = vec![runnable(START)];
@@ -537,4 +522,18 @@ impl Graph {
             .collect();
         (nodes, edges)
     }
+}
+
+/// The nodes an edge enters that no edge leaves: they end the run, and LangGraph draws their
+/// edges to `__end__` after the others, by name.
+fn termini(edges: &[(String, String, bool)]) -> Vec<String> {
+    let mut termini: Vec<String> = edges
+        .iter()
+        .map(|(_, t, _)| t)
+        .filter(|t| *t != END && !edges.iter().any(|(s, _, _)| s == *t))
+        .cloned()
+        .collect();
+    termini.sort();
+    termini.dedup();
+    termini
 }

@@ -188,9 +188,8 @@ edges:
   - {from: approve, to: __end__}
   - {from: zeta, to: __end__}
 "#;
-    let drawn = graph_from_yaml(yaml).drawable(spindle_graph::XRay::Off);
     assert_eq!(
-        drawn["edges"],
+        drawn_edges(yaml),
         json!([
             {"source": "__start__", "target": "decide"},
             {"source": "decide", "target": "__end__", "conditional": true},
@@ -260,9 +259,8 @@ nodes:
 edges:
   - {from: __start__, to: decide}
 "#;
-    let drawn = graph_from_yaml(yaml).drawable(spindle_graph::XRay::Off);
     assert_eq!(
-        drawn["edges"],
+        drawn_edges(yaml),
         json!([
             {"source": "__start__", "target": "decide"},
             {"source": "decide", "target": "approve", "conditional": true},
@@ -271,4 +269,9 @@ edges:
             {"source": "zeta", "target": "__end__"},
         ])
     );
+}
+
+/// The edges of a graph file's drawing, as `GET /assistants/{id}/graph` answers them.
+fn drawn_edges(yaml: &str) -> Value {
+    graph_from_yaml(yaml).drawable(spindle_graph::XRay::Off)["edges"].take()
 }
