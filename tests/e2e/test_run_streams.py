@@ -185,14 +185,19 @@ def leave_stream_early(base_url: str, tid: str, extra: dict) -> str:
 
 async def test_rollback_strategy_deletes_the_running_run(client, tag, http):
     """`multitask_strategy=rollback` stops the running run and deletes it with what it wrote
-    (GET on it is 404); the new run runs on the state from before it."""
+    (GET on it is 404); the new run runs on the state from before it, at once: the rolled-back
+    run's end wakes the workers (on PostgreSQL it once did not, and the new run waited for the
+    old one's lease to run out, 30 s)."""
     thread = await client.threads.create(metadata={"tag": tag})
     tid = thread["thread_id"]
     assert await client.runs.wait(tid, "chain", input={"n": 0}) == {"n": 3}
-    slow = await client.runs.create(tid, "slow", input={"delay_ms": 2000, "ticks": 0})
+    slow = await client.runs.create(tid, "slow", input={"delay_ms": 1500, "ticks": 0})
     time.sleep(0.3)
     new = await client.runs.create(tid, "chain", input={"n": 100}, multitask_strategy="rollback")
+    created = time.monotonic()
     assert await client.runs.join(tid, new["run_id"]) == {"n": 103}
+    # Stopped within its node's sleep (1.5 s), then claimed: far below the lease (30 s).
+    assert time.monotonic() - created < 10, "the new run waited for the old run's lease"
     assert_status(http.get(f"/threads/{tid}/runs/{slow['run_id']}"), 404)
     listed = [r["run_id"] for r in await client.runs.list(tid)]
     assert slow["run_id"] not in listed and new["run_id"] in listed

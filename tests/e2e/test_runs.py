@@ -4,6 +4,7 @@ multitask strategies, listing, deletion, join and cancel."""
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 import time
 import uuid
@@ -78,7 +79,6 @@ async def test_failed_run_reports_its_error(client, tag, http):
     r = http.post(f"/threads/{tid}/runs/wait", json={"assistant_id": "fail", "input": {"n": 0}})
     assert_status(r, 200)
     error = r.json()["__error__"]
-    # Spindle's message says where first: "graph 'fail', node 'boom': line 6, ...: boom".
     assert error["error"] == "ValueError" and error["message"].endswith("boom"), error
     assert (await client.threads.get(tid))["status"] == "error"
     runs = await client.runs.list(tid)
@@ -92,6 +92,22 @@ async def test_stream_of_a_failed_run_has_an_error_event(client, tag):
     errors = [p.data for p in events if p.event == "error"]
     assert [e["error"] for e in errors] == ["ValueError"], events
     assert errors[0]["message"].endswith("boom"), events
+
+
+@pytest.mark.spindle_only
+async def test_a_raised_errors_message_is_the_scripts_own(client, tag):
+    """A graph file's `raise("ValueError", "boom")` reaches clients as exactly that class and
+    message, as a LangGraph node's exception does (clients compare messages); where it was
+    raised is a field of its own."""
+    thread = await client.threads.create(metadata={"tag": tag})
+    events = [p async for p in client.runs.stream(thread["thread_id"], "fail", input={"n": 0})]
+    [error] = [p.data for p in events if p.event == "error"]
+    assert (error["error"], error["message"]) == ("ValueError", "boom"), error
+    assert re.fullmatch(r"graph 'fail', node 'boom': line \d+, column \d+ of \S*fail\.yaml",
+                        error["location"]), error
+    [run] = await client.runs.list(thread["thread_id"])
+    joined = await client.runs.join(thread["thread_id"], run["run_id"])
+    assert joined["__error__"] == error, joined
 
 
 async def test_background_run_then_join_and_list(client, tag):
@@ -257,7 +273,9 @@ async def test_copied_thread_continues_from_the_history(client, tag):
 
 async def test_stream_wire_format(client, tag, http):
     """The run stream is `text/event-stream` with CRLF-framed events, `metadata` first, and
-    `Location`/`Content-Location` naming the run; `/wait` carries the same headers."""
+    `Location`/`Content-Location` naming the run: `Location` is the run's stream, which the
+    official clients reconnect to when a stream is cut (LangGraph's too); `/wait` names the
+    run's `/join`."""
     thread = await client.threads.create(metadata={"tag": tag})
     tid = thread["thread_id"]
     r = http.post(f"/threads/{tid}/runs/stream", json={"assistant_id": "chain", "input": {"n": 0}})
@@ -266,12 +284,15 @@ async def test_stream_wire_format(client, tag, http):
     assert r.headers["cache-control"] == "no-store"
     run_path = r.headers["content-location"]
     assert run_path.startswith(f"/threads/{tid}/runs/")
-    assert r.headers["location"] == run_path + "/join"
+    assert r.headers["location"] == run_path + "/stream"
     assert r.text.startswith("event: metadata\r\ndata: {")
     assert r.text.endswith("\r\n\r\n")
     w = http.post(f"/threads/{tid}/runs/wait", json={"assistant_id": "chain", "input": {"n": 0}})
     assert_status(w, 200)
-    assert w.headers["location"].endswith("/join")
+    assert w.headers["location"] == w.headers["content-location"] + "/join"
+    s = http.post("/runs/stream", json={"assistant_id": "chain", "input": {"n": 0}})
+    assert_status(s, 200)
+    assert s.headers["location"] == s.headers["content-location"] + "/stream"
     assert w.json() == {"n": 3}
 
 

@@ -71,17 +71,21 @@ def read_sse(lines):
 
 
 def join_frames(base: str, thread_id: str, run_id: str, last_id: str | None, on_frame=None):
-    """The run's join stream from `base` as (id, event, data) frames, until it ends."""
+    """The run's join stream from `base` as (id, event, data) frames, until it ends or is cut
+    (a stopping process cuts its streams, so clients reconnect)."""
     headers = {"Last-Event-ID": last_id} if last_id is not None else {}
     frames = []
     with httpx.stream(
         "GET", f"{base}/threads/{thread_id}/runs/{run_id}/stream", headers=headers, timeout=60
     ) as response:
         assert response.status_code == 200
-        for frame in read_sse(response.iter_lines()):
-            frames.append(frame)
-            if on_frame:
-                on_frame(frame)
+        try:
+            for frame in read_sse(response.iter_lines()):
+                frames.append(frame)
+                if on_frame:
+                    on_frame(frame)
+        except httpx.RemoteProtocolError:
+            pass
     return frames
 
 

@@ -65,6 +65,10 @@ const HAND_BACK_WAIT: Duration = Duration::from_secs(10);
 /// How often the event log is swept for events past their retention.
 const RETENTION_SWEEP: Duration = Duration::from_secs(600);
 
+/// How often a process relying on announcements looks at the queue while a run is pending
+/// (`watch_due`): the longest a run can wait for an announcement that never came.
+const PENDING_RECHECK: Duration = Duration::from_secs(2);
+
 impl Default for WorkerConfig {
     fn default() -> Self {
         Self {
@@ -217,18 +221,30 @@ impl RunWorkers {
 
     /// Wakes a loop whenever a run may become claimable by time alone (a lease running out,
     /// a delayed run coming due), sleeping in between: with nothing active it reads nothing
-    /// until a run is announced.
+    /// until a run is announced. While a run is pending it looks at least every
+    /// [`PENDING_RECHECK`], so a run whose announcement went missing (a notification lost
+    /// with its connection, a path that forgot one) waits seconds, not until the next one.
     async fn watch_due(self: Arc<Self>, shutdown: CancellationToken) {
         loop {
-            let wait = match self.storage.next_claimable_at().await {
-                // Claimable now: a loop is woken, and loops finishing a run look anyway; so
-                // while every slot is busy this looks again only at the poll interval.
-                Ok(Some(at)) if at <= Utc::now() => {
-                    self.wake.notify_one();
-                    Some(self.config.poll_interval)
+            let wait = match self.storage.queue_outlook().await {
+                Ok(outlook) => {
+                    let wait = match outlook.due {
+                        // Claimable now: a loop is woken, and loops finishing a run look
+                        // anyway; so while every slot is busy this looks again only at the
+                        // poll interval.
+                        Some(at) if at <= Utc::now() => {
+                            self.wake.notify_one();
+                            Some(self.config.poll_interval)
+                        }
+                        Some(at) => Some((at - Utc::now()).to_std().unwrap_or_default()),
+                        None => None,
+                    };
+                    if outlook.pending {
+                        Some(wait.map_or(PENDING_RECHECK, |wait| wait.min(PENDING_RECHECK)))
+                    } else {
+                        wait
+                    }
                 }
-                Ok(Some(at)) => Some((at - Utc::now()).to_std().unwrap_or_default()),
-                Ok(None) => None,
                 Err(err) => {
                     tracing::warn!(error = %err, "cannot read when runs come due; retrying");
                     Some(self.config.poll_interval)
@@ -937,7 +953,14 @@ impl From<RunError> for Failure {
 impl Failure {
     fn body(&self) -> Value {
         match self {
-            Failure::Run(e) => json!({"error": e.class(), "message": e.message()}),
+            // Where it failed goes beside the message (which the node chose, and clients
+            // compare), as a field of its own.
+            Failure::Run(e) => match e.location() {
+                Some(location) => {
+                    json!({"error": e.class(), "message": e.message(), "location": location})
+                }
+                None => json!({"error": e.class(), "message": e.message()}),
+            },
             Failure::Setup(msg) => json!({"error": "RunSetupError", "message": msg}),
             Failure::Worker { body, .. } => body.clone(),
         }
@@ -971,6 +994,7 @@ fn log_failure(run: &Run, graph: Option<&str>, failure: Option<&Failure>, body: 
         error = body["error"].as_str().unwrap_or("Error"),
         // Not `message`: that name is the event's own text in tracing's output.
         error_message = body["message"].as_str().unwrap_or_default(),
+        location = body["location"].as_str(),
         traceback,
         "run failed"
     );

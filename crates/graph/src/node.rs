@@ -161,13 +161,18 @@ impl Interrupt {
 /// Why a node did not return an update.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum NodeError {
-    /// A failure shown to clients as `{"error": class, "message": message}`.
+    /// A failure shown to clients as `{"error": class, "message": message}` (and `location`
+    /// when known).
     #[error("{class}: {message}")]
     Failed {
         /// The error class, e.g. `ValueError`.
         class: String,
-        /// The message.
+        /// The message, as the node made it (a script's `raise` chooses it): clients compare
+        /// it, so it says nothing of where the failure happened.
         message: String,
+        /// Where it happened (`graph 'g', node 'n': line L, column C of FILE`), for the log and
+        /// the run error's own `location` field.
+        location: Option<String>,
     },
     /// The node called `interrupt()` with no resume value available.
     #[error("interrupted")]
@@ -186,16 +191,26 @@ impl NodeError {
         NodeError::Failed {
             class: class.into(),
             message: message.into(),
+            location: None,
         }
     }
 
     /// This failure, said to have happened at `place` (e.g. `graph 'g', node 'n'`), which goes
-    /// before the message clients read; its class stays as it is. Other errors pass through.
+    /// before the location it already has (a script's line); its class and message stay as
+    /// they are. Other errors pass through.
     pub fn at(self, place: &str) -> NodeError {
         match self {
-            NodeError::Failed { class, message } => NodeError::Failed {
+            NodeError::Failed {
                 class,
-                message: format!("{place}: {message}"),
+                message,
+                location,
+            } => NodeError::Failed {
+                class,
+                message,
+                location: Some(match location {
+                    Some(inner) => format!("{place}: {inner}"),
+                    None => place.to_string(),
+                }),
             },
             other => other,
         }

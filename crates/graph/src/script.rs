@@ -28,10 +28,11 @@
 //! the task's own side: a script on a blocking thread sends them as a [`TaskRequest`] to
 //! [`Script::eval`], which makes them with the task's context and sends the answer back.
 //!
-//! A script's failure says where it happened: the graph file's line and column when the graph
-//! file told the script where its text starts ([`ScriptOrigin`]), else the script's own line
-//! (`script line 3, column 9`); the engine puts the graph and the node (or route, tool,
-//! reducer) before it. A failure on `()`, which a state key never written reads as, says so.
+//! A script's failure says where it happened, beside its message (`NodeError::Failed`'s
+//! `location`): the graph file's line and column when the graph file told the script where its
+//! text starts ([`ScriptOrigin`]), else the script's own line (`script line 3, column 9`); the
+//! engine puts the graph and the node (or route, tool) before it. A failure on `()`, which a
+//! state key never written reads as, says so in its message.
 //!
 //! Scripts that never wait (no `sleep`, store, model or tool call) run inline on the async thread:
 //! they are bounded by the operation limit and a thread hop would cost more than the script.
@@ -489,7 +490,7 @@ fn ask_task(
 /// A node error raised inside a script, so that the script's own failure maps back to it.
 fn raised(e: NodeError) -> Box<EvalAltResult> {
     match e {
-        NodeError::Failed { class, message } => raise_error(&class, &message),
+        NodeError::Failed { class, message, .. } => raise_error(&class, &message),
         NodeError::Cancelled => throw_map("__cancelled__", Value::Null),
         NodeError::Interrupted(mut list) if list.len() == 1 => {
             let i = list.remove(0);
@@ -731,10 +732,7 @@ impl Script {
                 let v = from_dyn(d);
                 if v.get(RAISED).is_some() {
                     let message = v["message"].as_str().unwrap_or_default().to_string();
-                    return NodeError::new(
-                        v["error"].as_str().unwrap_or("Error"),
-                        self.located(message, &e),
-                    );
+                    return self.failure(v["error"].as_str().unwrap_or("Error"), message, &e);
                 }
                 if let Some(i) = v.get("__interrupt__") {
                     return NodeError::Interrupted(vec![Interrupt {
@@ -749,7 +747,7 @@ impl Script {
                     Value::String(s) => s,
                     other => other.to_string(),
                 };
-                NodeError::new("ScriptError", self.located(msg, &e))
+                self.failure("ScriptError", msg, &e)
             }
             EvalAltResult::ErrorTerminated(reason, _) => {
                 if reason.to_string().contains("cancelled") {
@@ -761,30 +759,47 @@ impl Script {
             EvalAltResult::ErrorTooManyOperations(_) => {
                 NodeError::new("ScriptError", "the script ran past its operation limit")
             }
-            other => NodeError::new("ScriptError", self.located(other.to_string(), &other)),
+            other => self.failure("ScriptError", other.to_string(), &other),
         }
     }
 
-    /// `message` preceded by where `e` happened, and followed by a hint when the error is
-    /// a key never written read as `()`.
+    /// `message` preceded by where `e` happened (for errors that are only text: a route's).
     fn located(&self, message: String, e: &EvalAltResult) -> String {
-        let pos = e.position();
+        let message = self.cleaned(message, e);
+        match self.position(e) {
+            Some(place) => format!("{place}: {message}"),
+            None => message,
+        }
+    }
+
+    /// A node's failure: `class` and `message` as clients read them, where it happened beside.
+    fn failure(&self, class: &str, message: String, e: &EvalAltResult) -> NodeError {
+        NodeError::Failed {
+            class: class.to_string(),
+            message: self.cleaned(message, e),
+            location: self.position(e),
+        }
+    }
+
+    /// `message` without Rhai's own position, and followed by a hint when the error is a key
+    /// never written read as `()`.
+    fn cleaned(&self, message: String, e: &EvalAltResult) -> String {
         // Rhai's own text ends with ` (line L, position C)`, which would contradict a file line.
         let message = match message.rfind(" (line ") {
             Some(i) if message.ends_with(')') => message[..i].to_string(),
             _ => message,
         };
-        let message = match unit_hint(e) {
+        match unit_hint(e) {
             Some(hint) => format!("{message}. {hint}"),
             None => message,
-        };
-        match (pos.line(), pos.position()) {
-            (Some(l), c) => format!(
-                "{}: {message}",
-                describe_position(self.origin.as_ref(), l, c.unwrap_or(1))
-            ),
-            _ => message,
         }
+    }
+
+    /// Where `e` happened, in the graph file's terms when known.
+    fn position(&self, e: &EvalAltResult) -> Option<String> {
+        let pos = e.position();
+        pos.line()
+            .map(|l| describe_position(self.origin.as_ref(), l, pos.position().unwrap_or(1)))
     }
 }
 

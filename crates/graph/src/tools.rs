@@ -345,7 +345,7 @@ async fn traced_call(
             Ok(msg)
         }
         Err(err) => {
-            if let NodeError::Failed { class, message } = &err {
+            if let NodeError::Failed { class, message, .. } = &err {
                 let data = json!({
                     "error": {"error": class, "message": message},
                     "input": args,
@@ -393,7 +393,7 @@ pub async fn run_tool_calls(
         };
         match result {
             Ok(msg) => Ok(msg),
-            Err(NodeError::Failed { class, message }) => Ok(crate::messages::tool_message(
+            Err(NodeError::Failed { class, message, .. }) => Ok(crate::messages::tool_message(
                 format!("Error: {class}('{message}')\n Please fix your mistakes."),
                 id,
                 name,

@@ -46,10 +46,11 @@ edges:
     assert_eq!(e.node(), Some("step"));
     assert_eq!(
         e.message(),
-        format!(
-            "graph 'chain', node 'step': line 9, column 29 of chain.yaml: \
-             Function not found: len (()). {UNIT_HINT}"
-        )
+        format!("Function not found: len (()). {UNIT_HINT}")
+    );
+    assert_eq!(
+        e.location(),
+        Some("graph 'chain', node 'step': line 9, column 29 of chain.yaml")
     );
 }
 
@@ -61,10 +62,10 @@ async fn a_one_line_script_counts_columns_from_its_quote() {
     let e = run_err(&g).await;
     // The script starts at column 31 (after the quote); `no_such_method` at its column 14.
     // Not a unit value, so no hint.
+    assert_eq!(e.message(), "Function not found: no_such_method (i64)");
     assert_eq!(
-        e.message(),
-        "graph 'chain', node 'step': line 2, column 44 of chain.yaml: \
-         Function not found: no_such_method (i64)"
+        e.location(),
+        Some("graph 'chain', node 'step': line 2, column 44 of chain.yaml")
     );
 }
 
@@ -87,23 +88,25 @@ edges:
     assert_eq!(e.class(), "ScriptError");
     assert_eq!(
         e.message(),
-        format!(
-            "graph 'chain', route from 'model': line 9, column 22 of chain.yaml: \
-             Function not found: len (()). {UNIT_HINT}"
-        )
+        format!("Function not found: len (()). {UNIT_HINT}")
+    );
+    assert_eq!(
+        e.location(),
+        Some("graph 'chain', route from 'model': line 9, column 22 of chain.yaml")
     );
 }
 
 #[tokio::test]
-async fn raised_errors_keep_their_class_and_say_where() {
+async fn raised_errors_keep_their_class_and_message_and_say_where_beside() {
     let g = graph(
         "nodes:\n  a:\n    kind: script\n    code: |\n      raise(\"PermissionError\", \"nope\")\nedges:\n  - {from: START, to: a}\n",
     );
     let e = run_err(&g).await;
     assert_eq!(e.class(), "PermissionError");
+    assert_eq!(e.message(), "nope", "the script's own message, exactly");
     assert_eq!(
-        e.message(),
-        "graph 'chain', node 'a': line 5, column 7 of chain.yaml: nope"
+        e.location(),
+        Some("graph 'chain', node 'a': line 5, column 7 of chain.yaml")
     );
 }
 
@@ -114,11 +117,10 @@ async fn a_folded_script_gives_its_own_lines() {
         "nodes:\n  a:\n    kind: script\n    code: >\n      let x = state.missing;\n      x.len()\nedges:\n  - {from: START, to: a}\n",
     );
     let e = run_err(&g).await;
+    let location = e.location().unwrap_or_default();
     assert!(
-        e.message()
-            .starts_with("graph 'chain', node 'a': script line 1, column "),
-        "{}",
-        e.message()
+        location.starts_with("graph 'chain', node 'a': script line 1, column "),
+        "{location}"
     );
     assert!(e.message().ends_with(UNIT_HINT), "{}", e.message());
 }

@@ -171,8 +171,9 @@ async fn fail_raises_value_error_boom() {
         .await;
     let err = out.unwrap_err();
     assert_eq!(err.class(), "ValueError");
+    assert_eq!(err.message(), "boom");
     assert_eq!(
-        err.message(),
-        "graph 'fail', node 'boom': line 6, column 32 of examples/graphs/fail.yaml: boom"
+        err.location(),
+        Some("graph 'fail', node 'boom': line 6, column 32 of examples/graphs/fail.yaml")
     );
 }

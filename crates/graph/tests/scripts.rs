@@ -60,10 +60,11 @@ async fn scripts_raise_named_errors_and_runtime_errors_are_script_errors() {
         .await;
     let e = out.unwrap_err();
     assert_eq!(
-        (e.class(), e.message().as_str()),
+        (e.class(), e.message().as_str(), e.location()),
         (
             "PermissionError",
-            "graph 't', node 'a': line 2, column 28 of t.yaml: nope"
+            "nope",
+            Some("graph 't', node 'a': line 2, column 28 of t.yaml")
         )
     );
 

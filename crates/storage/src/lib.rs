@@ -48,8 +48,8 @@ pub use model::*;
 pub use runs::start_event_data;
 pub use runs::{
     CancelAction, Claim, ClaimStart, ClaimedRun, CreatedRun, IfThreadMissing, LoggedEvent,
-    MultitaskStrategy, NewRun, Run, RunEnd, RunFilter, RunStatus, RunStore, INHERITED_METADATA,
-    RUN_END_EVENT, UNLOGGED_EVENTS_MAX,
+    MultitaskStrategy, NewRun, QueueOutlook, Run, RunEnd, RunFilter, RunStatus, RunStore,
+    INHERITED_METADATA, RUN_END_EVENT, UNLOGGED_EVENTS_MAX,
 };
 /// Re-exported so the server can classify database failures without depending on sqlx.
 pub use sqlx::Error as SqlxError;

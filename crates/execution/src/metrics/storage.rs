@@ -136,7 +136,7 @@ forward!(RunStore {
     ) -> Option<ClaimedRun>;
     fn has_claimable_run(&self) -> bool;
     fn hand_back_run(&self, run_id: Uuid, worker_id: &str) -> ();
-    fn next_claimable_at(&self) -> Option<chrono::DateTime<chrono::Utc>>;
+    fn queue_outlook(&self) -> spindle_storage::QueueOutlook;
     fn renew_lease(
         &self,
         run_id: Uuid,

@@ -122,6 +122,7 @@ async fn run_root(
             class: "ValueError".into(),
             message,
             node: None,
+            location: None,
         })?;
     // Subgraphs find their thread in `configurable.thread_id`, as LangGraph nodes do.
     let mut config = match cfg.config.clone() {
@@ -332,9 +333,16 @@ async fn run_below(
         // A static interrupt inside a subgraph pauses the parent too.
         Ok(_) => Err(NodeError::Interrupted(Vec::new())),
         Err(LoopError::Node(e)) => Err(e),
-        Err(LoopError::Run(RunError::Node { class, message, .. })) => {
-            Err(NodeError::Failed { class, message })
-        }
+        Err(LoopError::Run(RunError::Node {
+            class,
+            message,
+            location,
+            ..
+        })) => Err(NodeError::Failed {
+            class,
+            message,
+            location,
+        }),
         Err(LoopError::Run(RunError::Cancelled)) => Err(NodeError::Cancelled),
         Err(LoopError::Run(other)) => {
             Err(NodeError::new(other.class().to_string(), other.message()))
@@ -494,6 +502,7 @@ impl Loop {
                     class: "InvalidUpdateError".into(),
                     message: format!("graph '{}': {}", self.graph.name, e.message),
                     node: None,
+                    location: None,
                 })
             })?;
         for i in triggered {
@@ -614,9 +623,13 @@ impl Loop {
                     self.save_exit().await?;
                     return Err(RunError::Cancelled.into());
                 }
-                let (class, message) = match &err {
-                    NodeError::Failed { class, message } => (class.clone(), message.clone()),
-                    _ => ("Error".to_string(), err.to_string()),
+                let (class, message, location) = match &err {
+                    NodeError::Failed {
+                        class,
+                        message,
+                        location,
+                    } => (class.clone(), message.clone(), location.clone()),
+                    _ => ("Error".to_string(), err.to_string(), None),
                 };
                 self.save_writes(vec![PendingWrite {
                     task_id: t.id.clone(),
@@ -630,6 +643,7 @@ impl Loop {
                     class,
                     message,
                     node: Some(t.name.clone()),
+                    location,
                 }
                 .into());
             }

@@ -167,8 +167,10 @@ pub enum RunError {
         class: String,
         /// Message.
         message: String,
-        /// The node whose task failed, when a task did (the message says where too).
+        /// The node whose task failed, when a task did.
         node: Option<String>,
+        /// Where it failed ([`NodeError::Failed`]'s `location`), when known.
+        location: Option<String>,
     },
     /// The step limit was reached.
     #[error("Recursion limit of {0} reached without hitting a stop condition. You can increase the limit by setting the `recursion_limit` config key.")]
@@ -212,23 +214,39 @@ impl RunError {
         }
     }
 
+    /// Where the run failed (graph, node, a graph file's line), when known: a field of its
+    /// own beside the message, in the run's error and its log line.
+    pub fn location(&self) -> Option<&str> {
+        match self {
+            RunError::Node { location, .. } => location.as_deref(),
+            _ => None,
+        }
+    }
+
     pub(crate) fn from_node(e: NodeError) -> RunError {
         match e {
-            NodeError::Failed { class, message } => RunError::Node {
+            NodeError::Failed {
+                class,
+                message,
+                location,
+            } => RunError::Node {
                 class,
                 message,
                 node: None,
+                location,
             },
             NodeError::Cancelled => RunError::Cancelled,
             NodeError::Interrupted(_) => RunError::Node {
                 class: "GraphInterrupt".into(),
                 message: "interrupt outside a task".into(),
                 node: None,
+                location: None,
             },
             NodeError::ParentCommand(_) => RunError::Node {
                 class: "InvalidUpdateError".into(),
                 message: "Command(graph=PARENT) used in the root graph".into(),
                 node: None,
+                location: None,
             },
         }
     }

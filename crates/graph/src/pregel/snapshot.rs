@@ -710,6 +710,11 @@ fn node_slot(graph: &Graph, node: &str) -> Result<usize, UpdateError> {
 
 fn node_err(e: NodeError) -> UpdateError {
     UpdateError::Invalid(match e {
+        NodeError::Failed {
+            message,
+            location: Some(location),
+            ..
+        } => format!("{location}: {message}"),
         NodeError::Failed { message, .. } => message,
         other => other.to_string(),
     })

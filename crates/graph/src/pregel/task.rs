@@ -399,7 +399,7 @@ pub(crate) async fn execute(
                 )
                 .await;
         }
-        Err(NodeError::Failed { class, message }) => {
+        Err(NodeError::Failed { class, message, .. }) => {
             let err = json!({"error": class, "message": message});
             payloads::emit_task_result(lp, task, Some(err), &json!({}), &[]).await;
         }

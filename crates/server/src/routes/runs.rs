@@ -594,14 +594,27 @@ pub(crate) async fn check_webhook(
     Err(ApiError::validation(vec![item]))
 }
 
-/// `Location` (where to join the run) and `Content-Location` (the run itself), as the
-/// reference sends them on every response that creates or follows a run.
+/// `Location` (where to join the run: its `/join` for a JSON answer) and `Content-Location`
+/// (the run itself), as the reference sends them on every response that creates or follows a
+/// run.
 pub(crate) fn locations(run: &Run) -> HeaderMap {
+    run_locations(run, "join")
+}
+
+/// [`locations`] of a streamed run: `Location` is the run's `/stream`, which the official
+/// clients reconnect to (with `Last-Event-ID`) when the stream is cut before the run's end;
+/// langgraph-sdk reconnects only to a run stream's path, and the JS client would read `/join`'s
+/// JSON as events.
+fn stream_locations(run: &Run) -> HeaderMap {
+    run_locations(run, "stream")
+}
+
+fn run_locations(run: &Run, follow: &str) -> HeaderMap {
     let base = format!("/threads/{}/runs/{}", run.thread_id, run.run_id);
     let mut headers = HeaderMap::new();
     // Ids have only letters, digits and . _ : -, so these are always valid header values.
-    if let (Ok(join), Ok(content)) = (format!("{base}/join").parse(), base.parse()) {
-        headers.insert(axum::http::header::LOCATION, join);
+    if let (Ok(location), Ok(content)) = (format!("{base}/{follow}").parse(), base.parse()) {
+        headers.insert(axum::http::header::LOCATION, location);
         headers.insert(axum::http::header::CONTENT_LOCATION, content);
     }
     headers
@@ -628,7 +641,7 @@ fn stream_response(
     delete_after: bool,
 ) -> Response {
     let mut headers = sse::headers();
-    headers.extend(locations(run));
+    headers.extend(stream_locations(run));
     let (thread_id, run_id) = (run.thread_id, run.run_id);
     // What the stream's end may have to do, with what it needs for that: a join stream has
     // nothing to do, and keeps nothing (the state and the run are a kilobyte).

@@ -161,7 +161,7 @@ pub fn follow_stream(
     follow: Follow,
     keepalive: Duration,
     on_done: impl FnOnce(bool) + Send + 'static,
-) -> impl Stream<Item = Result<Bytes, std::convert::Infallible>> {
+) -> impl Stream<Item = Result<Bytes, StreamCut>> {
     let live = hub.subscribe(follow.thread_id);
     stream_body(
         storage,
@@ -189,7 +189,7 @@ pub fn follow_new_run(
     first: Option<&LoggedEvent>,
     keepalive: Duration,
     on_done: impl FnOnce(bool) + Send + 'static,
-) -> impl Stream<Item = Result<Bytes, std::convert::Infallible>> {
+) -> impl Stream<Item = Result<Bytes, StreamCut>> {
     let opening = Opening::Live { first };
     stream_body(storage, live, scope, follow, opening, keepalive, on_done)
 }
@@ -211,7 +211,7 @@ fn stream_body(
     opening: Opening,
     keepalive: Duration,
     on_done: impl FnOnce(bool) + Send + 'static,
-) -> impl Stream<Item = Result<Bytes, std::convert::Infallible>> {
+) -> impl Stream<Item = Result<Bytes, StreamCut>> {
     let mut first = None;
     let opening = match opening {
         Opening::Log => Opened::Log,
@@ -243,8 +243,25 @@ fn stream_body(
         outbox,
         closing,
         on_done: Some(on_done),
+        cut: false,
     }
 }
+
+/// How a stream ends when the process closes its streams (a graceful shutdown): as an error of
+/// its body, so hyper cuts the connection without the chunked body's last chunk. The client
+/// then sees a broken stream rather than a finished one, and reconnects to the response's
+/// `Location` with `Last-Event-ID`: the JS client reconnects only after an error, and
+/// langgraph-sdk otherwise first asks whether the run is still going.
+#[derive(Debug)]
+pub struct StreamCut;
+
+impl std::fmt::Display for StreamCut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the server is closing its streams; reconnect with Last-Event-ID")
+    }
+}
+
+impl std::error::Error for StreamCut {}
 
 /// Where the pump puts a frame for the body to send: one at a time, both in the connection's
 /// task.
@@ -282,13 +299,16 @@ struct Body<F, D: FnOnce(bool)> {
     /// Told whether what the stream followed ended (false: the client left first); not told
     /// when the process closes its streams.
     on_done: Option<D>,
+    /// The pump stopped because the process closes its streams: the body ends with
+    /// [`StreamCut`] once its last frame is sent.
+    cut: bool,
 }
 
 // Nothing of the body is pinned in place (the pump is boxed).
 impl<F, D: FnOnce(bool)> Unpin for Body<F, D> {}
 
 impl<F: Future<Output = Stopped>, D: FnOnce(bool)> Stream for Body<F, D> {
-    type Item = Result<Bytes, std::convert::Infallible>;
+    type Item = Result<Bytes, StreamCut>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
@@ -296,23 +316,32 @@ impl<F: Future<Output = Stopped>, D: FnOnce(bool)> Stream for Body<F, D> {
             return Poll::Ready(Some(Ok(frame)));
         }
         let Some(pump) = this.pump.as_mut() else {
-            return Poll::Ready(None);
+            return Poll::Ready(this.end());
         };
         let polled = pump.as_mut().poll(cx);
         let frame = this.outbox.take();
         if let Poll::Ready(stopped) = polled {
             this.pump = None;
             let on_done = this.on_done.take();
-            if let (Stopped::Ended, Some(on_done)) = (stopped, on_done) {
-                on_done(true);
+            match (stopped, on_done) {
+                (Stopped::Ended, Some(on_done)) => on_done(true),
+                (Stopped::Closing, _) => this.cut = true,
+                (Stopped::Ended, None) => {}
             }
         }
         match frame {
             Some(frame) => Poll::Ready(Some(Ok(frame))),
-            None if this.pump.is_none() => Poll::Ready(None),
+            None if this.pump.is_none() => Poll::Ready(this.end()),
             // The pump waits on something that wakes this task.
             None => Poll::Pending,
         }
+    }
+}
+
+impl<F, D: FnOnce(bool)> Body<F, D> {
+    /// What the body yields once its pump has stopped and its frames are sent.
+    fn end(&mut self) -> Option<Result<Bytes, StreamCut>> {
+        std::mem::take(&mut self.cut).then_some(Err(StreamCut))
     }
 }
 
@@ -749,7 +778,7 @@ mod tests {
         Arc<dyn Storage>,
         Arc<EventHub>,
         ResourceId,
-        impl Stream<Item = Result<Bytes, std::convert::Infallible>>,
+        impl Stream<Item = Result<Bytes, StreamCut>>,
         tempfile::TempDir,
     ) {
         let dir = tempfile::tempdir().unwrap();
@@ -819,7 +848,8 @@ mod tests {
     }
 
     /// The stream's end is told whether what it followed ended: not when its client leaves,
-    /// and nothing at all when the process closes its streams (the client resumes elsewhere).
+    /// and nothing at all when the process closes its streams (the client resumes elsewhere;
+    /// the body ends with an error, so the connection is cut rather than finished).
     #[tokio::test]
     async fn a_stream_tells_its_end_whether_its_client_left() {
         let (told, outcomes) = std::sync::mpsc::channel();
@@ -834,7 +864,11 @@ mod tests {
         let mut body = Box::pin(body);
         assert!(waits(&mut body).await);
         hub.close_streams();
-        assert!(body.next().await.is_none(), "the stream ends");
+        assert!(
+            matches!(body.next().await, Some(Err(StreamCut))),
+            "the stream is cut"
+        );
+        assert!(body.next().await.is_none(), "then ends");
         drop(body);
         assert!(
             outcomes.try_recv().is_err(),

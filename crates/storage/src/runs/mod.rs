@@ -310,6 +310,20 @@ pub struct ClaimedRun {
     pub start_logged: bool,
 }
 
+/// When the queue may next hold a run to claim ([`RunStore::queue_outlook`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueOutlook {
+    /// When a run could next become claimable by time alone: the earliest lease of a running
+    /// run, or due time of a pending run whose thread runs nothing (past when one is
+    /// claimable now); `None` when no run is active.
+    pub due: Option<DateTime<Utc>>,
+    /// Some run is pending and due (perhaps behind a running run of its thread, which may end
+    /// at any moment): whoever relies on announcements looks again every few seconds while
+    /// this holds, so that a lost one delays such a run by seconds, not forever. (A run not
+    /// due yet is in `due` when its thread is free.)
+    pub pending: bool,
+}
+
 /// The data of the event that closes a run's events ([`RUN_END_EVENT`]), `{run_id, status}`.
 pub(crate) fn end_event_data(run_id: Uuid, status: RunStatus) -> Value {
     serde_json::json!({"run_id": run_id.to_string(), "status": status.as_str()})
@@ -437,11 +451,10 @@ pub trait RunStore: Send + Sync {
     /// worker looks before it takes a slot to claim with: a slot held for a claim that finds
     /// nothing is one a run being created cannot start in at once.
     async fn has_claimable_run(&self) -> StorageResult<bool>;
-    /// When a run could next become claimable by time alone: the earliest lease of a running
-    /// run, or due time of a pending run whose thread runs nothing (past when one is claimable
-    /// now); `None` when no run is active. A process told of every other change
-    /// ([`crate::Storage::wakeups`]) sleeps until then instead of polling.
-    async fn next_claimable_at(&self) -> StorageResult<Option<DateTime<Utc>>>;
+    /// When a run could next become claimable by time alone, and whether any run is pending.
+    /// A process told of every other change ([`crate::Storage::wakeups`]) sleeps until then
+    /// instead of polling.
+    async fn queue_outlook(&self) -> StorageResult<QueueOutlook>;
     /// Gives up the worker's claim on a running run, which any worker may claim again at once
     /// and resumes from its last checkpoint (announced to other processes, as a run to claim).
     async fn hand_back_run(&self, run_id: Uuid, worker_id: &str) -> StorageResult<()>;

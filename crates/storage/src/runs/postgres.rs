@@ -170,6 +170,9 @@ async fn thread_status_after(
 }
 
 /// Sets the thread's status (and error) after runs ended without a worker to report values.
+/// A thread left busy has another run active, perhaps one queued behind those that ended: the
+/// workers of every process are told, at the commit, that it may be claimable now (a rolled-back
+/// run's end, say, is followed by the run that rolled it back).
 async fn release_thread(
     conn: &mut PgConnection,
     thread_id: ResourceId,
@@ -184,8 +187,11 @@ async fn release_thread(
         .bind(status.as_str())
         .bind(error.map(Json))
         .bind(now)
-        .execute(conn)
+        .execute(&mut *conn)
         .await?;
+    if status == ThreadStatus::Busy {
+        notify_runs(conn).await?;
+    }
     Ok(())
 }
 
@@ -1098,14 +1104,17 @@ impl RunStore for PostgresStorage {
         .await?)
     }
 
-    async fn next_claimable_at(&self) -> StorageResult<Option<DateTime<Utc>>> {
-        Ok(sqlx::query_scalar(
+    async fn queue_outlook(&self) -> StorageResult<QueueOutlook> {
+        let (due, pending) = sqlx::query_as(
             "SELECT LEAST((SELECT MIN(lease_expires_at) FROM runs WHERE status = 'running'), \
              (SELECT MIN(run_after) FROM runs r WHERE status = 'pending' AND NOT EXISTS ( \
-                 SELECT 1 FROM runs o WHERE o.thread_id = r.thread_id AND o.status = 'running')))",
+                 SELECT 1 FROM runs o WHERE o.thread_id = r.thread_id AND o.status = 'running'))), \
+             EXISTS (SELECT 1 FROM runs WHERE status = 'pending' AND run_after <= $1)",
         )
+        .bind(Utc::now())
         .fetch_one(&self.pool)
-        .await?)
+        .await?;
+        Ok(QueueOutlook { due, pending })
     }
 
     async fn hand_back_run(&self, run_id: Uuid, worker_id: &str) -> StorageResult<()> {

@@ -739,11 +739,12 @@ const CLAIMABLE_RUN_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM runs WHERE stat
      AND run_after <= ?1 AND NOT EXISTS (SELECT 1 FROM runs o WHERE o.thread_id = r.thread_id \
      AND o.status = 'running'))";
 
-/// See [`RunStore::next_claimable_at`] (`MIN` over both skips a side without rows).
-const NEXT_CLAIMABLE_AT: &str = "SELECT MIN(t) AS due FROM ( \
+/// See [`RunStore::queue_outlook`] (`MIN` over both skips a side without rows).
+const QUEUE_OUTLOOK: &str = "SELECT (SELECT MIN(t) FROM ( \
      SELECT MIN(lease_expires_at) AS t FROM runs WHERE status = 'running' UNION ALL \
      SELECT MIN(run_after) FROM runs r WHERE status = 'pending' AND NOT EXISTS ( \
-         SELECT 1 FROM runs o WHERE o.thread_id = r.thread_id AND o.status = 'running'))";
+         SELECT 1 FROM runs o WHERE o.thread_id = r.thread_id AND o.status = 'running'))) AS due, \
+     EXISTS (SELECT 1 FROM runs WHERE status = 'pending' AND run_after <= ?1) AS pending";
 
 /// A run's end, encoded on the caller's thread.
 struct EncodedEnd {
@@ -1013,11 +1014,15 @@ impl RunStore for SqliteStorage {
         })
     }
 
-    async fn next_claimable_at(&self) -> StorageResult<Option<DateTime<Utc>>> {
+    async fn queue_outlook(&self) -> StorageResult<QueueOutlook> {
+        let now = ts(Utc::now());
         self.readers.read(|conn| {
-            Ok(conn
-                .prepare_cached(NEXT_CLAIMABLE_AT)?
-                .query_row([], |r| r.opt_ts("due"))?)
+            Ok(conn.prepare_cached(QUEUE_OUTLOOK)?.query_row([&now], |r| {
+                Ok(QueueOutlook {
+                    due: r.opt_ts("due")?,
+                    pending: r.get("pending")?,
+                })
+            })?)
         })
     }
 

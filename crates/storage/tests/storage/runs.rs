@@ -1,10 +1,11 @@
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
 use serde_json::json;
 use spindle_graph::checkpoint::new_checkpoint_id;
-use spindle_storage::test_util::{for_each_backend, for_each_backend_alone};
+use spindle_storage::test_util::{for_each_backend, for_each_backend_alone, TestDb};
 use spindle_storage::*;
 use uuid::Uuid;
 
@@ -1042,6 +1043,7 @@ async fn a_claimable_run_is_seen_without_claiming_it() {
         let s = db.storage();
         let alice = fresh_user();
         assert!(!s.has_claimable_run().await.unwrap(), "no runs");
+        assert_eq!(s.queue_outlook().await.unwrap(), QueueOutlook::default());
         let thread = thread_of(s, &alice).await;
         let first = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
         run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
@@ -1055,6 +1057,12 @@ async fn a_claimable_run_is_seen_without_claiming_it() {
             !s.has_claimable_run().await.unwrap(),
             "the second run waits for its thread's running run"
         );
+        let outlook = s.queue_outlook().await.unwrap();
+        assert!(
+            outlook.pending,
+            "a run is pending, behind its thread's running run"
+        );
+        assert!(outlook.due.is_some(), "the running run's lease");
         let mut later = new_run(thread_of(s, &alice).await, MultitaskStrategy::Enqueue);
         later.run_after = Utc::now() + chrono::Duration::hours(1);
         s.create_run(&alice, later).await.unwrap();
@@ -1982,6 +1990,85 @@ async fn saves_queued_together_are_stored_as_if_one_after_the_other() {
     .await;
 }
 
+/// Another process on `db`'s database, listening once it hears a first notification (what it
+/// heard before is dropped); `None` where one process has the database to itself.
+async fn another_process_listening(
+    db: &TestDb,
+) -> Option<(
+    tokio::sync::mpsc::UnboundedReceiver<Wakeup>,
+    Arc<dyn Storage>,
+)> {
+    let s = db.storage();
+    let other = spindle_storage::connect(db.url()).await.unwrap();
+    let mut wakeups = other.wakeups()?;
+    assert!(other.wakeups().is_none(), "one listener per storage");
+    // The listener may still be connecting: wait until it hears a first notification.
+    let alice = fresh_user();
+    let thread = thread_of(s, &alice).await;
+    let probe = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+    loop {
+        let probed = s
+            .cancel_runs(&alice, thread, &[probe.run_id], CancelAction::Interrupt)
+            .await;
+        if probed.is_err() {
+            break;
+        }
+        if tokio::time::timeout(Duration::from_millis(200), wakeups.recv())
+            .await
+            .is_ok()
+        {
+            break;
+        }
+    }
+    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(300), wakeups.recv()).await {
+    }
+    Some((wakeups, other))
+}
+
+/// A run that rolled back the running run of its thread is claimable once that run's end is
+/// written, and the workers of every process are told so: on PostgreSQL the rolled-back end
+/// once told nobody, and the new run waited for the old run's lease to run out.
+#[tokio::test]
+async fn a_rolled_back_runs_end_tells_every_process_of_the_run_behind_it() {
+    for_each_backend_alone(|db| async move {
+        let s = db.storage();
+        let Some((mut wakeups, _other)) = another_process_listening(&db).await else {
+            return;
+        };
+        let alice = fresh_user();
+        let thread = thread_of(s, &alice).await;
+        let old = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        assert_eq!(next(&mut wakeups).await, Wakeup::RunsQueued);
+        assert_eq!(claim(s, "w").await.unwrap().run.run_id, old.run_id);
+        let new = run_on(s, &alice, thread, MultitaskStrategy::Rollback).await;
+        let outlook = s.queue_outlook().await.unwrap();
+        assert!(outlook.pending, "a run waits behind the running one");
+        let mut told = vec![next(&mut wakeups).await, next(&mut wakeups).await];
+        told.sort_by_key(|w| format!("{w:?}"));
+        assert_eq!(
+            told,
+            [Wakeup::Cancel { run_id: old.run_id }, Wakeup::RunsQueued]
+        );
+        let rolled_back = s
+            .finish_run(
+                thread,
+                old.run_id,
+                "w",
+                end(RunStatus::Interrupted, ThreadStatus::Idle),
+            )
+            .await
+            .unwrap();
+        assert!(rolled_back.is_none(), "the old run is deleted with its end");
+        assert_eq!(
+            next(&mut wakeups).await,
+            Wakeup::RunsQueued,
+            "the run behind it can start now"
+        );
+        assert_eq!(claim(s, "w").await.unwrap().run.run_id, new.run_id);
+    })
+    .await;
+}
+
 /// The next wake-up, within 5 s.
 async fn next(wakeups: &mut tokio::sync::mpsc::UnboundedReceiver<Wakeup>) -> Wakeup {
     let wakeup = tokio::time::timeout(Duration::from_secs(5), wakeups.recv());
@@ -1996,34 +2083,10 @@ async fn next(wakeups: &mut tokio::sync::mpsc::UnboundedReceiver<Wakeup>) -> Wak
 async fn other_processes_are_told_of_runs_to_claim_logs_that_grew_and_cancels() {
     for_each_backend_alone(|db| async move {
         let s = db.storage();
-        // Another process on the same database, listening.
-        let other = spindle_storage::connect(db.url()).await.unwrap();
-        let Some(mut wakeups) = other.wakeups() else {
+        let Some((mut wakeups, _other)) = another_process_listening(&db).await else {
             return; // One process has the database to itself: nothing to tell.
         };
-        assert!(other.wakeups().is_none(), "one listener per storage");
-        // The listener may still be connecting: wait until it hears a first notification.
         let alice = fresh_user();
-        let thread = thread_of(s, &alice).await;
-        let probe = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
-        loop {
-            let probed = s
-                .cancel_runs(&alice, thread, &[probe.run_id], CancelAction::Interrupt)
-                .await;
-            if probed.is_err() {
-                break;
-            }
-            if tokio::time::timeout(Duration::from_millis(200), wakeups.recv())
-                .await
-                .is_ok()
-            {
-                break;
-            }
-        }
-        while let Ok(Some(_)) =
-            tokio::time::timeout(Duration::from_millis(300), wakeups.recv()).await
-        {}
-
         let thread = thread_of(s, &alice).await;
         let first = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
         assert_eq!(
