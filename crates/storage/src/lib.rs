@@ -23,6 +23,7 @@ pub mod postgres;
 mod rows;
 pub mod runs;
 pub mod sqlite;
+mod sqlite_notices;
 mod sqlite_reader;
 mod sqlite_values;
 mod sqlite_wal_io;
@@ -221,9 +222,11 @@ pub trait Storage: AssistantStore + ThreadStore + RunStore + ItemStore + CronSto
     /// behind the writes queued before (both backends' writers apply a thread's writes in
     /// order); the receipt resolves once they are committed. Queued before this returns.
     fn queue_events(&self, events: Vec<LoggedEvent>) -> EventsReceipt;
-    /// What other processes on this database commit that this one may wait for, as it
-    /// happens (PostgreSQL's `LISTEN`/`NOTIFY`); `None` where one process has the database
-    /// to itself (SQLite). Called once, at start-up: a second caller gets `None`.
+    /// What commits on this database that this process may wait for, as it happens: other
+    /// processes' (PostgreSQL's `LISTEN`/`NOTIFY`), or, where one process has the database to
+    /// itself (SQLite), its own that nothing else tells its streams and workers of
+    /// (`sqlite_notices`). Called once, at start-up: a second caller gets `None`; a storage
+    /// that gives none is polled.
     fn wakeups(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<Wakeup>> {
         None
     }

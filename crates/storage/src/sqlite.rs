@@ -31,6 +31,7 @@ use crate::rows::{
     AssistantRow, AssistantVersionRow, ThreadRow, ASSISTANT_COLUMNS, THREAD_COLUMNS,
     VERSION_COLUMNS,
 };
+use crate::sqlite_notices::{notice_logged, Notices};
 use crate::sqlite_reader::Readers;
 use crate::sqlite_values::{id, json, ts, RowExt};
 use crate::sqlite_writer::{WritePermit, Writer};
@@ -55,6 +56,8 @@ pub struct SqliteStorage {
     /// Queues runs' saves with their events ([`Storage::queue_logged`]); one for the process,
     /// so a thread's queued saves join one batch whichever worker queued them.
     logged: SqliteCheckpointer,
+    /// What the writer's commits wake in this process ([`Storage::wakeups`]).
+    notices: Arc<Notices>,
 }
 
 /// Accepts `sqlite://path`, `sqlite:path` and a plain file path.
@@ -111,7 +114,8 @@ impl SqliteStorage {
             .connect_with(options.clone())
             .await?;
         MIGRATOR.run(&write).await?;
-        let writer = Arc::new(Writer::open(options.get_filename())?);
+        let notices = Arc::new(Notices::default());
+        let writer = Arc::new(Writer::open(options.get_filename(), notices.clone())?);
         let readers = Arc::new(Readers::new(options.get_filename()));
         let read = SqlitePoolOptions::new()
             .max_connections(8)
@@ -125,6 +129,7 @@ impl SqliteStorage {
             write,
             nearest: NearestIndexes::default(),
             logged,
+            notices,
         })
     }
 
@@ -714,7 +719,10 @@ impl ThreadStore for SqliteStorage {
                     thread,
                     user_id,
                     "thread",
-                )
+                )?;
+                // Its streams end.
+                notice_logged(thread, i64::MAX);
+                Ok(())
             })
             .await
     }
@@ -818,6 +826,12 @@ impl Storage for SqliteStorage {
         // With the thread's queued saves, in order (see `submit_events`).
         let logged = self.logged.submit_events(&events);
         Box::pin(async move { logged.await.map_err(StorageError::from) })
+    }
+
+    /// One process has the database to itself, so only its own commits wake it: those
+    /// nothing else tells its streams and workers of (`sqlite_notices`).
+    fn wakeups(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<crate::Wakeup>> {
+        self.notices.subscribe()
     }
 
     async fn count_queued_runs(&self) -> StorageResult<crate::QueuedRuns> {

@@ -38,6 +38,7 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::oneshot;
 
+use crate::sqlite_notices::{self, Notices};
 use crate::{sqlite_wal_io, StorageError, StorageResult};
 
 /// Most writes one transaction carries, so a long queue still commits (and answers) often.
@@ -103,12 +104,17 @@ where
         let Some(write) = self.write.take() else {
             return false;
         };
+        let noted = sqlite_notices::noted();
         let result = if savepoint {
             in_savepoint(conn, write)
         } else {
             guarded(conn, write)
         };
         let ok = result.is_ok();
+        if !ok {
+            // Rolled back: what it changed, nobody is to be woken for.
+            sqlite_notices::forget_since(noted);
+        }
         self.result = Some(result);
         ok
     }
@@ -208,7 +214,8 @@ pub(crate) struct Writer {
 impl Writer {
     /// Opens the write connection to the database file at `path` (which must exist, with its
     /// schema) and starts the writer thread.
-    pub(crate) fn open(path: &Path) -> StorageResult<Self> {
+    /// A committed group's wake-ups go to `notices`.
+    pub(crate) fn open(path: &Path, notices: Arc<Notices>) -> StorageResult<Self> {
         let conn = open_write_connection(path)?;
         // After `open_write_connection`'s `wal_autocheckpoint`, which would replace its hook.
         let wal_io = sqlite_wal_io::install(&conn, path)?;
@@ -225,7 +232,7 @@ impl Writer {
         };
         std::thread::Builder::new()
             .name("sqlite-writer".into())
-            .spawn(move || serve(conn, queues, checkpoints))
+            .spawn(move || serve(conn, queues, checkpoints, &notices))
             .map_err(|e| StorageError::Commit(format!("cannot start the writer thread: {e}")))?;
         Ok(Self {
             jobs,
@@ -476,7 +483,12 @@ fn sync_database_file(conn: &Connection) -> rusqlite::Result<()> {
 /// It takes the whole `WriteConnection`: a closure naming only `write.conn` would capture that
 /// field alone and leave the WAL I/O, which the connection's hook points into, to be dropped
 /// by the thread that started this one.
-fn serve(write: WriteConnection, queues: Queues, checkpoints: mpsc::SyncSender<()>) {
+fn serve(
+    write: WriteConnection,
+    queues: Queues,
+    checkpoints: mpsc::SyncSender<()>,
+    notices: &Notices,
+) {
     let conn = &write.conn;
     let mut commits = 0_u32;
     let mut next = queues.queue.recv().ok();
@@ -502,6 +514,10 @@ fn serve(write: WriteConnection, queues: Queues, checkpoints: mpsc::SyncSender<(
             }
         };
         let (group, commit) = run_group(conn, first, &queues, &mut next);
+        let noted = sqlite_notices::take_noted();
+        if commit.is_ok() {
+            notices.send(noted);
+        }
         let commit = commit.as_ref().map(|_| ()).map_err(|e| e.as_str());
         for job in group {
             job.answer(commit);
@@ -598,7 +614,7 @@ mod tests {
 
     async fn writer() -> (tempfile::TempDir, Writer) {
         let (dir, path) = database();
-        let writer = Writer::open(&path).unwrap();
+        let writer = Writer::open(&path, Arc::default()).unwrap();
         (dir, writer)
     }
 

@@ -23,8 +23,10 @@ use crate::checkpoints::delete_run_checkpoints_sqlite as delete_run_checkpoints;
 use crate::crons::firing_made;
 use crate::error::{sqlite_conflict_if_taken, sqlite_constraint};
 use crate::sqlite::SqliteStorage;
+use crate::sqlite_notices;
 use crate::sqlite_values::{id, json, ts, RowExt, StoredId};
 use crate::StorageError;
+use crate::Wakeup;
 
 fn id_list<I: StoredId + Copy>(ids: &[I]) -> String {
     let ids: Vec<String> = ids.iter().map(|id| id.stored_text()).collect();
@@ -162,6 +164,10 @@ fn release_thread(
             ts(now),
         ),
     )?;
+    if status == ThreadStatus::Busy {
+        // Another run is active, perhaps one queued behind those that ended.
+        sqlite_notices::notice(Wakeup::RunsQueued);
+    }
     Ok(())
 }
 
@@ -175,7 +181,10 @@ fn log_run_end(
     now: DateTime<Utc>,
 ) -> StorageResult<()> {
     let seq = next_seq(conn, thread_id)?;
-    insert_run_end(conn, thread_id, seq, run_id, status, now)
+    insert_run_end(conn, thread_id, seq, run_id, status, now)?;
+    // No worker tells its streams: the run was pending, or its worker is gone.
+    sqlite_notices::notice_logged(thread_id, seq);
+    Ok(())
 }
 
 /// Takes the thread's next event seq.
@@ -836,6 +845,10 @@ fn finish_run(
     let end_seq = last + 1;
     insert_run_end(conn, thread_id, end_seq, run_id, end.status, now)?;
     let status = thread_status_after(conn, thread_id, end.thread_status)?;
+    if status == ThreadStatus::Busy {
+        // A run queued behind this one can start now.
+        sqlite_notices::notice(Wakeup::RunsQueued);
+    }
     let error = end.error.filter(|_| status == ThreadStatus::Error);
     exec(
         conn,

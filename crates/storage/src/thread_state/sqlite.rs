@@ -8,6 +8,7 @@ use uuid::Uuid;
 use super::{busy, engine_id, put, ExpiredRow};
 use crate::checkpoints::insert_checkpoint_sqlite;
 use crate::model::{Scope, StateWrite, SweepOutcome, ThreadEvent, ThreadTtl, TtlStrategy};
+use crate::sqlite_notices::notice_logged;
 use crate::sqlite_values::{id, json, ts, RowExt};
 use crate::{LoggedEvent, ResourceId, StorageResult};
 
@@ -109,6 +110,7 @@ pub(crate) fn log_event(
             ts(now),
         ),
     )?;
+    notice_logged(thread, seq);
     Ok(LoggedEvent {
         thread_id: thread,
         seq,
@@ -140,14 +142,19 @@ pub(crate) fn set_ttl(
     Ok(())
 }
 
-/// Removes a thread with its checkpoints (its runs and events go by cascade).
+/// Removes a thread with its checkpoints (its runs and events go by cascade); its streams
+/// end.
 pub(crate) fn delete_rows(conn: &Connection, thread: ResourceId) -> StorageResult<bool> {
     crate::checkpoints::delete_checkpoints_sqlite(conn, &engine_id(thread))?;
-    Ok(exec(
+    let deleted = exec(
         conn,
         "DELETE FROM threads WHERE thread_id = ?1",
         [id(thread)],
-    )? > 0)
+    )? > 0;
+    if deleted {
+        notice_logged(thread, i64::MAX);
+    }
+    Ok(deleted)
 }
 
 /// Keeps only the latest checkpoint of each namespace, its pending writes and the blobs it

@@ -6,6 +6,7 @@ use chrono::Utc;
 use serde_json::json;
 use spindle_graph::checkpoint::new_checkpoint_id;
 use spindle_storage::test_util::{for_each_backend, for_each_backend_alone, TestDb};
+
 use spindle_storage::*;
 use uuid::Uuid;
 
@@ -1991,13 +1992,17 @@ async fn saves_queued_together_are_stored_as_if_one_after_the_other() {
 }
 
 /// Another process on `db`'s database, listening once it hears a first notification (what it
-/// heard before is dropped); `None` where one process has the database to itself.
+/// heard before is dropped); `None` where one process has the database to itself (SQLite:
+/// see `a_process_alone_on_its_database_is_told_what_nothing_else_tells_it`).
 async fn another_process_listening(
     db: &TestDb,
 ) -> Option<(
     tokio::sync::mpsc::UnboundedReceiver<Wakeup>,
     Arc<dyn Storage>,
 )> {
+    if db.backend() == Backend::Sqlite {
+        return None;
+    }
     let s = db.storage();
     let other = spindle_storage::connect(db.url()).await.unwrap();
     let mut wakeups = other.wakeups()?;
@@ -2067,6 +2072,73 @@ async fn a_rolled_back_runs_end_tells_every_process_of_the_run_behind_it() {
         assert_eq!(claim(s, "w").await.unwrap().run.run_id, new.run_id);
     })
     .await;
+}
+
+/// On SQLite one process has the database to itself and tells its own streams and workers
+/// what they would otherwise have to poll for: a run's end that leaves another queued behind
+/// it, runs ended without a worker (a pending run cancelled), a thread deleted. (What the
+/// process does itself, creating a pending run or cancelling a running one, it wakes itself
+/// for; a run's own events its worker hands to the streams.)
+#[tokio::test]
+async fn a_process_alone_on_its_database_is_told_what_nothing_else_tells_it() {
+    for_each_backend(|db| async move {
+        if db.backend() != Backend::Sqlite {
+            return;
+        }
+        let s = db.storage();
+        let mut wakeups = s.wakeups().expect("the process's own wake-ups");
+        assert!(s.wakeups().is_none(), "one listener per storage");
+        let alice = fresh_user();
+        let thread = thread_of(s, &alice).await;
+        let first = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        assert_eq!(claim(s, "w").await.unwrap().run.run_id, first.run_id);
+        let second = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        s.finish_run(
+            thread,
+            first.run_id,
+            "w",
+            end(RunStatus::Success, ThreadStatus::Idle),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            next(&mut wakeups).await,
+            Wakeup::RunsQueued,
+            "the run queued behind it"
+        );
+        let third = run_on(s, &alice, thread, MultitaskStrategy::Enqueue).await;
+        s.cancel_runs(&alice, thread, &[third.run_id], CancelAction::Interrupt)
+            .await
+            .unwrap();
+        let seq = s.last_event_seq(thread).await.unwrap();
+        let told = told_now(&mut wakeups).await;
+        assert!(
+            told.contains(&Wakeup::Logged {
+                thread_id: thread,
+                seq
+            }),
+            "the cancelled pending run's end: {told:?}"
+        );
+        assert_eq!(claim(s, "w").await.unwrap().run.run_id, second.run_id);
+        s.delete_thread(&alice, thread).await.unwrap();
+        let gone = Wakeup::Logged {
+            thread_id: thread,
+            seq: i64::MAX,
+        };
+        assert_eq!(told_now(&mut wakeups).await, [gone], "the thread is gone");
+    })
+    .await;
+}
+
+/// The wake-ups told within 300 ms of each other.
+async fn told_now(wakeups: &mut tokio::sync::mpsc::UnboundedReceiver<Wakeup>) -> Vec<Wakeup> {
+    let mut told = vec![next(wakeups).await];
+    while let Ok(Some(wakeup)) =
+        tokio::time::timeout(Duration::from_millis(300), wakeups.recv()).await
+    {
+        told.push(wakeup);
+    }
+    told
 }
 
 /// The next wake-up, within 5 s.
