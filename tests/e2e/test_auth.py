@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 import pytest
 import websockets
-from conftest import BACKENDS, WORKER_PYTHON, _session_server
+from conftest import BACKENDS, WORKER_PYTHON, _loop, _session_server
 from e2e_util import LocalServer, QuietHandler, assert_error_body, describe
 from test_cors import spindle
 from test_runs import WHOAMI_GRAPH  # answers the `configurable` its node was given
@@ -804,11 +804,31 @@ def custom_sdk(server, token: str):
                       headers={"x-client": "e2e", "Authorization": f"Bearer {token}"})
 
 
-async def test_custom_auth_filters_with_operators_select_threads(custom_server):
+@pytest.fixture
+def cat(custom_server):
+    client = custom_sdk(custom_server, "tok-cat")
+    yield client
+    _loop().run_until_complete(client.aclose())
+
+
+@pytest.fixture
+def ben(custom_server):
+    client = custom_sdk(custom_server, "tok-ben")
+    yield client
+    _loop().run_until_complete(client.aclose())
+
+
+async def wait_not_found(run) -> None:
+    """`runs.wait` reads its answer as a stream: the client raises httpx's error for a 404."""
+    with pytest.raises(httpx.HTTPStatusError) as refused:
+        await run
+    assert refused.value.response.status_code == 404
+
+
+async def test_custom_auth_filters_with_operators_select_threads(custom_server, cat):
     """`$or` and `$contains` (the threads handler: the caller's project, or shared with them)
     select what a search, a count and a read reach, in the database and on each thread, as
     LangGraph evaluates them; the client's own metadata filter applies besides."""
-    cat = custom_sdk(custom_server, "tok-cat")
     tag = secrets.token_hex(4)
     own = await cat.threads.create(metadata={"tag": tag})
     shared = await cat.threads.create(metadata={"tag": tag, "project": "zeta", "shared_with": ["dan", "cat"]})
@@ -829,12 +849,11 @@ async def test_custom_auth_filters_with_operators_select_threads(custom_server):
             await cat.runs.list(hidden["thread_id"])
 
 
-async def test_custom_auth_filters_with_operators_select_assistants(custom_server):
+async def test_custom_auth_filters_with_operators_select_assistants(custom_server, cat):
     """LangGraph's own example, `{"$or": [{"owner": identity}, {"created_by": "system"}]}`: the
     caller's assistants and the system's are readable, searchable and runnable; another
     owner's (set by the client) is not found anywhere, and a run of it is refused, as
     creating a run needs read access to its assistant."""
-    cat = custom_sdk(custom_server, "tok-cat")
     tag = secrets.token_hex(4)
     mine = await cat.assistants.create("whoami", metadata={"tag": tag})
     theirs = await cat.assistants.create("whoami", metadata={"tag": tag, "owner": "dan"})
@@ -858,18 +877,16 @@ async def test_custom_auth_filters_with_operators_select_assistants(custom_serve
     assert "seen" in await cat.runs.wait(tid, "whoami", input={})
     with pytest.raises(NotFoundError):
         await cat.runs.create(tid, theirs["assistant_id"], input={})
-    with pytest.raises(NotFoundError):
-        await cat.runs.wait(None, theirs["assistant_id"], input={})
+    await wait_not_found(cat.runs.wait(None, theirs["assistant_id"], input={}))
     with pytest.raises(NotFoundError):
         await cat.runs.create_batch([{"assistant_id": "whoami", "input": {}},
                                      {"assistant_id": theirs["assistant_id"], "input": {}}])
     assert len(await cat.runs.list(tid)) == 2
 
 
-async def test_custom_auth_filter_spindle_cannot_apply_is_an_error(custom_server):
+async def test_custom_auth_filter_spindle_cannot_apply_is_an_error(custom_server, cat):
     """A handler's operator Spindle cannot apply (`$ne` here) is an error naming it, never a
     filter that matches nothing or everything, and the request changes nothing."""
-    cat = custom_sdk(custom_server, "tok-cat")
     mine = await cat.assistants.create("whoami", metadata={"tag": secrets.token_hex(4)})
     with custom_client(custom_server, "tok-cat") as http:
         r = http.delete(f"/assistants/{mine['assistant_id']}")
@@ -877,11 +894,10 @@ async def test_custom_auth_filter_spindle_cannot_apply_is_an_error(custom_server
     assert (await cat.assistants.get(mine["assistant_id"]))["assistant_id"] == mine["assistant_id"]
 
 
-async def test_custom_auth_runs_on_new_threads_stay_their_owners(custom_server):
+async def test_custom_auth_runs_on_new_threads_stay_their_owners(custom_server, cat):
     """A run on a thread made for it (stateless with `on_completion: keep`, `/runs/batch`,
     `if_not_exists: create`) carries what the create_run handler stamped on the run into the
     thread's metadata, as LangGraph does: its owner can join it and read the thread."""
-    cat = custom_sdk(custom_server, "tok-cat")
     kept = await cat.runs.create(None, "whoami", input={}, on_completion="keep")
     assert "seen" in await cat.runs.join(kept["thread_id"], kept["run_id"])
     thread = await cat.threads.get(kept["thread_id"])
@@ -899,11 +915,10 @@ async def test_custom_auth_runs_on_new_threads_stay_their_owners(custom_server):
     assert "seen" in await cat.runs.join(tid, made["run_id"])
 
 
-async def test_custom_auth_another_users_thread_is_not_found_for_prune_and_runs(custom_server):
+async def test_custom_auth_another_users_thread_is_not_found_for_prune_and_runs(cat, ben):
     """Another user's thread, or one of the caller's outside the filter, is 404 for a prune
     (which then prunes nothing) and for a run with `if_not_exists: create` (which creates
     nothing); the caller's own threads are pruned."""
-    cat, ben = custom_sdk(custom_server, "tok-cat"), custom_sdk(custom_server, "tok-ben")
     bens = await ben.threads.create(metadata={"keep": True})
     mine = await cat.threads.create()
     outside = await cat.threads.create(metadata={"project": "zeta"})
@@ -911,8 +926,7 @@ async def test_custom_auth_another_users_thread_is_not_found_for_prune_and_runs(
         with pytest.raises(NotFoundError):
             await cat.threads.prune(ids)
     assert (await cat.threads.get(mine["thread_id"]))["thread_id"] == mine["thread_id"]
-    with pytest.raises(NotFoundError):
-        await cat.runs.wait(bens["thread_id"], "whoami", input={}, if_not_exists="create")
+    await wait_not_found(cat.runs.wait(bens["thread_id"], "whoami", input={}, if_not_exists="create"))
     assert await ben.runs.list(bens["thread_id"]) == []
     assert (await ben.threads.get(bens["thread_id"]))["metadata"] == {"keep": True, "project": "gemini", "owner": "ben"}
     assert await cat.threads.prune([mine["thread_id"]]) == {"pruned_count": 1}
@@ -920,10 +934,9 @@ async def test_custom_auth_another_users_thread_is_not_found_for_prune_and_runs(
         await cat.threads.get(mine["thread_id"])
 
 
-async def test_custom_auth_store_search_meets_the_handlers_filter(custom_server):
+async def test_custom_auth_store_search_meets_the_handlers_filter(custom_server, cat):
     """A store search handler's filter is on the items' values, as in LangGraph: it holds
     besides the client's own filter."""
-    cat = custom_sdk(custom_server, "tok-cat")
     ns = ["notes", secrets.token_hex(4)]
     await cat.store.put_item(ns, "mine", {"n": 1})
     await cat.store.put_item(ns, "theirs", {"n": 2, "owner": "dan"})
