@@ -166,7 +166,9 @@ fn new_thread_metadata(
         "assistant_id".into(),
         json!(assistant.assistant_id.to_string()),
     );
-    if let Some(Value::Object(config_metadata)) = kwargs.get("config").and_then(|c| c.get("metadata")) {
+    if let Some(Value::Object(config_metadata)) =
+        kwargs.get("config").and_then(|c| c.get("metadata"))
+    {
         metadata.extend(config_metadata.clone());
     }
     metadata.extend(run_metadata.clone());

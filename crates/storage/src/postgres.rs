@@ -189,7 +189,10 @@ async fn set_current(
 
 /// A [`MetadataCondition`] on the `metadata` column: its containments are `@>`, which the
 /// GIN indexes serve.
-pub(crate) fn push_pg_condition(qb: &mut QueryBuilder<'_, Postgres>, condition: &MetadataCondition) {
+pub(crate) fn push_pg_condition(
+    qb: &mut QueryBuilder<'_, Postgres>,
+    condition: &MetadataCondition,
+) {
     crate::json_filter::push_condition(qb, condition, &mut |qb, wanted| {
         qb.push("metadata @> ").push_bind(Json(wanted.clone()));
     });

@@ -279,7 +279,13 @@ async fn ask_about_batch_run(
     let answer = ask_handler(state, asked.user, asked.action, &value).await?;
     let changed = answer.get("value").cloned().unwrap_or(Value::Null);
     let mut body = Some(run.take());
-    apply_changes(asked.action, &value, &changed, &mut uri.clone(), Some(&mut body));
+    apply_changes(
+        asked.action,
+        &value,
+        &changed,
+        &mut uri.clone(),
+        Some(&mut body),
+    );
     *run = body.unwrap_or_default();
     if let Some(filters) = answer["filters"].as_object().filter(|f| !f.is_empty()) {
         filters::parse(filters).map_err(deny)?;

@@ -220,8 +220,10 @@ mod tests {
             Contains(json!({"owner": "ann"}))
         );
         assert_eq!(
-            parsed(json!({"owner": "ann", "org": {"$eq": 7}, "tags": {"$contains": "x"},
-                          "team": {"$contains": ["a", "b"]}}))
+            parsed(
+                json!({"owner": "ann", "org": {"$eq": 7}, "tags": {"$contains": "x"},
+                          "team": {"$contains": ["a", "b"]}})
+            )
             .unwrap(),
             All(vec![
                 Contains(json!({"owner": "ann"})),

@@ -10,18 +10,19 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{json, Value};
 use spindle_execution::crons::{firing_thread, FireCron, Schedule};
 use spindle_execution::StartedRun;
-use spindle_storage::{CronFiring, MetadataCondition};
 use spindle_storage::ResourceId;
 use spindle_storage::{
     Cron, CronFields, CronFilter, CronSearch, CronSortBy, NewCron, OnRunCompleted,
 };
+use spindle_storage::{CronFiring, MetadataCondition};
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
 use super::runs::{
-    check_webhook, locations, no_assistant, run_assistant, start_run, OnCompletion, RunCreate, RunOut,
+    check_webhook, locations, no_assistant, run_assistant, start_run, OnCompletion, RunCreate,
+    RunOut,
 };
 use crate::auth::filters::HandlerFilter;
 use crate::auth::AuthUser;
@@ -273,8 +274,8 @@ async fn create(
     // The body is checked whole (its run, webhook and schedule) before its assistant is
     // looked up, as the reference validates a body first: a cron no firing could make is a
     // 422 whatever assistant it names.
-    let assistant_id =
-        resolve_assistant_id(state, &body.assistant_id).map_err(|_| no_assistant(&body.assistant_id))?;
+    let assistant_id = resolve_assistant_id(state, &body.assistant_id)
+        .map_err(|_| no_assistant(&body.assistant_id))?;
     let cron_id = Uuid::now_v7();
     let mut payload = payload_of(&body, assistant_id, cron_id);
     keep_creator(&mut payload, caller);

@@ -15,8 +15,8 @@ use spindle_graph::pregel::{self, NodeUpdate};
 use spindle_graph::Graph;
 use spindle_storage::ResourceId;
 use spindle_storage::{
-    CancelAction, NewThread, RunFilter, RunStatus, Scope, StateWrite, StorageError, Thread, ThreadFilter,
-    ThreadPatch, ThreadSearch, ThreadSortBy, ThreadStatus, ThreadTtl, TtlStrategy,
+    CancelAction, NewThread, RunFilter, RunStatus, Scope, StateWrite, StorageError, Thread,
+    ThreadFilter, ThreadPatch, ThreadSearch, ThreadSortBy, ThreadStatus, ThreadTtl, TtlStrategy,
 };
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;

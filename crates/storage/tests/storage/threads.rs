@@ -339,10 +339,19 @@ async fn search_filters_by_ids_status_metadata_and_values() {
 
         // A condition (a custom-auth handler's filter) applies besides the client's metadata.
         let any_of = |wanted: [serde_json::Value; 2]| {
-            MetadataCondition::Any(wanted.into_iter().map(MetadataCondition::Contains).collect())
+            MetadataCondition::Any(
+                wanted
+                    .into_iter()
+                    .map(MetadataCondition::Contains)
+                    .collect(),
+            )
         };
         for (condition, metadata, expected) in [
-            (any_of([json!({"n": 2}), json!({"flag": true})]), None, vec![idle, busy]),
+            (
+                any_of([json!({"n": 2}), json!({"flag": true})]),
+                None,
+                vec![idle, busy],
+            ),
             (
                 any_of([json!({"n": 2}), json!({"flag": true})]),
                 Some(json!({"flag": true})),
@@ -363,7 +372,11 @@ async fn search_filters_by_ids_status_metadata_and_values() {
                 condition: Some(condition.clone()),
                 ..Default::default()
             };
-            assert_eq!(find(s, &user, filter.clone()).await, expected, "{condition:?}");
+            assert_eq!(
+                find(s, &user, filter.clone()).await,
+                expected,
+                "{condition:?}"
+            );
             let count = s.count_threads(&user, filter).await.unwrap();
             assert_eq!(count, expected.len() as i64, "{condition:?}");
         }
