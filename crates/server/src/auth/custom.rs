@@ -506,8 +506,12 @@ async fn check_pruned(
         let Some(id) = id.as_str().and_then(|id| id.parse::<ResourceId>().ok()) else {
             continue;
         };
-        let found = state.storage.get_thread(scope, id).await.ok();
-        if !found.is_some_and(|t| condition.holds(&Value::Object(t.metadata))) {
+        let found = match state.storage.get_thread(scope, id).await {
+            Ok(thread) => condition.holds(&Value::Object(thread.metadata)),
+            Err(spindle_storage::StorageError::NotFound(_)) => false,
+            Err(e) => return Err(deny(ApiError::from(e))),
+        };
+        if !found {
             return Err(deny(ApiError::not_found(
                 "At least one thread not found or not authorized",
             )));
