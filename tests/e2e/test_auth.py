@@ -667,6 +667,22 @@ async def own_project(ctx, value):
     return mine_or_shared(ctx)
 
 
+@auth.on.crons.create
+async def stamp_cron_owner(ctx, value):
+    assert ctx.user.identity == "cat", f"crons.{ctx.action} is not allowed"
+    metadata = value.setdefault("metadata", {}) or {}
+    metadata.setdefault("owner", ctx.user.identity)
+    value["metadata"] = metadata
+
+
+@auth.on.crons
+async def cats_crons(ctx, value):
+    # Only cat may use crons here (the others meet the default handler's refusal).
+    assert ctx.user.identity == "cat", f"crons.{ctx.action} is not allowed"
+    return {"$and": [{"$or": [{"owner": ctx.user.identity}, {"team": "crons"}]},
+                     {"kind": {"$eq": "cron"}}]}
+
+
 @auth.on.assistants.create
 async def stamp_assistant_owner(ctx, value):
     metadata = value.setdefault("metadata", {}) or {}
@@ -882,6 +898,28 @@ async def test_custom_auth_filters_with_operators_select_assistants(custom_serve
         await cat.runs.create_batch([{"assistant_id": "whoami", "input": {}},
                                      {"assistant_id": theirs["assistant_id"], "input": {}}])
     assert len(await cat.runs.list(tid)) == 2
+
+
+async def test_custom_auth_filters_with_operators_select_crons(custom_server, cat):
+    """`$and` of an `$or` and an `$eq` (the crons handler) selects the crons a search, a count
+    and a read reach."""
+    tag = secrets.token_hex(4)
+
+    async def cron(**metadata):
+        return await cat.crons.create("whoami", schedule="0 0 1 1 *", enabled=False,
+                                      metadata={"tag": tag, "kind": "cron", **metadata})
+    mine = await cron()
+    team = await cron(owner="dan", team="crons")
+    theirs = await cron(owner="dan")
+    other_kind = await cron(kind="job")
+    assert mine["metadata"]["owner"] == "cat", mine
+    found = await cat.crons.search(metadata={"tag": tag}, limit=100)
+    assert {c["cron_id"] for c in found} == {mine["cron_id"], team["cron_id"]}, found
+    assert await cat.crons.count(metadata={"tag": tag}) == 2
+    with custom_client(custom_server, "tok-cat") as http:
+        assert http.get(f"/runs/crons/{team['cron_id']}").status_code == 200
+        for hidden in (theirs, other_kind):
+            assert_error_body(http.get(f"/runs/crons/{hidden['cron_id']}"), 404)
 
 
 async def test_custom_auth_filter_spindle_cannot_apply_is_an_error(custom_server, cat):
