@@ -21,6 +21,7 @@ import secrets
 import shutil
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 
@@ -31,7 +32,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 import pytest
 import websockets
-from conftest import BACKENDS, WORKER_PYTHON, _session_server
+from conftest import BACKENDS, WORKER_PYTHON, _loop, _session_server
 from e2e_util import LocalServer, QuietHandler, assert_error_body, describe
 from test_cors import spindle
 from test_runs import WHOAMI_GRAPH  # answers the `configurable` its node was given
@@ -269,6 +270,7 @@ def foreign_requests(w: dict) -> list[tuple[str, str, object]]:
         ("POST", f"/threads/{t}/copy", {}),
         ("GET", f"/threads/{t}/runs", None),
         ("POST", f"/threads/{t}/runs", run),
+        ("POST", f"/threads/{t}/runs", {**run, "if_not_exists": "create"}),
         ("POST", f"/threads/{t}/runs/stream", run),
         ("POST", f"/threads/{t}/runs/wait", run),
         ("GET", f"/threads/{t}/runs/{r}", None),
@@ -341,8 +343,14 @@ def test_another_users_resources_are_404_on_every_endpoint(alice, bob):
     assert bob.post("/threads/count", json={"metadata": {"tag": world["tag"]}}).json() == 0
     assert bob.post("/assistants/count", json={"metadata": {"tag": world["tag"]}}).json() == 0
     assert bob.post("/runs/crons/count", json={"assistant_id": world["assistant"]}).json() == 0
-    # Prune of Alice's thread touches nothing; Bob made no thread through any refused request.
-    bob.post("/threads/prune", json={"thread_ids": [world["thread"]], "strategy": "delete"})
+    # Prune of Alice's thread is not found and touches nothing, also beside a thread of Bob's;
+    # Bob made no thread through any refused request.
+    bobs = bob.post("/threads", json={}).json()["thread_id"]
+    for ids in ([world["thread"]], [bobs, world["thread"]]):
+        r = bob.post("/threads/prune", json={"thread_ids": ids, "strategy": "delete"})
+        assert_error_body(r, 404)
+    assert bob.get(f"/threads/{bobs}").status_code == 200
+    assert bob.delete(f"/threads/{bobs}").status_code == 200
     assert bob.post("/threads/search", json={"limit": 1000}).json() == bob_before
 
     # Alice's world is as she left it.
@@ -605,7 +613,14 @@ auth = Auth()
 USERS = {
     "tok-ann": {"identity": "ann", "display_name": "Ann", "project": "apollo", "permissions": ["write"]},
     "tok-ben": {"identity": "ben", "project": "gemini"},
+    "tok-cat": {"identity": "cat", "project": "apollo"},
 }
+
+
+def mine_or_shared(ctx):
+    """LangGraph's filter operators: the caller's project's threads, or those shared with them."""
+    return {"$or": [{"project": ctx.user.project},
+                    {"shared_with": {"$contains": ctx.user.identity}}]}
 
 
 @auth.authenticate
@@ -630,25 +645,69 @@ async def stamp_owner(ctx: Auth.types.AuthContext, value: dict):
 
 @auth.on.threads.delete
 async def keep_threads(ctx, value):
-    raise Auth.exceptions.HTTPException(status_code=403, detail="threads are kept")
+    # One by one, threads are kept; a prune (`thread_ids`) may remove those of the filter.
+    if "thread_ids" not in value:
+        raise Auth.exceptions.HTTPException(status_code=403, detail="threads are kept")
+    return mine_or_shared(ctx)
 
 
 @auth.on.threads.create_run
 async def no_runs_of_nope(ctx, value):
     if value.get("assistant_id") == "nope":
         raise Auth.exceptions.HTTPException(status_code=403, detail="no runs of nope")
+    # As LangGraph's examples do: the run (and a thread made for it) carries its owner's project.
+    metadata = value.setdefault("metadata", {}) or {}
+    metadata["project"] = ctx.user.project
+    value["metadata"] = metadata
     return {"project": ctx.user.project}
 
 
 @auth.on.threads
 async def own_project(ctx, value):
-    return {"project": ctx.user.project}
+    return mine_or_shared(ctx)
+
+
+@auth.on.crons.create
+async def stamp_cron_owner(ctx, value):
+    assert ctx.user.identity == "cat", f"crons.{ctx.action} is not allowed"
+    metadata = value.setdefault("metadata", {}) or {}
+    metadata.setdefault("owner", ctx.user.identity)
+    value["metadata"] = metadata
+
+
+@auth.on.crons
+async def cats_crons(ctx, value):
+    # Only cat may use crons here (the others meet the default handler's refusal).
+    assert ctx.user.identity == "cat", f"crons.{ctx.action} is not allowed"
+    return {"$and": [{"$or": [{"owner": ctx.user.identity}, {"team": "crons"}]},
+                     {"kind": {"$eq": "cron"}}]}
+
+
+@auth.on.assistants.create
+async def stamp_assistant_owner(ctx, value):
+    metadata = value.setdefault("metadata", {}) or {}
+    metadata.setdefault("owner", ctx.user.identity)
+    value["metadata"] = metadata
+
+
+@auth.on.assistants.delete
+async def unsupported_filter(ctx, value):
+    return {"owner": {"$ne": "nobody"}}
+
+
+@auth.on.assistants
+async def own_or_system_assistants(ctx, value):
+    return {"$or": [{"owner": ctx.user.identity}, {"created_by": "system"}]}
 
 
 @auth.on.store
 async def own_namespace(ctx, value):
     if "namespace" in value and value["namespace"] is not None:
         value["namespace"] = [ctx.user.identity, *value["namespace"]]
+    if ctx.action == "put" and isinstance(value.get("value"), dict):
+        value["value"].setdefault("owner", ctx.user.identity)
+    if ctx.action == "search":
+        return {"owner": ctx.user.identity}
 
 
 @auth.on
@@ -753,6 +812,176 @@ def test_custom_auth_store_handlers_rewrite_namespaces(custom_server):
         assert item["namespace"] == ["ann", *ns], item
         found = ann.post("/store/items/search", json={"namespace_prefix": ns}).json()["items"]
         assert [i["namespace"] for i in found] == [["ann", *ns]], found
+
+
+def custom_sdk(server, token: str):
+    """The official client, as a custom-auth deployment's users call it."""
+    return get_client(url=server.base_url, api_key=None, timeout=30,
+                      headers={"x-client": "e2e", "Authorization": f"Bearer {token}"})
+
+
+@pytest.fixture
+def cat(custom_server):
+    client = custom_sdk(custom_server, "tok-cat")
+    yield client
+    _loop().run_until_complete(client.aclose())
+
+
+@pytest.fixture
+def ben(custom_server):
+    client = custom_sdk(custom_server, "tok-ben")
+    yield client
+    _loop().run_until_complete(client.aclose())
+
+
+async def wait_not_found(run) -> None:
+    """`runs.wait` reads its answer as a stream: the client raises httpx's error for a 404."""
+    with pytest.raises(httpx.HTTPStatusError) as refused:
+        await run
+    assert refused.value.response.status_code == 404
+
+
+async def test_custom_auth_filters_with_operators_select_threads(custom_server, cat):
+    """`$or` and `$contains` (the threads handler: the caller's project, or shared with them)
+    select what a search, a count and a read reach, in the database and on each thread, as
+    LangGraph evaluates them; the client's own metadata filter applies besides."""
+    tag = secrets.token_hex(4)
+    own = await cat.threads.create(metadata={"tag": tag})
+    shared = await cat.threads.create(metadata={"tag": tag, "project": "zeta", "shared_with": ["dan", "cat"]})
+    other = await cat.threads.create(metadata={"tag": tag, "project": "zeta", "shared_with": ["dan"]})
+    # `$contains` asks for a list holding the value: a plain string does not.
+    plain = await cat.threads.create(metadata={"tag": tag, "project": "zeta", "shared_with": "cat"})
+    assert own["metadata"]["project"] == "apollo", own
+    found = await cat.threads.search(metadata={"tag": tag}, limit=100)
+    assert {t["thread_id"] for t in found} == {own["thread_id"], shared["thread_id"]}, found
+    assert await cat.threads.count(metadata={"tag": tag}) == 2
+    zeta = await cat.threads.search(metadata={"tag": tag, "project": "zeta"})
+    assert [t["thread_id"] for t in zeta] == [shared["thread_id"]], zeta
+    assert (await cat.threads.get(shared["thread_id"]))["metadata"]["project"] == "zeta"
+    for hidden in (other, plain):
+        with pytest.raises(NotFoundError):
+            await cat.threads.get(hidden["thread_id"])
+        with pytest.raises(NotFoundError):
+            await cat.runs.list(hidden["thread_id"])
+
+
+async def test_custom_auth_filters_with_operators_select_assistants(custom_server, cat):
+    """LangGraph's own example, `{"$or": [{"owner": identity}, {"created_by": "system"}]}`: the
+    caller's assistants and the system's are readable, searchable and runnable; another
+    owner's (set by the client) is not found anywhere, and a run of it is refused, as
+    creating a run needs read access to its assistant."""
+    tag = secrets.token_hex(4)
+    mine = await cat.assistants.create("whoami", metadata={"tag": tag})
+    theirs = await cat.assistants.create("whoami", metadata={"tag": tag, "owner": "dan"})
+    assert mine["metadata"]["owner"] == "cat", mine
+    assert (await cat.assistants.get(mine["assistant_id"]))["assistant_id"] == mine["assistant_id"]
+    system = await cat.assistants.get("whoami")
+    assert system["metadata"]["created_by"] == "system", system
+    found = await cat.assistants.search(metadata={"tag": tag})
+    assert [a["assistant_id"] for a in found] == [mine["assistant_id"]], found
+    assert await cat.assistants.count(metadata={"tag": tag}) == 1
+    everything = await cat.assistants.search(limit=1000)
+    assert system["assistant_id"] in [a["assistant_id"] for a in everything]
+    assert theirs["assistant_id"] not in [a["assistant_id"] for a in everything]
+    with pytest.raises(NotFoundError):
+        await cat.assistants.get(theirs["assistant_id"])
+    # Runs: of their own assistant and the system's, yes; of another owner's, not found, and
+    # nothing is created (on a new thread, or on a thread of theirs).
+    thread = await cat.threads.create(metadata={"tag": tag})
+    tid = thread["thread_id"]
+    assert "seen" in await cat.runs.wait(tid, mine["assistant_id"], input={})
+    assert "seen" in await cat.runs.wait(tid, "whoami", input={})
+    with pytest.raises(NotFoundError):
+        await cat.runs.create(tid, theirs["assistant_id"], input={})
+    await wait_not_found(cat.runs.wait(None, theirs["assistant_id"], input={}))
+    with pytest.raises(NotFoundError):
+        await cat.runs.create_batch([{"assistant_id": "whoami", "input": {}},
+                                     {"assistant_id": theirs["assistant_id"], "input": {}}])
+    assert len(await cat.runs.list(tid)) == 2
+
+
+async def test_custom_auth_filters_with_operators_select_crons(custom_server, cat):
+    """`$and` of an `$or` and an `$eq` (the crons handler) selects the crons a search, a count
+    and a read reach."""
+    tag = secrets.token_hex(4)
+
+    async def cron(**metadata):
+        return await cat.crons.create("whoami", schedule="0 0 1 1 *", enabled=False,
+                                      metadata={"tag": tag, "kind": "cron", **metadata})
+    mine = await cron()
+    team = await cron(owner="dan", team="crons")
+    theirs = await cron(owner="dan")
+    other_kind = await cron(kind="job")
+    assert mine["metadata"]["owner"] == "cat", mine
+    found = await cat.crons.search(metadata={"tag": tag}, limit=100)
+    assert {c["cron_id"] for c in found} == {mine["cron_id"], team["cron_id"]}, found
+    assert await cat.crons.count(metadata={"tag": tag}) == 2
+    with custom_client(custom_server, "tok-cat") as http:
+        assert http.get(f"/runs/crons/{team['cron_id']}").status_code == 200
+        for hidden in (theirs, other_kind):
+            assert_error_body(http.get(f"/runs/crons/{hidden['cron_id']}"), 404)
+
+
+async def test_custom_auth_filter_spindle_cannot_apply_is_an_error(custom_server, cat):
+    """A handler's operator Spindle cannot apply (`$ne` here) is an error naming it, never a
+    filter that matches nothing or everything, and the request changes nothing."""
+    mine = await cat.assistants.create("whoami", metadata={"tag": secrets.token_hex(4)})
+    with custom_client(custom_server, "tok-cat") as http:
+        r = http.delete(f"/assistants/{mine['assistant_id']}")
+    assert "$ne" in assert_error_body(r, 500)["message"], describe(r)
+    assert (await cat.assistants.get(mine["assistant_id"]))["assistant_id"] == mine["assistant_id"]
+
+
+async def test_custom_auth_runs_on_new_threads_stay_their_owners(custom_server, cat):
+    """A run on a thread made for it (stateless with `on_completion: keep`, `/runs/batch`,
+    `if_not_exists: create`) carries what the create_run handler stamped on the run into the
+    thread's metadata, as LangGraph does: its owner can join it and read the thread."""
+    kept = await cat.runs.create(None, "whoami", input={}, on_completion="keep")
+    assert "seen" in await cat.runs.join(kept["thread_id"], kept["run_id"])
+    thread = await cat.threads.get(kept["thread_id"])
+    assert thread["metadata"]["project"] == "apollo", thread
+    batch = await cat.runs.create_batch([
+        {"assistant_id": "whoami", "input": {}, "on_completion": "keep"},
+        {"assistant_id": "whoami", "input": {}, "on_completion": "keep", "metadata": {"n": 2}},
+    ])
+    for run in batch:
+        assert "seen" in await cat.runs.join(run["thread_id"], run["run_id"])
+        assert (await cat.threads.get(run["thread_id"]))["metadata"]["project"] == "apollo"
+    assert (await cat.threads.get(batch[1]["thread_id"]))["metadata"]["n"] == 2
+    tid = str(uuid.uuid4())
+    made = await cat.runs.create(tid, "whoami", input={}, if_not_exists="create")
+    assert "seen" in await cat.runs.join(tid, made["run_id"])
+
+
+async def test_custom_auth_another_users_thread_is_not_found_for_prune_and_runs(cat, ben):
+    """Another user's thread, or one of the caller's outside the filter, is 404 for a prune
+    (which then prunes nothing) and for a run with `if_not_exists: create` (which creates
+    nothing); the caller's own threads are pruned."""
+    bens = await ben.threads.create(metadata={"keep": True})
+    mine = await cat.threads.create()
+    outside = await cat.threads.create(metadata={"project": "zeta"})
+    for ids in ([bens["thread_id"]], [mine["thread_id"], bens["thread_id"]], [outside["thread_id"]]):
+        with pytest.raises(NotFoundError):
+            await cat.threads.prune(ids)
+    assert (await cat.threads.get(mine["thread_id"]))["thread_id"] == mine["thread_id"]
+    await wait_not_found(cat.runs.wait(bens["thread_id"], "whoami", input={}, if_not_exists="create"))
+    assert await ben.runs.list(bens["thread_id"]) == []
+    assert (await ben.threads.get(bens["thread_id"]))["metadata"] == {"keep": True, "project": "gemini", "owner": "ben"}
+    assert await cat.threads.prune([mine["thread_id"]]) == {"pruned_count": 1}
+    with pytest.raises(NotFoundError):
+        await cat.threads.get(mine["thread_id"])
+
+
+async def test_custom_auth_store_search_meets_the_handlers_filter(custom_server, cat):
+    """A store search handler's filter is on the items' values, as in LangGraph: it holds
+    besides the client's own filter."""
+    ns = ["notes", secrets.token_hex(4)]
+    await cat.store.put_item(ns, "mine", {"n": 1})
+    await cat.store.put_item(ns, "theirs", {"n": 2, "owner": "dan"})
+    found = (await cat.store.search_items(ns, limit=100))["items"]
+    assert [(i["key"], i["value"]) for i in found] == [("mine", {"n": 1, "owner": "cat"})], found
+    assert (await cat.store.search_items(ns, filter={"n": 2}))["items"] == []
+    assert [i["key"] for i in (await cat.store.search_items(ns, filter={"n": 1}))["items"]] == ["mine"]
 
 
 def test_custom_auth_users_permissions_are_enforced_when_asked(tmp_path):

@@ -73,6 +73,8 @@ def test_dev_lets_any_page_call_it(tmp_path):
         r = httpx.post(srv.base_url + "/threads/search", json={"limit": 1}, headers={"Origin": PAGE})
         assert r.status_code == 200, r.text
         assert r.headers["access-control-allow-origin"] == "*"
+        # A wildcard origin never comes with credentials.
+        assert "access-control-allow-credentials" not in r.headers, r.headers
         exposed = r.headers["access-control-expose-headers"].lower()
         assert "x-pagination-total" in exposed and "content-location" in exposed, exposed
 
@@ -115,6 +117,8 @@ def test_a_cors_section_with_a_mistake_stops_the_server_naming_it(tmp_path):
     for cors, named in [
         ({"allow_origin": [PAGE]}, "allow_origin"),
         ({"allow_origins": [PAGE], "allow_headers": ["not a header"]}, "allow_headers"),
+        # A wildcard origin never comes with credentials (a page of any origin could act with them).
+        ({"allow_origins": ["*"], "allow_credentials": True}, "allow_credentials"),
     ]:
         config = tmp_path / "spindle.json"
         config.write_text(json.dumps({"graphs": EXAMPLE_GRAPH, "http": {"cors": cors}}))

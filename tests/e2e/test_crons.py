@@ -20,7 +20,7 @@ from e2e_util import (
     execute_sql,
 )
 from langgraph_sdk import get_client
-from langgraph_sdk.errors import NotFoundError
+from langgraph_sdk.errors import NotFoundError, UnprocessableEntityError
 
 INPUT = {"messages": [{"role": "user", "content": "tick"}]}
 CRON_KEYS = {
@@ -182,6 +182,28 @@ async def test_limits_and_bad_input_are_422_and_write_nothing(client, http, tag)
     assert_status(http.get(f"/runs/crons/{uuid.uuid4()}"), 404)
     assert_validation_error(http.get("/runs/crons/not-a-uuid"), "path", "cron_id")
     await client.crons.delete(cron["cron_id"])
+
+
+@pytest.mark.spindle_only
+async def test_a_bad_body_is_422_before_its_assistant_is_looked_up(client, http, tag):
+    """As the reference validates a body first: a cron whose webhook is no http(s) URL, or
+    whose schedule is not one, is a 422 naming the field even when its assistant does not
+    exist (a body that is valid but names no assistant is the 404)."""
+    thread = await client.threads.create()
+    missing = str(uuid.uuid4())
+    with pytest.raises(UnprocessableEntityError):
+        await client.crons.create(missing, schedule="0 0 1 1 *", webhook="file:///etc/passwd")
+    with pytest.raises(UnprocessableEntityError):
+        await client.crons.create_for_thread(thread["thread_id"], missing, schedule="0 0 1 1 *",
+                                             webhook="file:///etc/passwd")
+    for change, field in [({"webhook": "file:///etc/passwd"}, "webhook"), ({"schedule": "every day"}, "schedule")]:
+        body = {"assistant_id": missing, "schedule": "0 0 1 1 *", "metadata": {"tag": tag}, **change}
+        for path in ["/runs/crons", f"/threads/{thread['thread_id']}/runs/crons"]:
+            assert_validation_error(http.post(path, json=body), "body", field)
+    with pytest.raises(NotFoundError):
+        await client.crons.create(missing, schedule="0 0 1 1 *", metadata={"tag": tag})
+    assert await client.crons.count(metadata={"tag": tag}) == 0
+    assert await thread_runs(client, thread["thread_id"]) == []
 
 
 async def test_time_zone_sets_next_run_date_in_utc(client):
@@ -395,6 +417,8 @@ async def test_a_crons_runs_are_checked_as_runs_are(client, http, tag):
         ({"metadata": {"tag": tag, "deep": {"a": 1}}}, ["metadata", "deep"]),
         ({"webhook": "http://169.254.169.254/x"}, ["webhook"]),
         ({"webhook": "http://127.0.0.1:9/hook"}, ["webhook"]),
+        ({"webhook": "http://10.1.2.3/hook"}, ["webhook"]),
+        ({"webhook": "http://[::1]:9/hook"}, ["webhook"]),
     ]
     for change, loc in cases:
         for path in ["/runs/crons", f"/threads/{thread['thread_id']}/runs/crons"]:

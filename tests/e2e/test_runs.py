@@ -322,6 +322,13 @@ async def test_stateless_keep_and_background(client, http):
     kept = http.get(thread_path)
     assert_status(kept, 200)
     assert kept.json()["values"] == {"n": 4}
+    # A thread made for a run carries the run's metadata (and config's), as LangGraph's does.
+    run = await client.runs.create(None, "chain", input={"n": 1}, on_completion="keep",
+                                   metadata={"by": "keep"}, config={"metadata": {"via": "config"}})
+    await client.runs.join(run["thread_id"], run["run_id"])
+    metadata = (await client.threads.get(run["thread_id"]))["metadata"]
+    assert metadata["by"] == "keep" and metadata["via"] == "config", metadata
+    assert metadata["graph_id"] == "chain", metadata
     run = await client.runs.create(None, "chain", input={"n": 0})
     tid = run["thread_id"]
     for _ in range(100):

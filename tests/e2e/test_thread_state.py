@@ -16,7 +16,7 @@ import pytest
 from conftest import BACKENDS, _loop, _session_server
 from e2e_util import assert_error_body, assert_status, assert_validation_error
 from langgraph_sdk import get_client
-from langgraph_sdk.errors import ConflictError, NotFoundError
+from langgraph_sdk.errors import BadRequestError, ConflictError, NotFoundError
 
 HI = {"messages": [{"role": "user", "content": "hi"}]}
 
@@ -244,7 +244,7 @@ async def test_update_state_is_refused_while_a_run_is_active(client, tag):
 @pytest.mark.spindle_only
 async def test_update_state_refuses_bad_input(client, http, tag):
     """422 naming the field: values of the wrong type, an unknown node; 404 for an unknown
-    checkpoint; a thread with no graph is a conflict with its state (409, the error body)."""
+    checkpoint; a thread with no graph is a 400 (the error body), as the reference answers."""
     tid = await chain_thread(client, tag)
     r = http.post(f"/threads/{tid}/state", json={"values": 5})
     assert_validation_error(r, "body", "values")
@@ -254,7 +254,10 @@ async def test_update_state_refuses_bad_input(client, http, tag):
     assert_status(r, 404)
     bare = await client.threads.create(metadata={"tag": tag})
     r = http.post(f"/threads/{bare['thread_id']}/state", json={"values": {"n": 1}})
-    assert assert_error_body(r, 409)["error"] == "conflict"
+    assert assert_error_body(r, 400)["error"] == "bad_request"
+    with pytest.raises(BadRequestError):
+        await client.threads.update_state(bare["thread_id"], {"n": 1})
+    assert (await client.threads.get_state(bare["thread_id"]))["values"] == {}
     r = http.get(f"/threads/{uuid.uuid4()}/state")
     assert_status(r, 404)
 

@@ -200,6 +200,22 @@ async def test_a_stateless_run_posts_its_values(webhook_client, receiver):
     assert request["body"]["values"] == {"n": 13}
 
 
+async def test_a_crons_webhook_may_reach_a_local_receiver_when_allowed(webhook_client, receiver, tag):
+    """The option for local development holds for crons as for runs: on a server started with
+    ``--webhook-allow-private`` a cron's webhook may be a loopback receiver, and its first run
+    posts its end there (the default server refuses it: test_crons)."""
+    thread = await webhook_client.threads.create(metadata={"tag": tag})
+    first = await webhook_client.crons.create_for_thread(
+        thread["thread_id"], "chain", schedule="0 0 1 1 *", input={"n": 1}, webhook=receiver.url
+    )
+    try:
+        [request] = receiver.wait_for(1)
+        assert request["body"]["run_id"] == first["run_id"], request
+        assert request["body"]["status"] == "success", request
+    finally:
+        await webhook_client.crons.delete(first["cron_id"])
+
+
 async def test_a_failing_receiver_is_retried(webhook_client, failing_receiver, tag):
     """The receiver answers 500 first: the same payload comes again, sent later."""
     thread = await webhook_client.threads.create(metadata={"tag": tag})

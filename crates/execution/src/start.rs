@@ -100,15 +100,9 @@ impl RunWorkers {
         }
         let temporary = stateless != Stateless::No;
         let if_thread_missing = if temporary || create_missing_thread {
-            // A thread made for a run names its graph and assistant, as a run names them
-            // in an existing thread's metadata.
-            let mut metadata = Map::new();
-            metadata.insert("graph_id".into(), json!(assistant.fields.graph_id));
-            metadata.insert(
-                "assistant_id".into(),
-                json!(assistant.assistant_id.to_string()),
-            );
-            IfThreadMissing::Create { metadata }
+            IfThreadMissing::Create {
+                metadata: new_thread_metadata(&assistant, &kwargs, &metadata),
+            }
         } else {
             IfThreadMissing::Reject
         };
@@ -154,6 +148,31 @@ impl RunWorkers {
             claimed_after,
         })
     }
+}
+
+/// The metadata of a thread made for a run (stateless, or `if_not_exists=create`), as LangGraph
+/// Platform makes it: the run's graph and assistant (as a run names them in an existing
+/// thread's metadata), then its `config.metadata` and its own metadata over them. So what a
+/// custom-auth handler stamped on the run (`metadata.owner`) is the thread's too, and its
+/// owner can read the thread, join the run and list its runs under the handler's filter.
+fn new_thread_metadata(
+    assistant: &Assistant,
+    kwargs: &Map<String, Value>,
+    run_metadata: &Map<String, Value>,
+) -> Map<String, Value> {
+    let mut metadata = Map::new();
+    metadata.insert("graph_id".into(), json!(assistant.fields.graph_id));
+    metadata.insert(
+        "assistant_id".into(),
+        json!(assistant.assistant_id.to_string()),
+    );
+    if let Some(Value::Object(config_metadata)) =
+        kwargs.get("config").and_then(|c| c.get("metadata"))
+    {
+        metadata.extend(config_metadata.clone());
+    }
+    metadata.extend(run_metadata.clone());
+    metadata
 }
 
 /// The metadata a run's graph sees (`config.metadata`, which its checkpoints keep) starts from

@@ -91,16 +91,22 @@ impl Cors {
     /// value is unusable (an origin, method or header that is not one, a bad regex).
     pub fn layer(&self) -> Result<CorsLayer, CorsError> {
         let any = |list: &[String]| list.iter().any(|v| v == "*");
-        // A wildcard cannot go with credentials (browsers refuse it): as Starlette does, the
-        // request's own origin, method or headers are echoed instead.
+        // A wildcard origin never comes with credentials (LangGraph Platform's rule): a page of
+        // any origin could act with its visitor's cookies. Starlette would echo the request's
+        // origin with them; Spindle refuses the section instead, so the mistake is seen.
         let origins = if any(&self.allow_origins) {
-            match self.allow_credentials {
-                true => AllowOrigin::mirror_request(),
-                false => AllowOrigin::any(),
+            if self.allow_credentials {
+                return Err(invalid(
+                    "allow_credentials",
+                    "cannot be true with the origin \"*\": name the origins that may send credentials",
+                ));
             }
+            AllowOrigin::any()
         } else {
             self.origin_list()?
         };
+        // Browsers refuse a wildcard method or header with credentials: as Starlette does, the
+        // request's own are echoed instead.
         let methods = if any(&self.allow_methods) {
             match self.allow_credentials {
                 true => AllowMethods::mirror_request(),
@@ -207,12 +213,17 @@ mod tests {
     }
 
     #[test]
-    fn wildcards_with_credentials_do_not_panic() {
+    fn a_wildcard_origin_never_comes_with_credentials() {
         let c = cors(serde_json::json!({
-            "allow_origins": ["*"], "allow_methods": ["*"], "allow_headers": ["*"],
-            "allow_credentials": true
+            "allow_origins": ["https://app.example", "*"], "allow_credentials": true
+        }));
+        assert_eq!(c.layer().unwrap_err().key, "allow_credentials");
+        // Named origins may send credentials, with any method and header (echoed).
+        let c = cors(serde_json::json!({
+            "allow_origins": ["https://app.example"], "allow_methods": ["*"],
+            "allow_headers": ["*"], "allow_credentials": true
         }));
         assert!(c.layer().is_ok());
-        assert!(Cors::dev().layer().is_ok());
+        assert!(!Cors::dev().allow_credentials && Cors::dev().layer().is_ok());
     }
 }

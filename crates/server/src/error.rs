@@ -20,6 +20,9 @@ pub enum ErrorCode {
     NotFound,
     /// The request collides with the current state (an id that exists, a busy thread).
     Conflict,
+    /// The request cannot apply to the resource as it is (where the reference answers 400:
+    /// a state edit on a thread that has no graph).
+    BadRequest,
     /// The body or parameters failed validation (answered with the 422 `detail` list).
     Validation,
     /// The request is well-formed but cannot be carried out as asked (answered with the 422
@@ -45,6 +48,7 @@ impl ErrorCode {
         match self {
             ErrorCode::NotFound => StatusCode::NOT_FOUND,
             ErrorCode::Conflict => StatusCode::CONFLICT,
+            ErrorCode::BadRequest => StatusCode::BAD_REQUEST,
             ErrorCode::Validation | ErrorCode::InvalidRequest => StatusCode::UNPROCESSABLE_ENTITY,
             ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -59,6 +63,7 @@ impl ErrorCode {
         match self {
             ErrorCode::NotFound => "not_found",
             ErrorCode::Conflict => "conflict",
+            ErrorCode::BadRequest => "bad_request",
             ErrorCode::Validation => "validation_error",
             ErrorCode::InvalidRequest => "invalid_request",
             ErrorCode::PayloadTooLarge => "payload_too_large",

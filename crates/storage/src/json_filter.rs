@@ -7,7 +7,9 @@
 //! bound fragments, so nothing from the filter is ever spliced into the query text.
 
 use serde_json::Value;
-use sqlx::{QueryBuilder, Sqlite};
+use sqlx::{Database, QueryBuilder, Sqlite};
+
+use crate::MetadataCondition;
 
 /// Appends a boolean SQL expression: "`column` contains `filter`" with jsonb semantics.
 pub(crate) fn push_sqlite_contains(
@@ -19,6 +21,42 @@ pub(crate) fn push_sqlite_contains(
     qb.push("(");
     push_contains(qb, column, PathExpr::Root, filter, &mut aliases);
     qb.push(")");
+}
+
+/// Appends a boolean SQL expression for a [`MetadataCondition`], each containment written by
+/// `contains` (the backend's `@>`): the same tree of `AND` and `OR` on both backends.
+pub(crate) fn push_condition<'a, DB: Database>(
+    qb: &mut QueryBuilder<'a, DB>,
+    condition: &MetadataCondition,
+    contains: &mut impl FnMut(&mut QueryBuilder<'a, DB>, &Value),
+) {
+    let (parts, joiner, none) = match condition {
+        MetadataCondition::Contains(wanted) => return contains(qb, wanted),
+        MetadataCondition::All(parts) => (parts, " AND ", "1 = 1"),
+        MetadataCondition::Any(parts) => (parts, " OR ", "1 = 0"),
+    };
+    qb.push("(");
+    if parts.is_empty() {
+        qb.push(none);
+    }
+    for (i, part) in parts.iter().enumerate() {
+        if i > 0 {
+            qb.push(joiner);
+        }
+        push_condition(qb, part, contains);
+    }
+    qb.push(")");
+}
+
+/// [`push_condition`] on a SQLite JSON column.
+pub(crate) fn push_sqlite_condition(
+    qb: &mut QueryBuilder<'_, Sqlite>,
+    column: &str,
+    condition: &MetadataCondition,
+) {
+    push_condition(qb, condition, &mut |qb, wanted| {
+        push_sqlite_contains(qb, column, wanted)
+    });
 }
 
 /// An SQL expression that evaluates to a JSON path into the column.
@@ -179,6 +217,56 @@ mod tests {
             .push(" AS doc)");
         let row = qb.build().fetch_one(&pool).await.unwrap();
         row.get::<i64, _>("hit") == 1
+    }
+
+    async fn sqlite_holds(doc: &Value, condition: &MetadataCondition) -> bool {
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect("sqlite::memory:")
+            .await
+            .unwrap();
+        let mut qb = QueryBuilder::<Sqlite>::new("SELECT CASE WHEN ");
+        push_sqlite_condition(&mut qb, "doc", condition);
+        qb.push(" THEN 1 ELSE 0 END AS hit FROM (SELECT ")
+            .push_bind(doc.to_string())
+            .push(" AS doc)");
+        let row = qb.build().fetch_one(&pool).await.unwrap();
+        row.get::<i64, _>("hit") == 1
+    }
+
+    #[tokio::test]
+    async fn sqlite_conditions_agree_with_holds() {
+        use MetadataCondition::{All, Any, Contains};
+        let mine = || Contains(json!({"owner": "ann"}));
+        let system = || Contains(json!({"created_by": "system"}));
+        let tagged = || Contains(json!({"tags": ["x"]}));
+        let cases = [
+            mine(),
+            All(vec![]),
+            Any(vec![]),
+            Any(vec![mine(), system()]),
+            All(vec![mine(), system()]),
+            All(vec![Any(vec![mine(), system()]), tagged()]),
+            Any(vec![All(vec![mine(), tagged()]), system()]),
+            Any(vec![All(vec![]), Any(vec![])]),
+        ];
+        let docs = [
+            json!({"owner": "ann", "tags": ["x", "y"]}),
+            json!({"owner": "ben", "created_by": "system"}),
+            json!({"owner": "ann", "created_by": "system", "tags": "x"}),
+            json!({}),
+        ];
+        for doc in &docs {
+            for condition in &cases {
+                assert_eq!(
+                    sqlite_holds(doc, condition).await,
+                    condition.holds(doc),
+                    "{condition:?} on {doc}"
+                );
+            }
+        }
+        assert!(Any(vec![mine(), system()]).holds(&docs[1]));
+        assert!(!All(vec![mine(), system()]).holds(&docs[1]));
     }
 
     #[tokio::test]

@@ -35,6 +35,32 @@ impl Scope {
     }
 }
 
+/// A condition on a resource's metadata beyond the client's own containment filter:
+/// containments combined with "all of" and "any of". The server translates LangGraph's
+/// custom-auth filters (`$eq`, `$contains`, `$and`, `$or`) into it, so that a search applies
+/// them in the database and a resource already read is checked by [`MetadataCondition::holds`],
+/// with the same meaning.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MetadataCondition {
+    /// The metadata contains this JSON value (jsonb `@>`).
+    Contains(Value),
+    /// Every condition holds (true when there is none).
+    All(Vec<MetadataCondition>),
+    /// Some condition holds (false when there is none).
+    Any(Vec<MetadataCondition>),
+}
+
+impl MetadataCondition {
+    /// Whether `metadata` meets the condition.
+    pub fn holds(&self, metadata: &Value) -> bool {
+        match self {
+            MetadataCondition::Contains(wanted) => crate::json_contains(metadata, wanted),
+            MetadataCondition::All(all) => all.iter().all(|c| c.holds(metadata)),
+            MetadataCondition::Any(any) => any.iter().any(|c| c.holds(metadata)),
+        }
+    }
+}
+
 /// Who created a new resource: a user, or the server itself (shared with every user).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Owner<'a> {
@@ -208,6 +234,8 @@ pub struct AssistantFilter {
     pub name: Option<String>,
     /// Containment: every key/value given must be present in the assistant's metadata.
     pub metadata: Option<JsonObject>,
+    /// A further condition on the metadata (a custom-auth handler's filter).
+    pub condition: Option<MetadataCondition>,
 }
 
 #[derive(Debug, Clone)]
@@ -453,6 +481,8 @@ pub struct ThreadFilter {
     pub metadata: Option<JsonObject>,
     pub values: Option<JsonObject>,
     pub status: Option<ThreadStatus>,
+    /// A further condition on the metadata (a custom-auth handler's filter).
+    pub condition: Option<MetadataCondition>,
 }
 
 #[derive(Debug, Clone)]

@@ -187,6 +187,17 @@ async fn set_current(
     Ok(row.into())
 }
 
+/// A [`MetadataCondition`] on the `metadata` column: its containments are `@>`, which the
+/// GIN indexes serve.
+pub(crate) fn push_pg_condition(
+    qb: &mut QueryBuilder<'_, Postgres>,
+    condition: &MetadataCondition,
+) {
+    crate::json_filter::push_condition(qb, condition, &mut |qb, wanted| {
+        qb.push("metadata @> ").push_bind(Json(wanted.clone()));
+    });
+}
+
 fn push_assistant_filter(
     qb: &mut QueryBuilder<'_, Postgres>,
     scope: &Scope,
@@ -206,6 +217,10 @@ fn push_assistant_filter(
         qb.push(" AND metadata @> ")
             .push_bind(Json(Value::Object(metadata.clone())));
     }
+    if let Some(condition) = &filter.condition {
+        qb.push(" AND ");
+        push_pg_condition(qb, condition);
+    }
 }
 
 fn push_thread_filter(qb: &mut QueryBuilder<'_, Postgres>, scope: &Scope, filter: &ThreadFilter) {
@@ -222,6 +237,10 @@ fn push_thread_filter(qb: &mut QueryBuilder<'_, Postgres>, scope: &Scope, filter
     if let Some(metadata) = &filter.metadata {
         qb.push(" AND metadata @> ")
             .push_bind(Json(Value::Object(metadata.clone())));
+    }
+    if let Some(condition) = &filter.condition {
+        qb.push(" AND ");
+        push_pg_condition(qb, condition);
     }
     if let Some(values) = &filter.values {
         qb.push(" AND state_values @> ")

@@ -25,7 +25,7 @@ use uuid::Uuid;
 
 use crate::checkpoints::{copy_checkpoints_sqlite, SqliteCheckpointer};
 use crate::error::sqlite_conflict_if_taken;
-use crate::json_filter::push_sqlite_contains;
+use crate::json_filter::{push_sqlite_condition, push_sqlite_contains};
 use crate::model::*;
 use crate::rows::{
     AssistantRow, AssistantVersionRow, ThreadRow, ASSISTANT_COLUMNS, THREAD_COLUMNS,
@@ -271,6 +271,10 @@ fn push_assistant_filter(
         qb.push(" AND ");
         push_sqlite_contains(qb, "metadata", &Value::Object(metadata.clone()));
     }
+    if let Some(condition) = &filter.condition {
+        qb.push(" AND ");
+        push_sqlite_condition(qb, "metadata", condition);
+    }
 }
 
 fn push_thread_filter(qb: &mut QueryBuilder<'_, Sqlite>, scope: &Scope, filter: &ThreadFilter) {
@@ -294,6 +298,10 @@ fn push_thread_filter(qb: &mut QueryBuilder<'_, Sqlite>, scope: &Scope, filter: 
     if let Some(metadata) = &filter.metadata {
         qb.push(" AND ");
         push_sqlite_contains(qb, "metadata", &Value::Object(metadata.clone()));
+    }
+    if let Some(condition) = &filter.condition {
+        qb.push(" AND ");
+        push_sqlite_condition(qb, "metadata", condition);
     }
     if let Some(values) = &filter.values {
         qb.push(" AND state_values IS NOT NULL AND ");

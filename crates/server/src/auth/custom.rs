@@ -6,9 +6,10 @@
 //!    `value` made of the route's path parameters and its body (LangGraph's field names);
 //! 3. what the handler wrote into `value` replaces those fields of the request (the usual
 //!    pattern: a create handler adds `metadata.owner`; a store handler prefixes the namespace);
-//! 4. the filter it answered narrows what the request reaches: a search or count has it added
-//!    to its `metadata` filter, and a thread, assistant or cron named in the path must have
-//!    metadata that contains it (else 404, as for another user's).
+//! 4. the filter it answered ([`filters`]: `$eq`, `$contains`, `$or`, `$and`) narrows what the
+//!    request reaches: a search or count applies it besides the client's `metadata` filter
+//!    (the route reads it as a [`HandlerFilter`]), and a thread, assistant or cron named in
+//!    the path, or each thread a prune names, must meet it (else 404, as for another user's).
 //!
 //! Resources stay scoped by user as always: the handlers narrow further, never widen.
 
@@ -22,10 +23,11 @@ use serde_json::{json, Map, Value};
 use spindle_execution::python::auth as python_auth;
 use spindle_execution::python::pool::PythonPool;
 use spindle_execution::python::reads::ReadError;
-use spindle_storage::{ResourceId, Scope};
+use spindle_storage::{MetadataCondition, ResourceId, Scope};
 use std::sync::Arc;
 
 use super::actions::{self, Action};
+use super::filters::{self, HandlerFilter, StoreHandlerFilter};
 use super::{forbidden, unauthorized, Auth, AuthUser, Refusal};
 use crate::error::{ApiError, ErrorCode};
 use crate::state::AppState;
@@ -169,19 +171,23 @@ async fn authorized(
     })?;
     let mut body_json: Option<Value> = serde_json::from_slice(&bytes).ok();
     let had_body = body_json.is_some();
-    let value = value_of(action, &path_params, &parts.uri, body_json.as_ref());
-    let answer = ask_handler(state, &user, action, &value).await?;
-    let changed = answer.get("value").cloned().unwrap_or(Value::Null);
-    // A request without a body (a GET) gets none: its route would not read it.
-    let body_target =
-        (had_body || parts.method != axum::http::Method::GET).then_some(&mut body_json);
-    apply_changes(action, &value, &changed, &mut parts.uri, body_target);
-    if let Some(filters) = answer["filters"].as_object().filter(|f| !f.is_empty()) {
-        let wanted = containment(filters);
-        if let Some(route) = route {
-            narrow_search(action, route, &wanted, &mut body_json)?;
-            check_resource(state, &user.scope(), route, &path_params, &wanted).await?;
+    let asked = Asked {
+        user: &user,
+        action,
+        route,
+        path_params: &path_params,
+    };
+    match body_json {
+        // `/runs/batch`: each run is asked about on its own, as LangGraph creates them.
+        Some(Value::Array(ref mut runs)) if action.action == "create_run" => {
+            for run in runs {
+                ask_about_batch_run(state, asked, &parts.uri, run).await?;
+            }
         }
+        _ => ask_about_request(state, asked, &mut parts, &mut body_json, had_body).await?,
+    }
+    if (action.resource, action.action) == ("threads", "create_run") {
+        check_run_assistants(state, &user, body_json.as_ref()).await?;
     }
     let body = match body_json {
         Some(json) => {
@@ -199,6 +205,92 @@ async fn authorized(
     };
     parts.extensions.insert(Arc::new(user));
     Ok(Request::from_parts(parts, body))
+}
+
+/// What a request asks of the handlers: who, which action, on which route and path.
+#[derive(Clone, Copy)]
+struct Asked<'a> {
+    user: &'a AuthUser,
+    action: Action,
+    route: Option<&'a str>,
+    path_params: &'a Map<String, Value>,
+}
+
+/// The handler's answer for a request (a batch's runs aside): its changes to `value` written
+/// back into the body (`had_body`: the client sent one) or the query, its filter applied.
+async fn ask_about_request(
+    state: &AppState,
+    asked: Asked<'_>,
+    parts: &mut Parts,
+    body: &mut Option<Value>,
+    had_body: bool,
+) -> Result<(), Denied> {
+    let value = value_of(asked.action, asked.path_params, &parts.uri, body.as_ref());
+    let answer = ask_handler(state, asked.user, asked.action, &value).await?;
+    let changed = answer.get("value").cloned().unwrap_or(Value::Null);
+    // A request without a body (a GET) gets none: its route would not read it.
+    let body_target = (had_body || parts.method != axum::http::Method::GET).then_some(&mut *body);
+    apply_changes(asked.action, &value, &changed, &mut parts.uri, body_target);
+    match answer["filters"].as_object().filter(|f| !f.is_empty()) {
+        Some(filters) => apply_filters(state, asked, filters, parts, body.as_ref()).await,
+        None => Ok(()),
+    }
+}
+
+/// A handler's filter: the resource the path names (or a prune's threads) must meet it, and a
+/// search applies it. The store's items have values, not metadata: a store search meets the
+/// filter in the store's syntax, and other store actions name no item to check.
+async fn apply_filters(
+    state: &AppState,
+    asked: Asked<'_>,
+    filters: &Map<String, Value>,
+    parts: &mut Parts,
+    body: Option<&Value>,
+) -> Result<(), Denied> {
+    let search = asked.action.action == "search";
+    if asked.action.resource == "store" {
+        let conditions = filters::store_conditions(filters).map_err(deny)?;
+        if search {
+            parts.extensions.insert(StoreHandlerFilter(conditions));
+        }
+        return Ok(());
+    }
+    let condition = filters::parse(filters).map_err(deny)?;
+    if let Some(route) = asked.route {
+        let scope = asked.user.scope();
+        check_resource(state, &scope, route, asked.path_params, &condition).await?;
+        check_pruned(state, &scope, route, body, &condition).await?;
+    }
+    if search {
+        parts.extensions.insert(HandlerFilter(Some(condition)));
+    }
+    Ok(())
+}
+
+/// One run of `/runs/batch`: the handler's changes go into that run's body. Its filter names
+/// no resource (each run gets a thread of its own), but must be one Spindle can apply.
+async fn ask_about_batch_run(
+    state: &AppState,
+    asked: Asked<'_>,
+    uri: &Uri,
+    run: &mut Value,
+) -> Result<(), Denied> {
+    let value = value_of(asked.action, asked.path_params, uri, Some(run));
+    let answer = ask_handler(state, asked.user, asked.action, &value).await?;
+    let changed = answer.get("value").cloned().unwrap_or(Value::Null);
+    let mut body = Some(run.take());
+    apply_changes(
+        asked.action,
+        &value,
+        &changed,
+        &mut uri.clone(),
+        Some(&mut body),
+    );
+    *run = body.unwrap_or_default();
+    if let Some(filters) = answer["filters"].as_object().filter(|f| !f.is_empty()) {
+        filters::parse(filters).map_err(deny)?;
+    }
+    Ok(())
 }
 
 async fn path_params(parts: &mut Parts, state: &AppState) -> Map<String, Value> {
@@ -333,93 +425,99 @@ fn set_query(uri: &mut Uri, field: &str, value: &Value) {
     }
 }
 
-/// LangGraph's filter operators as jsonb containment: `{k: v}` and `{k: {"$eq": v}}` are
-/// `{k: v}`; `{k: {"$contains": v}}` is `{k: [v]}` (a list holding `v`).
-fn containment(filters: &Map<String, Value>) -> Value {
-    let mut out = Map::new();
-    for (key, filter) in filters {
-        let wanted = match filter {
-            Value::Object(op) if op.contains_key("$eq") => op["$eq"].clone(),
-            Value::Object(op) if op.contains_key("$contains") => match &op["$contains"] {
-                Value::Array(items) => Value::Array(items.clone()),
-                item => json!([item]),
-            },
-            other => other.clone(),
-        };
-        out.insert(key.clone(), wanted);
-    }
-    Value::Object(out)
-}
-
-/// A search or count of threads, assistants or crons: the filter joins its `metadata` (both
-/// must hold). `Err` with the empty answer when they cannot both hold (the client asks for
-/// `owner: bob`, the filter for `owner: ann`).
-fn narrow_search(
-    action: Action,
-    route: &str,
-    wanted: &Value,
-    body: &mut Option<Value>,
+/// A run needs read access to its assistant, as in LangGraph Platform: unless the server made
+/// the assistant (`created_by: system`), the `@auth.on.assistants.read` handler is asked, and
+/// an assistant outside its filter is not found. (`body`: a run's, or `/runs/batch`'s list.)
+async fn check_run_assistants(
+    state: &AppState,
+    user: &AuthUser,
+    body: Option<&Value>,
 ) -> Result<(), Denied> {
-    // The store's searches filter items by value, not metadata: their handlers narrow them
-    // through the namespace instead.
-    if action.action != "search" || action.resource == "store" {
-        return Ok(());
-    }
-    let empty = match route.ends_with("/count") {
-        true => json!(0),
-        false => json!([]),
+    let bodies = match body {
+        Some(Value::Array(items)) => items.iter().collect(),
+        Some(one) => vec![one],
+        None => vec![],
     };
-    let fields = body.get_or_insert_with(|| json!({}));
-    let Value::Object(fields) = fields else {
-        return Ok(());
+    let scope = user.scope();
+    let read = Action {
+        resource: "assistants",
+        action: "read",
     };
-    let asked = fields.remove("metadata").unwrap_or_else(|| json!({}));
-    match both(&asked, wanted) {
-        Some(metadata) => {
-            fields.insert("metadata".into(), metadata);
-            Ok(())
+    for raw in bodies.iter().filter_map(|b| b["assistant_id"].as_str()) {
+        // One that does not exist is the route's 404 to answer.
+        let Some(id) = state.graphs.resolve_assistant_id(raw) else {
+            continue;
+        };
+        let Ok(assistant) = state.storage.get_assistant(&scope, id).await else {
+            continue;
+        };
+        let metadata = Value::Object(assistant.fields.metadata);
+        if metadata["created_by"] == "system" {
+            continue;
         }
-        None => Err(deny(axum::Json(empty))),
-    }
-}
-
-/// One containment filter that holds exactly when both `a` and `b` hold, if any does: maps
-/// merge key by key, lists add up, other values must be equal.
-fn both(a: &Value, b: &Value) -> Option<Value> {
-    match (a, b) {
-        (Value::Object(a), Value::Object(b)) => {
-            let mut out = a.clone();
-            for (key, bv) in b {
-                let merged = match a.get(key) {
-                    Some(av) => both(av, bv)?,
-                    None => bv.clone(),
-                };
-                out.insert(key.clone(), merged);
+        let value = json!({"assistant_id": id.to_string()});
+        let answer = ask_handler(state, user, read, &value).await?;
+        if let Some(filters) = answer["filters"].as_object().filter(|f| !f.is_empty()) {
+            if !filters::parse(filters).map_err(deny)?.holds(&metadata) {
+                return Err(deny(crate::routes::runs::no_assistant(raw)));
             }
-            Some(Value::Object(out))
         }
-        (Value::Array(a), Value::Array(b)) => Some(Value::Array([a.clone(), b.clone()].concat())),
-        (a, b) if a == b => Some(a.clone()),
-        _ => None,
     }
+    Ok(())
 }
 
 /// The thread, assistant or cron the path names (a run's thread, for a run named alone) must
-/// match the filter; one that does not is not found, as another user's is. One that does not
+/// meet the filter; one that does not is not found, as another user's is. One that does not
 /// exist is left to the route.
 async fn check_resource(
     state: &AppState,
     scope: &Scope,
     route: &str,
     path_params: &Map<String, Value>,
-    wanted: &Value,
+    condition: &MetadataCondition,
 ) -> Result<(), Denied> {
     match named_metadata(state, scope, route, path_params).await {
-        Some(metadata) if !spindle_storage::json_contains(&metadata, wanted) => {
+        Some(metadata) if !condition.holds(&metadata) => {
             Err(deny(ApiError::not_found("Not found")))
         }
         _ => Ok(()),
     }
+}
+
+/// A prune under a handler's filter: every thread it names must be the caller's and meet the
+/// filter, else nothing is pruned and the answer is 404, as LangGraph answers it (without a
+/// filter, unknown ids are skipped).
+async fn check_pruned(
+    state: &AppState,
+    scope: &Scope,
+    route: &str,
+    body: Option<&Value>,
+    condition: &MetadataCondition,
+) -> Result<(), Denied> {
+    if route != "/threads/prune" {
+        return Ok(());
+    }
+    let ids = body
+        .and_then(|b| b["thread_ids"].as_array())
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    for id in ids {
+        // An id that is not one is the route's 422 to answer.
+        let Some(id) = id.as_str().and_then(|id| id.parse::<ResourceId>().ok()) else {
+            continue;
+        };
+        let found = match state.storage.get_thread(scope, id).await {
+            Ok(thread) => condition.holds(&Value::Object(thread.metadata)),
+            Err(spindle_storage::StorageError::NotFound(_)) => false,
+            Err(e) => return Err(deny(ApiError::from(e))),
+        };
+        if !found {
+            return Err(deny(ApiError::not_found(
+                "At least one thread not found or not authorized",
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The metadata of the resource the path names, when it exists for `scope`.
@@ -445,7 +543,8 @@ async fn named_metadata(
             .ok()?
             .metadata
     } else if route.contains("{assistant_id}") {
-        let assistant_id: ResourceId = id("assistant_id")?.parse().ok()?;
+        // A graph's id names its default assistant.
+        let assistant_id = state.graphs.resolve_assistant_id(id("assistant_id")?)?;
         storage
             .get_assistant(scope, assistant_id)
             .await
@@ -464,45 +563,6 @@ async fn named_metadata(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn langgraph_filters_become_containment() {
-        let filters = json!({"owner": "ann", "org": {"$eq": "acme"}, "tags": {"$contains": "x"}});
-        assert_eq!(
-            containment(filters.as_object().unwrap()),
-            json!({"owner": "ann", "org": "acme", "tags": ["x"]})
-        );
-    }
-
-    #[test]
-    fn a_search_must_meet_the_clients_filter_and_the_handlers() {
-        let wanted = json!({"owner": "ann", "tags": ["x"]});
-        let mut body = Some(json!({"metadata": {"topic": "moon", "tags": ["y"]}, "limit": 5}));
-        let search = Action {
-            resource: "threads",
-            action: "search",
-        };
-        narrow_search(search, "/threads/search", &wanted, &mut body).unwrap();
-        assert_eq!(
-            body.unwrap(),
-            json!({"limit": 5, "metadata": {"topic": "moon", "tags": ["y", "x"], "owner": "ann"}})
-        );
-        let mut none = None;
-        narrow_search(search, "/threads/count", &wanted, &mut none).unwrap();
-        assert_eq!(none.unwrap()["metadata"], wanted);
-        // Asking for another owner's: nothing can match, and nothing is asked of the database.
-        let mut theirs = Some(json!({"metadata": {"owner": "bob"}}));
-        let answer = narrow_search(search, "/threads/search", &wanted, &mut theirs).unwrap_err();
-        assert_eq!(answer.status(), StatusCode::OK);
-        // Other routes are left alone.
-        let mut other = Some(json!({"metadata": {"owner": "bob"}}));
-        let create = Action {
-            resource: "threads",
-            action: "create",
-        };
-        narrow_search(create, "/threads", &wanted, &mut other).unwrap();
-        assert_eq!(other.unwrap()["metadata"]["owner"], "bob");
-    }
 
     #[test]
     fn a_handlers_changes_go_back_into_the_body_or_the_query() {

@@ -12,6 +12,7 @@ pub mod actions;
 mod api_keys;
 mod config;
 mod custom;
+pub mod filters;
 mod jwt;
 
 use std::sync::Arc;

@@ -18,6 +18,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::auth::filters::HandlerFilter;
 use crate::error::{ApiError, ApiResult, ErrorBody, ValidationErrorBody};
 use crate::extract::{ApiJson, ApiQuery, Patch, Validate, Violations};
 use crate::routes::state::python_read_failed;
@@ -469,6 +470,7 @@ async fn create_assistant(
 async fn search_assistants(
     State(state): State<AppState>,
     Caller(scope): Caller,
+    HandlerFilter(condition): HandlerFilter,
     ApiJson(body): ApiJson<AssistantSearchRequest>,
 ) -> ApiResult<impl IntoResponse> {
     let search = AssistantSearch {
@@ -476,6 +478,7 @@ async fn search_assistants(
             graph_id: body.graph_id,
             name: body.name,
             metadata: body.metadata,
+            condition,
         },
         sort_by: body.sort_by.map(Into::into).unwrap_or_default(),
         sort_order: body.sort_order.map(Into::into).unwrap_or_default(),
@@ -496,12 +499,14 @@ async fn search_assistants(
 async fn count_assistants(
     State(state): State<AppState>,
     Caller(scope): Caller,
+    HandlerFilter(condition): HandlerFilter,
     ApiJson(body): ApiJson<AssistantCountRequest>,
 ) -> ApiResult<Json<i64>> {
     let filter = AssistantFilter {
         graph_id: body.graph_id,
         name: body.name,
         metadata: body.metadata,
+        condition,
     };
     Ok(Json(state.storage.count_assistants(&scope, filter).await?))
 }

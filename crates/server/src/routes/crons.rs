@@ -10,19 +10,21 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{json, Value};
 use spindle_execution::crons::{firing_thread, FireCron, Schedule};
 use spindle_execution::StartedRun;
-use spindle_storage::CronFiring;
 use spindle_storage::ResourceId;
 use spindle_storage::{
     Cron, CronFields, CronFilter, CronSearch, CronSortBy, NewCron, OnRunCompleted,
 };
+use spindle_storage::{CronFiring, MetadataCondition};
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
 use super::runs::{
-    check_webhook, locations, run_assistant, start_run, OnCompletion, RunCreate, RunOut,
+    check_webhook, locations, no_assistant, run_assistant, start_run, OnCompletion, RunCreate,
+    RunOut,
 };
+use crate::auth::filters::HandlerFilter;
 use crate::auth::AuthUser;
 use crate::error::{ApiError, ApiResult, ErrorBody, ValidationErrorBody};
 use crate::extract::{parse_body, ApiJson, Patch, Validate, Violations};
@@ -269,8 +271,11 @@ async fn create(
     body: CronCreate,
 ) -> ApiResult<Response> {
     let scope = &caller.scope();
-    let assistant = run_assistant(state, scope, &body.assistant_id).await?;
-    let assistant_id = assistant.assistant_id;
+    // The body is checked whole (its run, webhook and schedule) before its assistant is
+    // looked up, as the reference validates a body first: a cron no firing could make is a
+    // 422 whatever assistant it names.
+    let assistant_id = resolve_assistant_id(state, &body.assistant_id)
+        .map_err(|_| no_assistant(&body.assistant_id))?;
     let cron_id = Uuid::now_v7();
     let mut payload = payload_of(&body, assistant_id, cron_id);
     keep_creator(&mut payload, caller);
@@ -283,6 +288,7 @@ async fn create(
             e.message,
         )
     })?;
+    run_assistant(state, scope, &body.assistant_id).await?;
     let enabled = body.enabled.unwrap_or(true);
     let on_run_completed = match (thread_id, body.on_run_completed) {
         (Some(_), _) => None,
@@ -590,7 +596,12 @@ impl Validate for CronSearchRequest {
     }
 }
 
-fn filter_of(state: &AppState, body: &CronSearchRequest) -> ApiResult<CronFilter> {
+/// The crons a search asks for, under the condition a custom-auth handler's filter sets.
+fn filter_of(
+    state: &AppState,
+    body: &CronSearchRequest,
+    condition: Option<MetadataCondition>,
+) -> ApiResult<CronFilter> {
     let assistant_id = match body.assistant_id.as_deref() {
         None => None,
         Some(raw) => Some(body_assistant_id(state, raw)?),
@@ -600,6 +611,7 @@ fn filter_of(state: &AppState, body: &CronSearchRequest) -> ApiResult<CronFilter
         thread_id: body.thread_id,
         enabled: body.enabled,
         metadata: body.metadata.clone(),
+        condition,
     })
 }
 
@@ -609,10 +621,11 @@ fn filter_of(state: &AppState, body: &CronSearchRequest) -> ApiResult<CronFilter
 async fn search_crons(
     State(state): State<AppState>,
     Caller(scope): Caller,
+    HandlerFilter(condition): HandlerFilter,
     ApiJson(body): ApiJson<CronSearchRequest>,
 ) -> ApiResult<Json<Vec<Value>>> {
     let search = CronSearch {
-        filter: filter_of(&state, &body)?,
+        filter: filter_of(&state, &body, condition)?,
         sort_by: body.sort_by.map(Into::into).unwrap_or_default(),
         sort_order: body.sort_order.map(Into::into).unwrap_or_default(),
         page: page(body.limit, body.offset),
@@ -632,9 +645,10 @@ async fn search_crons(
 async fn count_crons(
     State(state): State<AppState>,
     Caller(scope): Caller,
+    HandlerFilter(condition): HandlerFilter,
     ApiJson(body): ApiJson<CronSearchRequest>,
 ) -> ApiResult<Json<i64>> {
-    let filter = filter_of(&state, &body)?;
+    let filter = filter_of(&state, &body, condition)?;
     Ok(Json(state.storage.count_crons(&scope, filter).await?))
 }
 

@@ -556,7 +556,7 @@ async fn run_assistant_kept(
     }
 }
 
-fn no_assistant(raw: &str) -> ApiError {
+pub(crate) fn no_assistant(raw: &str) -> ApiError {
     ApiError::not_found(format!("No assistant found for \"{raw}\""))
         .with_detail("assistant_id", json!(raw))
 }

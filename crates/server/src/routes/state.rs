@@ -23,7 +23,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::error::{ApiError, ApiResult, ErrorBody, ValidationErrorBody};
+use crate::error::{ApiError, ApiResult, ErrorBody, ErrorCode, ValidationErrorBody};
 use crate::extract::{ApiJson, ApiQuery, Validate, Violations};
 use crate::runs::stream::STATE_UPDATE_EVENT;
 use crate::state::{AppState, Caller};
@@ -779,7 +779,8 @@ async fn thread_state_after(
     request_body = Option<StateUpdateRequest>, params(("thread_id" = String, Path)),
     responses((status = 200, description = "the new checkpoint", body = StateUpdateResponse),
               (status = 404, description = "no such thread, or no such checkpoint to edit", body = ErrorBody),
-              (status = 409, description = "a run of the thread is pending or running, the state changed while the edit was made, or the thread has no graph (or one not loaded in this server)", body = ErrorBody),
+              (status = 400, description = "the thread has no graph", body = ErrorBody),
+              (status = 409, description = "a run of the thread is pending or running, the state changed while the edit was made, or the thread's graph is not loaded in this server", body = ErrorBody),
               (status = 422, body = ValidationErrorBody)))]
 async fn update_state(
     State(state): State<AppState>,
@@ -794,10 +795,14 @@ async fn update_state(
         Some(ThreadGraph::Python(graph_id)) => {
             return python_update_state(&state, &scope, &thread, &graph_id, body).await;
         }
+        // The reference answers 400 (the thread has no graph to apply the edit with).
         None => {
-            return Err(ApiError::conflict(format!(
-                "thread {id} has no graph: make a run on it, or set `graph_id` in its metadata"
-            )))
+            return Err(ApiError::new(
+                ErrorCode::BadRequest,
+                format!(
+                    "thread {id} has no graph: make a run on it, or set `graph_id` in its metadata"
+                ),
+            ))
         }
     };
     let ns = body

@@ -14,6 +14,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::auth::filters::StoreHandlerFilter;
 use crate::error::{ApiError, ApiResult, ErrorBody, ErrorCode, ValidationErrorBody};
 use crate::extract::{ApiJson, ApiQuery, Validate, Violations};
 use crate::state::{AppState, Caller};
@@ -379,13 +380,17 @@ impl Validate for SearchItemsRequest {
 async fn search_items(
     State(state): State<AppState>,
     Caller(scope): Caller,
+    StoreHandlerFilter(handlers): StoreHandlerFilter,
     ApiJson(body): ApiJson<SearchItemsRequest>,
 ) -> ApiResult<Json<SearchItemsResponse>> {
-    let filter = match &body.filter {
+    let mut filter = match &body.filter {
         Some(filter) => parse_filter(filter)
             .map_err(|e| ApiError::internal(format!("validated filter refused: {}", e.message)))?,
         None => Vec::new(),
     };
+    // A custom-auth handler's filter holds besides the client's (both are lists of conditions
+    // an item must all meet).
+    filter.extend(handlers);
     let query = match (&state.store.index, body.query.as_deref()) {
         (Some(index), Some(text)) if !text.is_empty() => {
             let mut embedded = index

@@ -15,13 +15,14 @@ use spindle_graph::pregel::{self, NodeUpdate};
 use spindle_graph::Graph;
 use spindle_storage::ResourceId;
 use spindle_storage::{
-    CancelAction, NewThread, RunFilter, RunStatus, Scope, StateWrite, Thread, ThreadFilter,
-    ThreadPatch, ThreadSearch, ThreadSortBy, ThreadStatus, ThreadTtl, TtlStrategy,
+    CancelAction, NewThread, RunFilter, RunStatus, Scope, StateWrite, StorageError, Thread,
+    ThreadFilter, ThreadPatch, ThreadSearch, ThreadSortBy, ThreadStatus, ThreadTtl, TtlStrategy,
 };
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::auth::filters::HandlerFilter;
 use crate::error::{ApiError, ApiResult, ErrorBody, ValidationErrorBody};
 use crate::extract::{ApiJson, Validate, Violations};
 use crate::state::{AppState, Caller};
@@ -559,6 +560,7 @@ fn node_update(u: &SuperstepUpdate) -> NodeUpdate {
 async fn search_threads(
     State(state): State<AppState>,
     Caller(scope): Caller,
+    HandlerFilter(condition): HandlerFilter,
     ApiJson(body): ApiJson<ThreadSearchRequest>,
 ) -> ApiResult<impl IntoResponse> {
     let search = ThreadSearch {
@@ -567,6 +569,7 @@ async fn search_threads(
             metadata: body.metadata,
             values: body.values,
             status: body.status.map(Into::into),
+            condition,
         },
         sort_by: body.sort_by.map(Into::into).unwrap_or_default(),
         sort_order: body.sort_order.map(Into::into).unwrap_or_default(),
@@ -584,6 +587,7 @@ async fn search_threads(
 async fn count_threads(
     State(state): State<AppState>,
     Caller(scope): Caller,
+    HandlerFilter(condition): HandlerFilter,
     ApiJson(body): ApiJson<ThreadCountRequest>,
 ) -> ApiResult<Json<i64>> {
     let filter = ThreadFilter {
@@ -591,6 +595,7 @@ async fn count_threads(
         metadata: body.metadata,
         values: body.values,
         status: body.status.map(Into::into),
+        condition,
     };
     Ok(Json(state.storage.count_threads(&scope, filter).await?))
 }
@@ -686,14 +691,37 @@ async fn copy_thread(
     Ok(Json(copy.into()))
 }
 
+/// Under authentication a prune names only the caller's threads: another user's is not found,
+/// as on every route (LangGraph answers 404 under its handlers' filters), so a prune that names
+/// one prunes nothing. (Without authentication, unknown ids are skipped, as in LangGraph.)
+async fn every_thread_found(state: &AppState, scope: &Scope, ids: &[ResourceId]) -> ApiResult<()> {
+    for &id in ids {
+        match state.storage.get_thread(scope, id).await {
+            Ok(_) => {}
+            Err(StorageError::NotFound(_)) => {
+                return Err(ApiError::not_found(
+                    "At least one thread not found or not authorized",
+                ))
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
 #[utoipa::path(post, path = "/threads/prune", tag = "threads", request_body = ThreadPruneRequest,
-    responses((status = 200, body = ThreadPruneResponse), (status = 422, body = ValidationErrorBody)))]
+    responses((status = 200, body = ThreadPruneResponse),
+               (status = 404, description = "under authentication, a thread named is not the caller's", body = ErrorBody),
+               (status = 422, body = ValidationErrorBody)))]
 async fn prune_threads(
     State(state): State<AppState>,
     Caller(scope): Caller,
     ApiJson(body): ApiJson<ThreadPruneRequest>,
 ) -> ApiResult<Json<ThreadPruneResponse>> {
     let strategy: TtlStrategy = body.strategy.unwrap_or_default().into();
+    if state.auth.is_some() {
+        every_thread_found(&state, &scope, &body.thread_ids).await?;
+    }
     if strategy == TtlStrategy::Delete {
         // As `DELETE /threads/{id}` does: active runs are cancelled before their thread goes.
         for &id in &body.thread_ids {

@@ -83,6 +83,8 @@ pub struct CronFilter {
     pub enabled: Option<bool>,
     /// Containment: every key/value given must be in the cron's metadata.
     pub metadata: Option<JsonObject>,
+    /// A further condition on the metadata (a custom-auth handler's filter).
+    pub condition: Option<crate::MetadataCondition>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -10,7 +10,7 @@ use sqlx::{PgConnection, Postgres, QueryBuilder};
 use uuid::Uuid;
 
 use super::*;
-use crate::postgres::PostgresStorage;
+use crate::postgres::{push_pg_condition, PostgresStorage};
 
 fn push_filter(qb: &mut QueryBuilder<'_, Postgres>, scope: &Scope, filter: &CronFilter) {
     qb.push(" WHERE (user_id = ")
@@ -28,6 +28,10 @@ fn push_filter(qb: &mut QueryBuilder<'_, Postgres>, scope: &Scope, filter: &Cron
     if let Some(metadata) = &filter.metadata {
         qb.push(" AND metadata @> ")
             .push_bind(Json(Value::Object(metadata.clone())));
+    }
+    if let Some(condition) = &filter.condition {
+        qb.push(" AND ");
+        push_pg_condition(qb, condition);
     }
 }
 

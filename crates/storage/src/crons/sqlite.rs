@@ -10,7 +10,7 @@ use uuid::fmt::Hyphenated;
 use uuid::Uuid;
 
 use super::*;
-use crate::json_filter::push_sqlite_contains;
+use crate::json_filter::{push_sqlite_condition, push_sqlite_contains};
 use crate::sqlite::SqliteStorage;
 
 fn push_filter(qb: &mut QueryBuilder<'_, Sqlite>, scope: &Scope, filter: &CronFilter) {
@@ -29,6 +29,10 @@ fn push_filter(qb: &mut QueryBuilder<'_, Sqlite>, scope: &Scope, filter: &CronFi
     if let Some(metadata) = &filter.metadata {
         qb.push(" AND ");
         push_sqlite_contains(qb, "metadata", &Value::Object(metadata.clone()));
+    }
+    if let Some(condition) = &filter.condition {
+        qb.push(" AND ");
+        push_sqlite_condition(qb, "metadata", condition);
     }
 }
 

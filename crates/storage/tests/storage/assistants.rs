@@ -664,6 +664,7 @@ async fn search_filters_by_graph_name_and_metadata() {
             graph_id: Some("agent".into()),
             name: Some("ALPHA".into()),
             metadata: Some(obj(json!({"team": "red"}))),
+            condition: None,
         };
         assert_eq!(find(s, &user, combined).await, vec![gamma]);
     })

@@ -141,6 +141,20 @@ async fn crons_are_created_read_updated_searched_and_deleted() {
             ..Default::default()
         };
         assert_eq!(s.count_crons(&me, team_b).await.unwrap(), 1);
+        // A condition (a custom-auth handler's filter) on the metadata: team b, or none.
+        let team_b_or_x = CronFilter {
+            condition: Some(MetadataCondition::Any(vec![
+                MetadataCondition::Contains(json!({"team": "b"})),
+                MetadataCondition::Contains(json!({"team": "x"})),
+            ])),
+            ..Default::default()
+        };
+        assert_eq!(s.count_crons(&me, team_b_or_x.clone()).await.unwrap(), 1);
+        let nobody = CronFilter {
+            condition: Some(MetadataCondition::Any(vec![])),
+            ..Default::default()
+        };
+        assert_eq!(s.count_crons(&me, nobody).await.unwrap(), 0);
         assert_eq!(
             s.count_crons(&other, CronFilter::default()).await.unwrap(),
             0

@@ -333,8 +333,53 @@ async fn search_filters_by_ids_status_metadata_and_values() {
             status: Some(ThreadStatus::Busy),
             metadata: Some(obj(json!({"kind": "chat"}))),
             values: Some(obj(json!({"count": 1}))),
+            condition: None,
         };
         assert_eq!(find(s, &user, combined).await, vec![busy]);
+
+        // A condition (a custom-auth handler's filter) applies besides the client's metadata.
+        let any_of = |wanted: [serde_json::Value; 2]| {
+            MetadataCondition::Any(
+                wanted
+                    .into_iter()
+                    .map(MetadataCondition::Contains)
+                    .collect(),
+            )
+        };
+        for (condition, metadata, expected) in [
+            (
+                any_of([json!({"n": 2}), json!({"flag": true})]),
+                None,
+                vec![idle, busy],
+            ),
+            (
+                any_of([json!({"n": 2}), json!({"flag": true})]),
+                Some(json!({"flag": true})),
+                vec![idle],
+            ),
+            (
+                MetadataCondition::All(vec![
+                    any_of([json!({"n": 2}), json!({"flag": true})]),
+                    MetadataCondition::Contains(json!({"tags": ["a"]})),
+                ]),
+                None,
+                vec![idle],
+            ),
+            (MetadataCondition::Any(vec![]), None, vec![]),
+        ] {
+            let filter = ThreadFilter {
+                metadata: metadata.map(obj),
+                condition: Some(condition.clone()),
+                ..Default::default()
+            };
+            assert_eq!(
+                find(s, &user, filter.clone()).await,
+                expected,
+                "{condition:?}"
+            );
+            let count = s.count_threads(&user, filter).await.unwrap();
+            assert_eq!(count, expected.len() as i64, "{condition:?}");
+        }
     })
     .await;
 }
