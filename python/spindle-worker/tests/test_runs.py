@@ -274,3 +274,27 @@ async def test_concurrent_runs_share_one_worker() -> None:
         assert spindle.event_payloads(run, "custom") == [{"tick": "a"}, {"tick": "b"}]
     assert spindle.violations == []
     await worker.close()
+
+
+def test_runs_and_reads_leave_no_store_task_pending(capfd: pytest.CaptureFixture[str]) -> None:
+    """Each run and each state read makes a store whose batching task must end with it: left
+    to the garbage collector it is destroyed pending, and asyncio says so in the worker's log
+    (about once a run)."""
+
+    @run_async
+    async def runs_and_reads() -> None:
+        spindle, worker = await ref_worker()
+        try:
+            for graph_id, graph_input in [*INPUTS.items(), *INPUTS.items()]:
+                run, thread = new_run(), new_thread()
+                await worker.start_run(run, graph_id, thread, input=graph_input, stream_mode=["values"])
+                assert (await spindle.wait_done(run))["status"] == EXPECTED_STATUS.get(graph_id, "success")
+                config = {"configurable": {"thread_id": thread}}
+                await worker.request("state.get", {"graph_id": graph_id, "config": config})
+        finally:
+            assert await worker.close() == 0
+
+    runs_and_reads()
+    err = capfd.readouterr().err
+    assert "Task was destroyed but it is pending" not in err, err
+    assert "Task exception was never retrieved" not in err, err

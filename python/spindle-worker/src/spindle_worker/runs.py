@@ -224,6 +224,15 @@ class Run:
         with_saver = self.body.get("checkpointer", True)
         saver = SpindleSaver(self.callbacks()) if with_saver else None
         store = SpindleStore(self.callbacks())
+        try:
+            return await self._run_graph_with(loaded, saver, store)
+        finally:
+            await store.aclose()
+
+    async def _run_graph_with(
+        self, loaded: Any, saver: SpindleSaver | None, store: SpindleStore
+    ) -> dict[str, Any] | None:
+        with_saver = saver is not None
         config = self._config()
         context = self.body.get("context")
         async with open_graph(
