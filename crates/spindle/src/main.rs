@@ -336,6 +336,7 @@ async fn serve(args: ServerArgs, mode: Mode, config: LoadedConfig) -> Result<()>
 
     let workers = WorkerConfig {
         store: store.clone(),
+        readable_tracebacks: mode == Mode::Dev,
         ..worker_config(&args, &config)
     };
     let registry = Arc::new(registry);

@@ -8,6 +8,7 @@ import orjson
 import pytest
 from conftest import REF_DIR, new_run, new_thread, ref_worker, run_async
 from fake_spindle import FakeSpindle
+from spindle_worker.errors import summarize
 
 ALL_MODES = ["values", "updates", "messages", "messages-tuple", "custom", "debug", "tasks", "checkpoints", "events"]
 INPUTS = {
@@ -135,7 +136,28 @@ async def test_error_keeps_message_of_public_errors_only() -> None:
     assert done["error"] == {"error": "ValueError", "message": "boom"}
     assert "raise ValueError(\"boom\")" in done["traceback"]
     assert done["node"] == "boom", "the node whose task raised, for the run-failed log line"
+    assert done["summary"] == "ValueError: boom", "the class and message, first in the log line"
     await worker.close()
+
+
+def test_a_failures_summary_says_what_it_came_from_on_one_line() -> None:
+    """What an operator reads first: the run's exception, then its causes, whatever their
+    messages' lines; the real message even of an exception clients only see the class of."""
+
+    class APIConnectionError(Exception):
+        pass
+
+    try:
+        try:
+            raise OSError(-2, "Name or service\nnot known")
+        except OSError as cause:
+            raise APIConnectionError("Connection error.") from cause
+    except APIConnectionError as e:
+        failure = e
+    assert summarize(failure) == (
+        "APIConnectionError: Connection error., caused by OSError: [Errno -2] Name or service not known"
+    )
+    assert len(summarize(ValueError("x" * 10_000))) == 2000
 
 
 @run_async

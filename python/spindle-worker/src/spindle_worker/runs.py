@@ -29,7 +29,7 @@ from .auth import wrap_auth_user
 from .batching import EventBatcher
 from .bridge import Callbacks
 from .connection import Connection
-from .errors import FencedError, RequestError, failed_node, find_fenced
+from .errors import FencedError, RequestError, failed_node, find_fenced, summarize
 from .jsonenc import dumpb, public_error
 from .loader import Registry, open_graph
 from .saver import SpindleSaver
@@ -199,6 +199,7 @@ class Run:
         if error is not None:
             done["error"] = error
             done["traceback"] = tb
+            done["summary"] = summarize(failure) if failure is not None else None
             node = failed_node(failure)
             if node is not None:
                 done["node"] = node
