@@ -488,7 +488,10 @@ fn add_usage(total: Option<Value>, more: &Value) -> Value {
 /// model did not stream with them at the model's end; a message a node returned carries the
 /// node's metadata.
 fn from_chat_model(metadata: Option<&Value>) -> bool {
-    metadata.and_then(|m| m.get("ls_model_type")).and_then(Value::as_str) == Some("chat")
+    metadata
+        .and_then(|m| m.get("ls_model_type"))
+        .and_then(Value::as_str)
+        == Some("chat")
 }
 
 /// A whole AI message as the one chunk it would have streamed in: its tool calls as tool call
@@ -670,7 +673,10 @@ mod tests {
             ]
         );
         assert_eq!(out[0].1["id"], "m1");
-        assert_eq!(out[5].1["content"], json!({"type": "text", "text": "quietly"}));
+        assert_eq!(
+            out[5].1["content"],
+            json!({"type": "text", "text": "quietly"})
+        );
         assert_eq!(
             out[6].1["content"],
             json!({"type": "tool_call", "id": "c1", "name": "add", "args": {"a": 2}})
@@ -683,7 +689,9 @@ mod tests {
         // A node's own whole message (the node's metadata) stays off `messages`.
         let node = json!({"type": "ai", "id": "m2", "content": "noted"});
         let meta = json!({"ls_integration": "langgraph", "langgraph_node": "note"});
-        assert!(n.push(ev(StreamMode::Messages, json!([node, meta]))).is_empty());
+        assert!(n
+            .push(ev(StreamMode::Messages, json!([node, meta])))
+            .is_empty());
     }
 
     #[test]
