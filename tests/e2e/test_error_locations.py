@@ -100,3 +100,30 @@ async def test_a_failed_python_runs_log_line_names_the_node_that_raised(python_s
     for field in (f"run_id={run['run_id']}", 'graph="fail"', 'node="boom"', 'error="ValueError"',
                   'error_message="boom"', "traceback="):
         assert field in line, (field, line)
+
+
+async def test_a_failed_python_runs_log_line_says_the_exception_and_its_cause_first(extras_server):
+    """The line starts with what failed, the exception and what it came from, though clients
+    see only the class of an exception that may carry secrets; the traceback follows as the
+    lines a person reads in `dev` (SQLite here), and is one field of the one line in `serve`
+    (PostgreSQL), where log tools keep a record whole only when it is one line."""
+    client = get_client(url=extras_server.base_url)
+    thread = await client.threads.create()
+    run = await client.runs.create(thread["thread_id"], "unreachable", input={})
+    await client.runs.join(thread["thread_id"], run["run_id"])
+    [line] = failure_lines(extras_server, run["run_id"])
+    assert line.split("run failed: ", 1)[1].startswith(
+        "APIConnectionError: Connection error., caused by OSError: [Errno -2] Name or service not known "
+        f"run_id={run['run_id']}"
+    ), line
+    assert 'error="APIConnectionError"' in line and 'node="node"' in line, line
+    if extras_server.backend == "sqlite":
+        assert line.endswith("traceback="), line
+        output = [ANSI.sub("", out) for out in extras_server.output().splitlines()]
+        after = output[output.index(line) + 1:][:300]
+        assert after[0] == "Traceback (most recent call last):", after
+        assert '    raise APIConnectionError("Connection error.") from e' in after, after
+        assert any(out.endswith("APIConnectionError: Connection error.") for out in after), after
+    else:
+        assert 'traceback="Traceback (most recent call last):\\n' in line, line
+        assert "APIConnectionError: Connection error." in line.split("traceback=", 1)[1], line

@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 from test_thread_events import (
-    ALL_CHANNELS, EventReader, check_envelopes, command, ended, events_of, new_thread, ok,
+    ALL_CHANNELS, EventReader, check_envelopes, collect_until_completed, command, ended, events_of, new_thread, ok,
 )
 
 
@@ -110,6 +110,27 @@ async def test_a_cancel_its_blocked_worker_never_confirms_keeps_the_threads_valu
     assert (await extras_client.runs.get(thread, run["run_id"]))["status"] == "interrupted"
     got = await extras_client.threads.get(thread)
     assert got["values"] == {"text": "before", "seconds": 14}, got
+
+
+async def test_a_reply_a_model_did_not_stream_is_on_the_messages_channel(extras_client):
+    """Protocol v2 through the official client: a chat model that cannot stream answers whole,
+    and its reply is on `messages` as a streamed one is (start, text, finish); the message the
+    next node writes itself is not."""
+    thread = await _thread(extras_client)
+    async with extras_client.threads.stream(thread, assistant_id="quiet_model") as stream:
+        seen: list[dict] = []
+        task = asyncio.create_task(collect_until_completed(stream, seen))
+        await asyncio.sleep(0.2)
+        await stream.run.start(input={"messages": [{"role": "human", "content": "hi"}]})
+        await asyncio.wait_for(task, 30)
+    messages = [e["params"]["data"] for e in seen if e["method"] == "messages"]
+    assert [m["event"] for m in messages] == [
+        "message-start", "content-block-start", "content-block-delta", "content-block-finish", "message-finish"
+    ], messages
+    assert messages[3]["content"] == {"type": "text", "text": "quietly: hi"}, messages
+    state = await extras_client.threads.get_state(thread)
+    assert [m["content"] for m in state["values"]["messages"]] == ["hi", "quietly: hi", "noted"]
+    assert messages[0]["id"] == state["values"]["messages"][1]["id"]
 
 
 # --------------------------------------------------------------------------------------------

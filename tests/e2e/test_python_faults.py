@@ -8,6 +8,7 @@ These tests start their own spindle processes, so they never run against SPINDLE
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -19,7 +20,7 @@ from pathlib import Path
 import harness
 import httpx
 import pytest
-from conftest import REF_PROJECT, WORKER_PYTHON
+from conftest import PROJECTS, REF_PROJECT, WORKER_PYTHON
 from e2e_util import wait_until
 from langgraph_sdk import get_sync_client
 
@@ -213,6 +214,38 @@ def test_serve_refuses_to_start_with_a_graph_that_fails_to_import(tmp_path):
     assert "broken" in err and "graphs/broken.py" in err, err
     assert "a_module_that_does_not_exist" in err, err
     assert "Traceback" in err, err
+
+
+def test_check_imports_python_graphs_as_serve_does(tmp_path):
+    """`spindle check` imports a config's Python graphs in a worker: a misspelt variable (that
+    `serve` refuses) fails the check, naming the variable it may mean and the graphs the
+    module defines; a module that fails to import fails it with its traceback; the graphs
+    that import are said to."""
+    project = PROJECTS / "template"
+    root = tmp_path / "template"
+    shutil.copytree(project, root, ignore=shutil.ignore_patterns("__pycache__", ".venv"))
+    config = json.loads((root / "langgraph.json").read_text())
+
+    done = harness.run(["check", "langgraph.json", "--python", WORKER_PYTHON], root)
+    assert done.returncode == 0, done.stderr
+    assert "ok: graph 'agent': Python compiled graph `New Graph` ./src/agent/graph.py:graph, imported" in \
+        done.stdout, done.stdout
+
+    config["graphs"]["agent"] = "./src/agent/graph.py:grpah"
+    (root / "langgraph.json").write_text(json.dumps(config))
+    done = harness.run(["check", "langgraph.json", "--python", WORKER_PYTHON], root)
+    assert done.returncode == 1, done.stdout
+    assert (
+        "error: graph 'agent' (./src/agent/graph.py:grpah) failed to import: ValueError: "
+        "'./src/agent/graph.py' has no variable 'grpah' (did you mean 'graph'?); "
+        "graphs it defines: graph; functions it defines: call_model"
+    ) in done.stderr, done.stderr
+
+    broken = broken_project(tmp_path / "broken")
+    done = harness.run(["check", str(broken), "--python", WORKER_PYTHON], tmp_path)
+    assert done.returncode == 1, done.stdout
+    assert "graph 'broken' (./graphs/broken.py:graph) failed to import: ModuleNotFoundError" in done.stderr
+    assert "Traceback" in done.stderr, done.stderr
 
 
 def test_dev_starts_and_a_broken_graphs_runs_say_why(tmp_path):

@@ -300,3 +300,30 @@ async def test_durability_exit_saves_only_the_end(python_client):
     history = await python_client.threads.get_history(thread, limit=10)
     assert history[0]["values"] == {"n": 3}
     assert len(history) < 5  # not one checkpoint per step
+
+
+REF_INPUTS = {
+    "echo": {"messages": [{"role": "user", "content": "hi"}]},
+    "chain": {"n": 0},
+    "approval": {"messages": [{"role": "user", "content": "go"}]},
+    "agent": {"messages": [{"role": "user", "content": "add"}]},
+    "fanout": {"items": ["a", "b", "c"]},
+    "nested": {"messages": [{"role": "user", "content": "x"}]},
+    "slow": {"delay_ms": 5, "ticks": 0},
+    "fail": {"n": 0},
+}
+
+
+@pytest.mark.spindle_only
+async def test_runs_and_state_reads_leave_no_task_of_the_worker_pending(python_client, python_server):
+    """Every run and state read gets a store whose batching task ends with it: one left to the
+    garbage collector was destroyed pending, and asyncio logged so through the worker's stderr
+    about once a run."""
+    for _ in range(2):
+        for graph_id, graph_input in REF_INPUTS.items():
+            thread = await _thread(python_client)
+            await python_client.runs.wait(thread, graph_id, input=graph_input, raise_error=False)
+            await python_client.threads.get_state(thread)
+    output = python_server.output()
+    assert "Task was destroyed but it is pending" not in output
+    assert "Task exception was never retrieved" not in output

@@ -506,6 +506,33 @@ async def test_official_client_answers_an_interrupt(client):
         assert state["values"]["messages"][-1]["content"] == "decision: ok"
 
 
+async def test_input_sent_as_soon_as_the_interrupt_is_seen_resumes_it(client):
+    """A client that answers with `run.start` the moment it sees `input.requested` (as
+    LangGraph's `RemoteGraph` sends `Command(resume=...)`) resumes the interrupt, though the
+    thread may still read `busy` until the asking run's end is committed: the run's logged
+    question decides, never the thread's status at that moment. Several tries, since the
+    answer used to race the run's end."""
+    for attempt in range(5):
+        async with client.threads.stream(assistant_id="approval") as thread:
+            await thread.run.start(input=AGENT_INPUT)
+            deadline = time.monotonic() + 20
+            while not thread.interrupted and time.monotonic() < deadline:
+                await asyncio.sleep(0.005)
+            assert thread.interrupted
+            answer = f"yes {attempt}"
+            await thread.run.start(input=answer)
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                state = await client.threads.get_state(thread.thread_id)
+                if state["values"]["messages"][-1]["content"] == f"decision: {answer}":
+                    break
+                await asyncio.sleep(0.05)
+            assert state["values"]["messages"][-1]["content"] == f"decision: {answer}", state
+            # The question's run and the answer's: neither failed.
+            runs = await client.runs.list(thread.thread_id)
+            assert [r["status"] for r in runs] == ["success", "success"], runs
+
+
 # ------------------------------------------------------------------------------------------
 # the WebSocket
 # ------------------------------------------------------------------------------------------

@@ -57,6 +57,10 @@ pub struct WorkerConfig {
     pub event_retention: Option<Duration>,
     /// The long-term store's settings, for the store a run's nodes reach.
     pub store: StoreConfig,
+    /// A failed Python run's traceback is printed as the lines a person reads after its
+    /// `run failed` line (`dev`), rather than kept in one field of that line (`serve`: log
+    /// tools keep a record whole only when it is one line).
+    pub readable_tracebacks: bool,
 }
 
 /// How long a drain waits for the runs it cancelled to be handed back.
@@ -85,6 +89,7 @@ impl Default for WorkerConfig {
             run_timeout: None,
             event_retention: Some(Duration::from_secs(7 * 24 * 3600)),
             store: StoreConfig::default(),
+            readable_tracebacks: false,
         }
     }
 }
@@ -566,7 +571,11 @@ impl RunWorkers {
             None => None,
         };
         if let Some(body) = &error {
-            log_failure(run, graph_name.as_deref(), failure, body);
+            let traceback = match self.config.readable_tracebacks {
+                true => TracebackStyle::Lines,
+                false => TracebackStyle::Field,
+            };
+            log_failure(run, graph_name.as_deref(), failure, body, traceback);
             let message = body["message"].as_str().unwrap_or_default();
             let _ = failed.set(message.to_owned());
         }
@@ -794,6 +803,7 @@ impl RunWorkers {
             PythonEnd::Refused(body) => Ran::NotStarted(Failure::Worker {
                 body,
                 traceback: None,
+                summary: None,
                 node: None,
             }),
         }
@@ -902,6 +912,7 @@ fn python_ran(done: crate::python::calls::RunDone) -> Ran {
                 || json!({"error": "WorkerError", "message": format!("the run ended {}", done.status)}),
             ),
             traceback: done.traceback,
+            summary: done.summary,
             node: done.node,
         }),
     };
@@ -940,6 +951,8 @@ enum Failure {
     Worker {
         body: Value,
         traceback: Option<String>,
+        /// The exception's class and message and those it came from (`run.done.summary`).
+        summary: Option<String>,
         node: Option<String>,
     },
 }
@@ -977,27 +990,68 @@ impl Failure {
     }
 }
 
+/// Where a failed run's traceback goes in its `run failed` line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TracebackStyle {
+    /// A field of the line, its newlines escaped: one record for log tools.
+    Field,
+    /// The traceback's own lines after the line's fields, for a person at a terminal.
+    Lines,
+}
+
 /// The one line an operator reads about a run that ended in error (a node's failure, a time
-/// limit, a run that could not start): which run, thread, graph and node, and the error as
-/// the run's client reads it (`body`), with a Python graph's traceback when it sent one.
-fn log_failure(run: &Run, graph: Option<&str>, failure: Option<&Failure>, body: &Value) {
-    let traceback = match failure {
-        Some(Failure::Worker { traceback, .. }) => traceback.as_deref(),
-        _ => None,
+/// limit, a run that could not start): first what failed (the exception's class and message,
+/// and for a Python graph the exceptions it came from), then which run, thread, graph and
+/// node, the error as the run's client reads it (`body`), and a Python graph's traceback.
+fn log_failure(
+    run: &Run,
+    graph: Option<&str>,
+    failure: Option<&Failure>,
+    body: &Value,
+    style: TracebackStyle,
+) {
+    let (traceback, summary) = match failure {
+        Some(Failure::Worker {
+            traceback, summary, ..
+        }) => (traceback.as_deref(), summary.as_deref()),
+        _ => (None, None),
     };
+    let error = body["error"].as_str().unwrap_or("Error");
+    // Not `message`: that name is the event's own text in tracing's output.
+    let error_message = body["message"].as_str().unwrap_or_default();
+    let summary = summary.map_or_else(|| format!("{error}: {error_message}"), str::to_owned);
+    let traceback = traceback.map(|tb| match style {
+        TracebackStyle::Field => tracing::field::display(TracebackText::Escaped(tb)),
+        TracebackStyle::Lines => tracing::field::display(TracebackText::Lines(tb)),
+    });
     tracing::warn!(
         run_id = %run.run_id,
         thread_id = %run.thread_id,
         assistant_id = %run.assistant_id,
         graph = graph.unwrap_or("-"),
         node = failure.and_then(Failure::node).unwrap_or("-"),
-        error = body["error"].as_str().unwrap_or("Error"),
-        // Not `message`: that name is the event's own text in tracing's output.
-        error_message = body["message"].as_str().unwrap_or_default(),
+        error,
+        error_message,
         location = body["location"].as_str(),
         traceback,
-        "run failed"
+        "run failed: {summary}"
     );
+}
+
+/// A traceback as a field's value: escaped into one line (quoted, as tracing shows text), or
+/// its own lines, starting on the line after the record's fields.
+enum TracebackText<'a> {
+    Escaped(&'a str),
+    Lines(&'a str),
+}
+
+impl std::fmt::Display for TracebackText<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TracebackText::Escaped(tb) => write!(f, "{tb:?}"),
+            TracebackText::Lines(tb) => write!(f, "\n{}", tb.trim_end()),
+        }
+    }
 }
 
 /// The run's status and its thread's new state, as api-facts describes: the thread is `error`

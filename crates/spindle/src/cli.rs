@@ -41,6 +41,10 @@ pub struct CheckArgs {
     /// Graph files (.yaml, .yml, .json) and config files (langgraph.json, spindle.json)
     #[arg(required = true, value_name = "FILE")]
     pub files: Vec<PathBuf>,
+
+    /// Python interpreter that imports a config's Python graphs [default: as `serve` chooses]
+    #[arg(long, env = "SPINDLE_PYTHON")]
+    pub python: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -1,6 +1,7 @@
 //! The `spindle` binary: command line, configuration and wiring.
 
 mod check;
+mod check_python;
 mod cli;
 mod config;
 mod database;
@@ -39,9 +40,10 @@ const DEFAULT_DATA_DIR: &str = ".spindle";
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    // Reads files and prints; no config's environment, no logging, no runtime.
+    // Reads files and prints; no config's environment, no logging (a runtime only for a
+    // worker importing Python graphs).
     if let Command::Check(args) = &cli.command {
-        return check::run(&args.files);
+        return check::run(&args.files, args.python.as_deref());
     }
     // First, while this is the process's only thread (see `env::load`).
     let (cli, config, loaded_env) = match configure(cli) {
@@ -336,6 +338,7 @@ async fn serve(args: ServerArgs, mode: Mode, config: LoadedConfig) -> Result<()>
 
     let workers = WorkerConfig {
         store: store.clone(),
+        readable_tracebacks: mode == Mode::Dev,
         ..worker_config(&args, &config)
     };
     let registry = Arc::new(registry);

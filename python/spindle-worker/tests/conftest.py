@@ -34,6 +34,7 @@ EXTRA_GRAPHS = {
     "schema_graph": "extra_pkg.graphs:schema_graph",
     "broken": "./graphs/broken.py:graph",
     "missing_var": "extra_pkg.graphs:nope",
+    "misspelt": "extra_pkg.graphs:grpah",
     "not_a_graph": "extra_pkg.graphs:not_a_graph",
 }
 

@@ -38,6 +38,11 @@ async def test_init_loads_each_kind_and_reports_failures_per_graph() -> None:
     assert not broken["ok"] and "ModuleNotFoundError" in broken["error"]
     assert "not_a_real_package_for_spindle" in broken["traceback"]
     assert "has no variable 'nope'" in graphs["missing_var"]["error"] and "graph" in graphs["missing_var"]["error"]
+    # A misspelt name: the name it may mean, and what the module defines.
+    assert graphs["misspelt"]["error"] == (
+        "ValueError: 'extra_pkg.graphs' has no variable 'grpah' (did you mean 'graph'?); "
+        "graphs it defines: graph, schema_graph"
+    ), graphs["misspelt"]
     assert "not a graph" in graphs["not_a_graph"]["error"]
     # A graph that failed to load answers not_found with its load error.
     try:

@@ -8,6 +8,7 @@ import orjson
 import pytest
 from conftest import REF_DIR, new_run, new_thread, ref_worker, run_async
 from fake_spindle import FakeSpindle
+from spindle_worker.errors import summarize
 
 ALL_MODES = ["values", "updates", "messages", "messages-tuple", "custom", "debug", "tasks", "checkpoints", "events"]
 INPUTS = {
@@ -135,7 +136,28 @@ async def test_error_keeps_message_of_public_errors_only() -> None:
     assert done["error"] == {"error": "ValueError", "message": "boom"}
     assert "raise ValueError(\"boom\")" in done["traceback"]
     assert done["node"] == "boom", "the node whose task raised, for the run-failed log line"
+    assert done["summary"] == "ValueError: boom", "the class and message, first in the log line"
     await worker.close()
+
+
+def test_a_failures_summary_says_what_it_came_from_on_one_line() -> None:
+    """What an operator reads first: the run's exception, then its causes, whatever their
+    messages' lines; the real message even of an exception clients only see the class of."""
+
+    class APIConnectionError(Exception):
+        pass
+
+    try:
+        try:
+            raise OSError(-2, "Name or service\nnot known")
+        except OSError as cause:
+            raise APIConnectionError("Connection error.") from cause
+    except APIConnectionError as e:
+        failure = e
+    assert summarize(failure) == (
+        "APIConnectionError: Connection error., caused by OSError: [Errno -2] Name or service not known"
+    )
+    assert len(summarize(ValueError("x" * 10_000))) == 2000
 
 
 @run_async
@@ -274,3 +296,27 @@ async def test_concurrent_runs_share_one_worker() -> None:
         assert spindle.event_payloads(run, "custom") == [{"tick": "a"}, {"tick": "b"}]
     assert spindle.violations == []
     await worker.close()
+
+
+def test_runs_and_reads_leave_no_store_task_pending(capfd: pytest.CaptureFixture[str]) -> None:
+    """Each run and each state read makes a store whose batching task must end with it: left
+    to the garbage collector it is destroyed pending, and asyncio says so in the worker's log
+    (about once a run)."""
+
+    @run_async
+    async def runs_and_reads() -> None:
+        spindle, worker = await ref_worker()
+        try:
+            for graph_id, graph_input in [*INPUTS.items(), *INPUTS.items()]:
+                run, thread = new_run(), new_thread()
+                await worker.start_run(run, graph_id, thread, input=graph_input, stream_mode=["values"])
+                assert (await spindle.wait_done(run))["status"] == EXPECTED_STATUS.get(graph_id, "success")
+                config = {"configurable": {"thread_id": thread}}
+                await worker.request("state.get", {"graph_id": graph_id, "config": config})
+        finally:
+            assert await worker.close() == 0
+
+    runs_and_reads()
+    err = capfd.readouterr().err
+    assert "Task was destroyed but it is pending" not in err, err
+    assert "Task exception was never retrieved" not in err, err

@@ -41,6 +41,9 @@ pub struct RunDone {
     pub error: Option<Value>,
     #[serde(default)]
     pub traceback: Option<String>,
+    /// The exception's class and message, then those it came from, on one line (logged only).
+    #[serde(default)]
+    pub summary: Option<String>,
     /// The node whose task raised the error, when the worker could tell (logged only).
     #[serde(default)]
     pub node: Option<String>,
@@ -237,6 +240,7 @@ impl SpindleCalls {
                     "message": format!("the worker's run.done was not understood: {e}"),
                 })),
                 traceback: None,
+                summary: None,
                 node: None,
                 final_state: None,
             },

@@ -161,6 +161,7 @@ fn cancelled_before_start() -> RunDone {
         status: "cancelled".into(),
         error: None,
         traceback: None,
+        summary: None,
         node: None,
         final_state: None,
     }

@@ -8,9 +8,11 @@
 //! interrupt; the run's `lifecycle`. Everything else is logged as the engine made it and
 //! shaped by the read side (the server's `protocol::envelope`), which also serves plain runs.
 //!
-//! As in the reference, the `messages` channel carries what a chat model streams, and only
-//! that: a message a node returns whole (an AI message with tool calls, a tool message) is in
-//! the node's update and the state, not on `messages`.
+//! As in the reference, the `messages` channel carries what chat models answer, and only
+//! that: a reply streamed in chunks, or one a model that cannot stream gave whole (which
+//! LangGraph reports with the model's metadata); a message a node returns whole (an AI
+//! message with tool calls, a tool message) is in the node's update and the state, not on
+//! `messages`.
 
 use std::collections::{HashMap, HashSet};
 
@@ -238,13 +240,29 @@ impl Normalizer {
             }
             return;
         }
-        // A whole message is one a node returned (a model that streams sends chunks): not
-        // on `messages`, but its tool calls and results still make tool events.
         self.close(ns, out);
+        if kind == "ai" && from_chat_model(data.get(1)) {
+            self.whole_reply(ns, id, message, out);
+            return;
+        }
+        // Any other whole message is one a node returned: not on `messages`, but its tool
+        // calls and results still make tool events.
         if kind == "tool" {
             self.tool_result(ns, message, out);
         }
         self.remember_tool_calls(message);
+    }
+
+    /// A chat model's reply that was not streamed (a model that cannot stream): on
+    /// `messages` as a reply streamed in one chunk, as the reference shows every model reply.
+    fn whole_reply(&mut self, ns: &[String], id: String, message: &Value, out: &mut Vec<Logged>) {
+        out.push((
+            join_name("messages", ns),
+            json!({"event": "message-start", "role": "ai", "id": id}),
+        ));
+        let mut open = OpenMessage::new(ns, id);
+        open.add_chunk(&as_one_chunk(message), out);
+        self.finish_message(open, out);
     }
 
     /// Finishes the namespace's open message, if any.
@@ -465,6 +483,39 @@ fn add_usage(total: Option<Value>, more: &Value) -> Value {
     total
 }
 
+/// Whether a whole message's metadata is a chat model's own: LangChain gives a model's call
+/// the model's tracing parameters (`ls_model_type: "chat"`), and LangGraph reports a reply the
+/// model did not stream with them at the model's end; a message a node returned carries the
+/// node's metadata.
+fn from_chat_model(metadata: Option<&Value>) -> bool {
+    metadata
+        .and_then(|m| m.get("ls_model_type"))
+        .and_then(Value::as_str)
+        == Some("chat")
+}
+
+/// A whole AI message as the one chunk it would have streamed in: its tool calls as tool call
+/// chunks (arguments as JSON text).
+fn as_one_chunk(message: &Value) -> Value {
+    let calls: Vec<Value> = message
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .map(|(index, call)| {
+            let args = call.get("args").cloned().unwrap_or_else(|| json!({}));
+            json!({"index": index, "id": call.get("id"), "name": call.get("name"),
+                   "args": args.to_string()})
+        })
+        .collect();
+    json!({
+        "content": message.get("content"),
+        "tool_call_chunks": calls,
+        "usage_metadata": message.get("usage_metadata"),
+    })
+}
+
 fn message_type(message: &Value) -> &str {
     message
         .get("type")
@@ -598,6 +649,49 @@ mod tests {
         let update = json!({"tools": {"messages": [tool_message()]}});
         let out = n.push(ev(StreamMode::Updates, update));
         assert_eq!(events(&out), ["updates:-"]);
+    }
+
+    #[test]
+    fn a_chat_models_whole_reply_is_on_messages_as_one_chunk() {
+        let mut n = Normalizer::default();
+        let model = json!({"ls_model_type": "chat", "langgraph_node": "reply"});
+        let reply = json!({"type": "ai", "id": "m1", "content": "quietly",
+            "tool_calls": [{"name": "add", "args": {"a": 2}, "id": "c1"}],
+            "usage_metadata": {"input_tokens": 1, "output_tokens": 2, "total_tokens": 3}});
+        let out = n.push(ev(StreamMode::Messages, json!([reply, model])));
+        assert_eq!(
+            events(&out),
+            [
+                "messages:message-start",
+                "messages:content-block-start",
+                "messages:content-block-delta",
+                "messages:content-block-start",
+                "messages:content-block-delta",
+                "messages:content-block-finish",
+                "messages:content-block-finish",
+                "messages:message-finish"
+            ]
+        );
+        assert_eq!(out[0].1["id"], "m1");
+        assert_eq!(
+            out[5].1["content"],
+            json!({"type": "text", "text": "quietly"})
+        );
+        assert_eq!(
+            out[6].1["content"],
+            json!({"type": "tool_call", "id": "c1", "name": "add", "args": {"a": 2}})
+        );
+        assert_eq!(out[7].1["usage"]["total_tokens"], 3);
+        // Its tool call is known when the tool's result comes.
+        let tool = json!({"type": "tool", "id": "t1", "content": "5", "tool_call_id": "c1"});
+        let out = n.push(ev(StreamMode::Messages, json!([tool, {}])));
+        assert_eq!(out[0].1["input"], json!({"a": 2}));
+        // A node's own whole message (the node's metadata) stays off `messages`.
+        let node = json!({"type": "ai", "id": "m2", "content": "noted"});
+        let meta = json!({"ls_integration": "langgraph", "langgraph_node": "note"});
+        assert!(n
+            .push(ev(StreamMode::Messages, json!([node, meta])))
+            .is_empty());
     }
 
     #[test]

@@ -227,14 +227,11 @@ async fn run_start(
         })?;
     }
     let input = params.get("input").filter(|i| !i.is_null()).cloned();
-    // Input on an interrupted thread resumes it, as the reference does.
-    let interrupted = match state.storage.get_thread(scope, thread_id).await {
-        Ok(thread) => thread.status == ThreadStatus::Interrupted,
-        Err(StorageError::NotFound(_)) => false,
-        Err(err) => return Err(err.into()),
-    };
+    // Input answering an interrupt resumes it, as the reference does.
     let (input, command) = match input {
-        Some(value) if interrupted => (None, Some(json!({"resume": value}))),
+        Some(value) if awaits_input(state, scope, thread_id).await? => {
+            (None, Some(json!({"resume": value})))
+        }
         other => (other, None),
     };
     let multitask_strategy = params
@@ -257,6 +254,71 @@ async fn run_start(
     )
     .await?;
     Ok(json!({"run_id": run_id.to_string()}))
+}
+
+/// Whether the thread waits for input, so that input given now is the answer to its
+/// interrupt: it is interrupted, or its run in flight has already asked (`input.requested`).
+/// A client that saw the question may answer before the run's end is committed, while the
+/// thread still reads `busy`; the question was logged before any client could see it, so it
+/// decides, with no race. The resume is queued behind the run, which then ends interrupted.
+async fn awaits_input(
+    state: &AppState,
+    scope: &Scope,
+    thread_id: ResourceId,
+) -> Result<bool, Failure> {
+    let status = match state.storage.get_thread(scope, thread_id).await {
+        Ok(thread) => thread.status,
+        Err(StorageError::NotFound(_)) => return Ok(false),
+        Err(err) => return Err(err.into()),
+    };
+    if status != ThreadStatus::Busy {
+        return Ok(status == ThreadStatus::Interrupted);
+    }
+    let running = state
+        .storage
+        .list_runs(
+            scope,
+            thread_id,
+            spindle_storage::RunFilter {
+                status: Some(spindle_storage::RunStatus::Running),
+            },
+            crate::wire::page(Some(1), None),
+        )
+        .await?;
+    match running.first() {
+        Some(run) => asked_for_input(state, thread_id, run.run_id).await,
+        // The run ended since the thread was read: its end says.
+        None => Ok(matches!(
+            state.storage.get_thread(scope, thread_id).await,
+            Ok(thread) if thread.status == ThreadStatus::Interrupted
+        )),
+    }
+}
+
+/// Whether a run's logged events ask for input (its own `input.requested`, or a plain run's
+/// interrupt, which the protocol shows as one).
+async fn asked_for_input(
+    state: &AppState,
+    thread_id: ResourceId,
+    run_id: Uuid,
+) -> Result<bool, Failure> {
+    const PAGE: i64 = 500;
+    let mut after = 0;
+    loop {
+        let events = state
+            .storage
+            .read_events(thread_id, after, Some(run_id), PAGE)
+            .await?;
+        let asked = events.iter().any(|event| {
+            super::envelope::envelope(event, false)
+                .is_some_and(|e| e["method"] == "input.requested")
+        });
+        match events.last() {
+            _ if asked => return Ok(true),
+            Some(last) if events.len() as i64 == PAGE => after = last.seq,
+            _ => return Ok(false),
+        }
+    }
 }
 
 /// `(interrupt_id, response)` pairs of `input.respond`: one, or a `responses` list.

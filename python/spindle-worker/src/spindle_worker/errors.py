@@ -17,6 +17,35 @@ def failed_node(exc: BaseException | None) -> str | None:
     return names[-1] if names else None
 
 
+# A log line's summary of a failure is cut here: a message may be as long as a document.
+_SUMMARY_LIMIT = 2000
+
+
+def summarize(exc: BaseException) -> str:
+    """What an operator reads first about a failed run: the exception's class and message,
+    then what it came from (`raise ... from`, or an exception raised while handling another),
+    each on the same line: `APIConnectionError: Connection error., caused by ConnectError:
+    [Errno -2] Name or service not known`. A traceback's own order puts the first cause on
+    top and the run's error at the bottom of many lines."""
+    parts: list[str] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        parts.append(_one_line(current))
+        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
+    summary = ", caused by ".join(parts)
+    return summary if len(summary) <= _SUMMARY_LIMIT else summary[: _SUMMARY_LIMIT - 1] + "…"
+
+
+def _one_line(exc: BaseException) -> str:
+    # The class's own name, as the run's `error` names it (a project file's module is named
+    # after its path, which says nothing).
+    name = type(exc).__name__
+    message = " ".join(str(exc).split())
+    return f"{name}: {message}" if message else name
+
+
 class RemoteError(Exception):
     """An `err` reply from the other side: `{code, message, retryable}`."""
 

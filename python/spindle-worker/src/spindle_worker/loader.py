@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import difflib
 import importlib
 import importlib.util
 import inspect
@@ -99,9 +100,25 @@ def resolve(spec: str, project_dir: Path) -> Any:
     try:
         return module.__dict__[variable]
     except KeyError:
-        graphs = [k for k, v in module.__dict__.items() if isinstance(v, (Pregel, StateGraph))]
-        hint = f"; graphs it defines: {', '.join(graphs)}" if graphs else ""
-        raise ValueError(f"{target!r} has no variable {variable!r}{hint}") from None
+        raise ValueError(_no_variable(target, variable, module)) from None
+
+
+def _no_variable(target: str, variable: str, module: Any) -> str:
+    """Why a spec's variable is missing, with the name it may be a misspelling of and the
+    graphs and functions (factories, perhaps) the module defines."""
+    public = {k: v for k, v in module.__dict__.items() if not k.startswith("_")}
+    graphs = [k for k, v in public.items() if isinstance(v, (Pregel, StateGraph))]
+    functions = [
+        k for k, v in public.items() if inspect.isfunction(v) and v.__module__ == module.__name__
+    ]
+    close = difflib.get_close_matches(variable, [*graphs, *functions] or list(public), n=1)
+    message = f"{target!r} has no variable {variable!r}"
+    if close:
+        message += f" (did you mean {close[0]!r}?)"
+    message += f"; graphs it defines: {', '.join(graphs) or 'none'}"
+    if functions:
+        message += f"; functions it defines: {', '.join(functions)}"
+    return message
 
 
 def load_graph(graph_id: str, spec: str, project_dir: Path) -> LoadedGraph:

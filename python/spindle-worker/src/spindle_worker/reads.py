@@ -7,6 +7,8 @@ checkpoints to JSON-friendly values (messages as dicts), as the reference does.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from langchain_core.runnables.utils import create_model  # knows `__root__` models, as the reference uses
@@ -144,9 +146,19 @@ class Reads:
         loaded = self.registry.get(body["graph_id"])
         config = runnable_config(body.get("config"))
         saver = self._saver(json_values)
-        return open_graph(
-            loaded, config, checkpointer=saver, store=SpindleStore(Callbacks(self.conn)), access_context=access
-        ), config
+        return self._opened(loaded, config, saver, access), config
+
+    @asynccontextmanager
+    async def _opened(
+        self, loaded: Any, config: dict[str, Any], saver: SpindleSaver, access: AccessContext
+    ) -> AsyncIterator[Pregel]:
+        # The store is closed with the graph: its batching task must not outlive the request.
+        store = SpindleStore(Callbacks(self.conn))
+        try:
+            async with open_graph(loaded, config, checkpointer=saver, store=store, access_context=access) as graph:
+                yield graph
+        finally:
+            await store.aclose()
 
     async def state_get(self, body: Any) -> bytes:
         opener, config = self._open(body, "threads.read")

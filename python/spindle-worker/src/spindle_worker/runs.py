@@ -29,7 +29,7 @@ from .auth import wrap_auth_user
 from .batching import EventBatcher
 from .bridge import Callbacks
 from .connection import Connection
-from .errors import FencedError, RequestError, failed_node, find_fenced
+from .errors import FencedError, RequestError, failed_node, find_fenced, summarize
 from .jsonenc import dumpb, public_error
 from .loader import Registry, open_graph
 from .saver import SpindleSaver
@@ -199,6 +199,7 @@ class Run:
         if error is not None:
             done["error"] = error
             done["traceback"] = tb
+            done["summary"] = summarize(failure) if failure is not None else None
             node = failed_node(failure)
             if node is not None:
                 done["node"] = node
@@ -224,6 +225,15 @@ class Run:
         with_saver = self.body.get("checkpointer", True)
         saver = SpindleSaver(self.callbacks()) if with_saver else None
         store = SpindleStore(self.callbacks())
+        try:
+            return await self._run_graph_with(loaded, saver, store)
+        finally:
+            await store.aclose()
+
+    async def _run_graph_with(
+        self, loaded: Any, saver: SpindleSaver | None, store: SpindleStore
+    ) -> dict[str, Any] | None:
+        with_saver = saver is not None
         config = self._config()
         context = self.body.get("context")
         async with open_graph(

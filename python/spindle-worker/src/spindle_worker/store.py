@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -85,6 +87,17 @@ class SpindleStore(AsyncBatchedBaseStore):
         if len(results) != len(ops):
             raise RuntimeError(f"store.batch answered {len(results)} results for {len(ops)} operations")
         return [decode_result(op, r) for op, r in zip(ops, results)]
+
+    async def aclose(self) -> None:
+        """Stops the batching task LangGraph's base class starts for each store. Left to the
+        garbage collector, it is destroyed still pending (asyncio logs `Task was destroyed
+        but it is pending`): the store's `__del__` only asks it to cancel."""
+        task, self._task = self._task, None
+        if task is None or task.done():
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
     def batch(self, ops: Iterable[Op]) -> list[Result]:
         ops = list(ops)

@@ -7,11 +7,14 @@ from __future__ import annotations
 import asyncio
 import time
 from contextlib import asynccontextmanager
-from typing import TypedDict
+from typing import Annotated, Any, TypedDict
 
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.runnables import RunnableConfig
 from langgraph.config import get_store, get_stream_writer
-from langgraph.graph import END, START, StateGraph
+from langgraph.graph import END, START, StateGraph, add_messages
 from langgraph.types import interrupt
 from langgraph_sdk.runtime import ServerRuntime
 
@@ -92,3 +95,49 @@ _child = (
 )
 # A subgraph stopped at an interrupt: its own state can be updated (namespace `child:<task>`).
 nest = StateGraph(S).add_node("child", _child).add_edge(START, "child").add_edge("child", END).compile()
+
+
+class QuietChatModel(BaseChatModel):
+    """A chat model that cannot stream (no `_stream`): its reply arrives whole."""
+
+    def _generate(self, messages: list[BaseMessage], stop=None, run_manager=None, **kwargs: Any) -> ChatResult:
+        return ChatResult(generations=[ChatGeneration(message=AIMessage(content=f"quietly: {messages[-1].content}"))])
+
+    @property
+    def _llm_type(self) -> str:
+        return "quiet"
+
+
+class Chat(TypedDict):
+    messages: Annotated[list, add_messages]
+
+
+async def reply(state: Chat):
+    return {"messages": [await QuietChatModel().ainvoke(state["messages"])]}
+
+
+def note(state: Chat):
+    """A message the node writes itself, not a model's reply."""
+    return {"messages": [AIMessage(content="noted")]}
+
+
+# A model's reply that is not streamed, then a node's own message (protocol v2's `messages`).
+quiet_model = (
+    StateGraph(Chat).add_node("reply", reply).add_node("note", note)
+    .add_edge(START, "reply").add_edge("reply", "note").add_edge("note", END).compile()
+)
+
+
+class APIConnectionError(Exception):
+    """What a model's client raises when it cannot reach its host."""
+
+
+def call_api(state: S):
+    try:
+        raise OSError(-2, "Name or service not known")
+    except OSError as e:
+        raise APIConnectionError("Connection error.") from e
+
+
+# A run failing as one whose model's host cannot be reached does (the `run failed` log line).
+unreachable = _one_node(call_api).compile()
