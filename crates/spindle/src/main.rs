@@ -340,6 +340,10 @@ async fn serve(args: ServerArgs, mode: Mode, config: LoadedConfig) -> Result<()>
     };
     graphs::ensure_default_assistants(storage.as_ref(), &registry).await?;
     new_data_dir.keep();
+    let interrupted = match mode {
+        Mode::Dev => interrupted_runs(storage.as_ref()).await,
+        Mode::Serve => 0,
+    };
 
     let graph_ids = registry.ids();
     let described = graphs::described(&registry);
@@ -374,6 +378,14 @@ async fn serve(args: ServerArgs, mode: Mode, config: LoadedConfig) -> Result<()>
                 println!("            {graph}");
             }
         }
+    }
+    if interrupted > 0 {
+        println!(
+            "  Resuming: {} the last stop interrupted, from {} last checkpoint (the log names {})",
+            plural(interrupted, "run"),
+            if interrupted == 1 { "its" } else { "their" },
+            if interrupted == 1 { "it" } else { "them" },
+        );
     }
     tracing::info!(%addr, backend = storage.backend().as_str(), graphs = graph_ids.len(), "listening");
 
@@ -419,6 +431,20 @@ async fn serve(args: ServerArgs, mode: Mode, config: LoadedConfig) -> Result<()>
     served?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// How many runs a `dev` process that stopped left running (handed back, or its process
+/// killed): its workers resume them from their last checkpoint, which the banner says rather
+/// than letting a model be called again with no word. (`serve` shares its database with other
+/// processes, whose runs are running too; there each resumed run's log line says it.)
+async fn interrupted_runs(storage: &dyn spindle_storage::Storage) -> usize {
+    match storage.count_queued_runs().await {
+        Ok(queued) => usize::try_from(queued.running).unwrap_or(0),
+        Err(err) => {
+            tracing::warn!(error = %err, "cannot count the runs the last stop interrupted");
+            0
+        }
+    }
 }
 
 /// Browsers' access: the config's `http.cors`, else in `dev` what `langgraph dev` allows
