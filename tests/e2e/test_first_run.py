@@ -137,3 +137,47 @@ def test_serve_with_examples_serves_every_example_graph(tmp_path):
         harness.stop(srv)
     assert graphs == sorted(p.stem for p in EXAMPLES.glob("*.yaml"))
     assert "serving the example graphs" in srv.output()
+
+
+@pytest.mark.parametrize("command", [["dev"], ["serve", "--examples"]])
+@pytest.mark.parametrize("given", ["flag", "environment"])
+def test_an_empty_database_url_is_refused_naming_the_option(tmp_path, command, given):
+    """`--database-url ""` or `SPINDLE_DATABASE_URL=` set empty (a variable left blank in a
+    `.env`) used to start a server on a temporary SQLite database per connection: ready, and
+    every API call a 500. The start is refused, naming the option, and creates nothing."""
+    args = [*command, "--host", "127.0.0.1", "--port", str(harness.free_port())]
+    if given == "flag":
+        r = harness.run([*args, "--database-url", ""], tmp_path, timeout=30)
+    else:
+        r = harness.run(args, tmp_path, env={"SPINDLE_DATABASE_URL": ""}, timeout=30)
+    assert r.returncode != 0, r.stdout
+    assert "ready" not in r.stdout, r.stdout
+    assert "--database-url" in r.stderr and "SPINDLE_DATABASE_URL" in r.stderr, r.stderr
+    assert "is empty" in r.stderr, r.stderr
+    assert files_in(tmp_path) == [], "a refused start left files behind"
+
+
+def test_an_empty_database_url_in_the_config_file_is_refused_naming_the_key(tmp_path):
+    (tmp_path / "spindle.json").write_text(json.dumps({"server": {"database_url": ""}}))
+    r = harness.run(["dev", "--port", str(harness.free_port())], tmp_path, timeout=30)
+    assert r.returncode != 0, r.stdout
+    assert "server.database_url" in r.stderr and "is empty" in r.stderr, r.stderr
+    assert files_in(tmp_path) == ["spindle.json"]
+
+
+@pytest.mark.parametrize(
+    "url, suggested",
+    [
+        ("localhost:5432/db", "postgres://localhost:5432/db"),
+        ("ada:secret@db.example:6543/app", "postgres://ada:***@db.example:6543/app"),
+    ],
+)
+def test_a_database_url_without_a_scheme_naming_a_host_is_refused_with_the_fix(tmp_path, url, suggested):
+    """`localhost:5432/db` would be a SQLite file of that name: refused, with the URL to write
+    instead (its password hidden), and nothing created."""
+    r = harness.run(["dev", "--port", str(harness.free_port()), "--database-url", url],
+                    tmp_path, timeout=30)
+    assert r.returncode != 0, r.stdout
+    assert f"write {suggested}" in r.stderr, r.stderr
+    assert "secret" not in r.stderr, r.stderr
+    assert files_in(tmp_path) == []

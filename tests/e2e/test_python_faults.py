@@ -307,6 +307,12 @@ def test_dev_reloads_changed_graphs_and_runs_in_flight_resume(tmp_path):
                        what="the changed graph to answer", timeout=30)
         out = srv.output()
     assert "reloading the Python graphs" in out, out
+    # The old worker's exit was asked for: no warning that reads like a crash.
+    warned = [line for line in out.splitlines() if "WARN" in line and "Python worker exited" in line]
+    assert not warned, warned
+    # The run taken up again on a new worker says so, naming it.
+    resumed = [line for line in out.splitlines() if "resuming the run from its last checkpoint" in line]
+    assert resumed and run["run_id"] in resumed[0], out
 
 
 def test_a_python_run_past_its_time_limit_ends_timeout(tmp_path):

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
+import sqlite3
 
+import harness
 import httpx
 import pytest
 from e2e_util import assert_status, describe
@@ -208,3 +211,50 @@ def test_dev_prints_url_and_graphs(server):
     out = server.output()
     assert server.base_url in out or server.base_url.replace("http://", "") in out, out[-2000:]
     assert "echo" in out, out[-2000:]
+
+
+@contextlib.contextmanager
+def server_database(server):
+    """A DB-API connection (autocommit) on the database the session's server runs on."""
+    if server.backend == "sqlite":
+        data_dir = server.argv[server.argv.index("--data-dir") + 1]
+        conn = sqlite3.connect(f"{data_dir}/spindle.db", timeout=10, isolation_level=None)
+    else:
+        import psycopg
+
+        url = harness.pg_url_with_db(harness.POSTGRES_URL, server.database)
+        conn = psycopg.connect(url, autocommit=True)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+@pytest.mark.spindle_only
+def test_ready_is_not_ready_while_the_schema_is_missing_or_behind(server, http):
+    """`/ready` answered 200 on a database without Spindle's tables (an empty database URL
+    made one per connection), while every API call failed. It checks the schema: without the
+    migrations table, or with the newest migration not applied, it is 503 and says what to
+    do; once the schema is back, 200 again."""
+    if server.backend == "external":
+        pytest.skip("edits the server's own database")
+    assert http.get("/ready").status_code == 200
+    with server_database(server) as db:
+        db.execute("ALTER TABLE _sqlx_migrations RENAME TO _sqlx_migrations_away")
+        try:
+            r = http.get("/ready")
+        finally:
+            db.execute("ALTER TABLE _sqlx_migrations_away RENAME TO _sqlx_migrations")
+        assert_status(r, 503)
+        assert r.json()["error"] == "unavailable" and "spindle migrate" in r.json()["message"], r.text
+        assert http.get("/ready").status_code == 200
+
+        newest = db.execute("SELECT max(version) FROM _sqlx_migrations").fetchone()[0]
+        db.execute("UPDATE _sqlx_migrations SET version = -version WHERE version = %d" % newest)
+        try:
+            r = http.get("/ready")
+        finally:
+            db.execute("UPDATE _sqlx_migrations SET version = -version WHERE version = %d" % -newest)
+        assert_status(r, 503)
+        assert f"migration {newest} is not applied" in r.json()["message"], r.text
+        assert http.get("/ready").status_code == 200

@@ -116,6 +116,9 @@ pub struct RunWorkers {
     /// Set once the drain's grace is over: runs cancelled from then on are handed back to
     /// the queue, not ended.
     handing_back: std::sync::atomic::AtomicBool,
+    /// Cancelled when the stop may not wait any longer ([`RunWorkers::stop_now`]): the drain
+    /// ends its grace at once.
+    hurry: CancellationToken,
     /// One permit per run this process may execute at once, taken by the claim loops and by
     /// runs claimed at their creation alike.
     slots: Arc<Semaphore>,
@@ -149,6 +152,7 @@ impl RunWorkers {
             due_changed: Notify::new(),
             claiming: CancellationToken::new(),
             handing_back: std::sync::atomic::AtomicBool::new(false),
+            hurry: CancellationToken::new(),
             executing: Mutex::new(HashMap::new()),
             python: OnceLock::new(),
             metrics,
@@ -295,18 +299,28 @@ impl RunWorkers {
     /// (runs created here from now on wait in the queue), lets those executing finish for
     /// up to the configured grace, then cancels the rest and hands them back to the queue,
     /// where another process resumes them from their last checkpoint at once instead of
-    /// after their lease. Returns once no run executes here.
+    /// after their lease. Returns once no run executes here. [`RunWorkers::stop_now`] cuts
+    /// the grace short.
     pub async fn drain(&self) {
         self.claiming.cancel();
-        let left = self.until_idle(self.config.shutdown_grace).await;
+        let left = tokio::select! {
+            left = self.until_idle(self.config.shutdown_grace) => left,
+            () = self.hurry.cancelled() => self.executing_count(),
+        };
         if left == 0 {
             return;
         }
-        tracing::warn!(
-            runs = left,
-            grace_secs = self.config.shutdown_grace.as_secs(),
-            "runs still executing after the shutdown grace; handing them back to the queue"
-        );
+        match self.hurry.is_cancelled() {
+            true => tracing::warn!(
+                runs = left,
+                "stopping now: handing the runs still executing back to the queue"
+            ),
+            false => tracing::warn!(
+                runs = left,
+                grace_secs = self.config.shutdown_grace.as_secs(),
+                "runs still executing after the shutdown grace; handing them back to the queue"
+            ),
+        }
         self.handing_back
             .store(true, std::sync::atomic::Ordering::SeqCst);
         let tokens: Vec<CancellationToken> = self
@@ -322,6 +336,18 @@ impl RunWorkers {
         // A cancelled run first waits for its saves (and a Python run for its worker's
         // grace): bounded, as the process is going away anyway.
         self.until_idle(HAND_BACK_WAIT).await;
+    }
+
+    /// Ends the drain's grace now (a second Ctrl-C): the runs still executing are handed back
+    /// at once, to resume from their last checkpoint. Before a drain, the drain that follows
+    /// has no grace.
+    pub fn stop_now(&self) {
+        self.hurry.cancel();
+    }
+
+    /// Resolves once [`RunWorkers::stop_now`] was called.
+    pub async fn stopping_now(&self) {
+        self.hurry.cancelled().await
     }
 
     /// Waits until no run executes here, for at most `within`; answers how many still do.
@@ -341,7 +367,8 @@ impl RunWorkers {
         self.config.shutdown_grace
     }
 
-    fn executing_count(&self) -> usize {
+    /// How many runs execute in this process now.
+    pub fn executing_count(&self) -> usize {
         self.executing
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -1125,7 +1152,7 @@ async fn resumed_from(checkpointer: &dyn Checkpointer, run: &Run) -> Resumed {
         return Resumed::No;
     }
     let thread_id = run.thread_id.to_string();
-    match checkpointer.get_tuple(&thread_id, "", None).await {
+    let how = match checkpointer.get_tuple(&thread_id, "", None).await {
         Ok(latest) => resumed(
             run.attempt,
             run.run_id,
@@ -1135,6 +1162,24 @@ async fn resumed_from(checkpointer: &dyn Checkpointer, run: &Run) -> Resumed {
             tracing::warn!(error = %err, "cannot read the checkpoint a resumed run starts from");
             Resumed::FromItsCheckpoint
         }
+    };
+    log_resumed(how);
+    how
+}
+
+/// Says that a run is taken up again (its earlier attempt's process stopped, handed it back
+/// or died), and from where: otherwise a restarted server calls a run's model again with no
+/// word of why. In the run's span, which names the run and its thread.
+fn log_resumed(how: Resumed) {
+    match how {
+        Resumed::FromItsCheckpoint => tracing::info!(
+            "resuming the run from its last checkpoint (its earlier attempt was interrupted)"
+        ),
+        Resumed::BeforeItsCheckpoint => tracing::info!(
+            "starting the run again from its input (its earlier attempt was interrupted before \
+             its first checkpoint)"
+        ),
+        Resumed::No => {}
     }
 }
 

@@ -107,15 +107,19 @@ pub async fn serve(
     }
     stop(&state, &stopping).await;
     stop_workers.cancel();
-    match tokio::time::timeout(REQUESTS_GRACE, server).await {
-        Ok(served) => served.map_err(std::io::Error::other),
-        Err(_) => {
-            tracing::warn!(
-                secs = REQUESTS_GRACE.as_secs(),
-                "requests still open after the drain; stopping anyway"
-            );
-            Ok(())
-        }
+    tokio::select! {
+        waited = tokio::time::timeout(REQUESTS_GRACE, server) => match waited {
+            Ok(served) => served.map_err(std::io::Error::other),
+            Err(_) => {
+                tracing::warn!(
+                    secs = REQUESTS_GRACE.as_secs(),
+                    "requests still open after the drain; stopping anyway"
+                );
+                Ok(())
+            }
+        },
+        // Told to stop now (`RunWorkers::stop_now`): open requests are not waited for either.
+        () = state.workers.stopping_now() => Ok(()),
     }
 }
 

@@ -5,6 +5,15 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+/// `spindle --help`'s examples: each line under 80 columns (a long one continued with `\`),
+/// so that a terminal never wraps one in the middle of an option.
+const EXAMPLES: &str = "Examples:
+  spindle dev
+  spindle serve --config langgraph.json --host 0.0.0.0 --port 8000 \\
+      --database-url postgres://user@db/spindle
+  spindle migrate --database-url postgres://user@db/spindle
+  spindle check graphs/agent.yaml langgraph.json";
+
 #[derive(Debug, Parser)]
 #[command(
     name = "spindle",
@@ -13,7 +22,7 @@ use clap::{Args, Parser, Subcommand};
     long_about = "Spindle: a self-hosted agent run server that speaks the LangGraph agent-server API.\n\n\
                   Point the official LangGraph clients (langgraph-sdk, @langchain/langgraph-sdk) at it.\n\
                   `spindle dev` needs nothing else; `spindle serve` runs on PostgreSQL for several processes.",
-    after_help = "Examples:\n  spindle dev\n  spindle serve --config langgraph.json --database-url postgres://user@db/spindle --host 0.0.0.0 --port 8000\n  spindle migrate --database-url postgres://user@db/spindle\n  spindle check graphs/agent.yaml langgraph.json"
+    after_help = EXAMPLES
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -24,10 +33,14 @@ pub struct Cli {
 pub enum Command {
     /// Run a development server: an embedded SQLite database under --data-dir and the example
     /// graphs when no config file is found.
+    // Its help leaves out what only `serve` is for: PostgreSQL's writers (still accepted, for a
+    // dev server given a postgres:// URL) and --examples (dev serves them anyway).
+    #[command(mut_arg("pg_writers", |arg| arg.hide(true)), mut_arg("examples", |arg| arg.hide(true)))]
     Dev(ServerArgs),
     /// Run a production server on the database given by --database-url (PostgreSQL for several
     /// processes, or a SQLite file), serving the graphs of the config file (or, with
     /// --examples, the example graphs).
+    #[command(mut_arg("no_reload", |arg| arg.hide(true)))]
     Serve(ServerArgs),
     /// Apply pending schema migrations to the database and exit.
     Migrate(DatabaseArgs),
@@ -175,5 +188,52 @@ impl Cli {
             Command::Migrate(args) => args.config.as_deref(),
             Command::Check(_) => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn help(path: &[&str]) -> String {
+        let mut command = Cli::command().term_width(80);
+        command.build();
+        let mut command = &mut command;
+        for name in path {
+            command = command.find_subcommand_mut(name).expect(name);
+        }
+        command.render_long_help().to_string()
+    }
+
+    #[test]
+    fn the_examples_are_not_wrapped_on_an_80_column_terminal() {
+        let help = help(&[]);
+        for line in EXAMPLES.lines() {
+            assert!(line.len() < 80, "{line}");
+            assert!(
+                help.lines().any(|shown| shown == line),
+                "{line:?} not whole in:\n{help}"
+            );
+        }
+    }
+
+    #[test]
+    fn dev_and_serve_list_only_their_own_options() {
+        let dev = help(&["dev"]);
+        let serve = help(&["serve"]);
+        for serve_only in ["--pg-writers", "--examples"] {
+            assert!(
+                !dev.contains(serve_only),
+                "{serve_only} in dev's help:\n{dev}"
+            );
+            assert!(
+                serve.contains(serve_only),
+                "{serve_only} not in serve's help"
+            );
+        }
+        assert!(dev.contains("--no-reload") && !serve.contains("--no-reload"));
+        // Hidden, still accepted: a dev server on PostgreSQL may set its writers.
+        assert!(Cli::try_parse_from(["spindle", "dev", "--pg-writers", "2", "--examples"]).is_ok());
     }
 }

@@ -113,13 +113,14 @@ enum Mode {
 /// The database URL: the flag or environment, else the config file, else a SQLite file in the
 /// data folder (which is created; the guard removes it again unless the start succeeds).
 fn database_url(args: &DatabaseArgs, config: &LoadedConfig) -> Result<(String, NewDataDir)> {
-    if let Some(url) = args
-        .database_url
-        .clone()
-        .or_else(|| config.file.server.database_url.clone())
-    {
-        check_scheme(&url)?;
-        return Ok((url, NewDataDir(None)));
+    let given = match (&args.database_url, &config.file.server.database_url) {
+        (Some(url), _) => Some((url, "--database-url (or SPINDLE_DATABASE_URL)")),
+        (None, Some(url)) => Some((url, "the config file's server.database_url")),
+        (None, None) => None,
+    };
+    if let Some((url, option)) = given {
+        check_given(url, option)?;
+        return Ok((url.clone(), NewDataDir(None)));
     }
     let data_dir: PathBuf = args
         .data_dir
@@ -214,6 +215,48 @@ fn free_port_after(host: &str, port: u16) -> Option<u16> {
         .find(|&candidate| std::net::TcpListener::bind((host, candidate)).is_ok())
 }
 
+/// Refuses a database URL that cannot be what its writer meant, naming the `option` it came
+/// from: an empty one (SQLite would take it for a temporary database per connection, a server
+/// whose every request fails), one without a scheme that names a host, and an unknown scheme.
+fn check_given(url: &str, option: &str) -> Result<()> {
+    if url.trim().is_empty() {
+        anyhow::bail!(
+            "{option} is empty: give a database (postgres://user@host/db, or a SQLite file \
+             such as ./spindle.db), or leave it unset for an embedded SQLite database in the \
+             data folder (--data-dir, default .spindle)"
+        )
+    }
+    if let Some(host) = schemeless_host(url) {
+        anyhow::bail!(
+            "database URL {bare} ({option}) has no scheme but names a host ({host}); for \
+             PostgreSQL write postgres://{bare}, for a SQLite file a path (./spindle.db)",
+            bare = redact_bare(url)
+        )
+    }
+    check_scheme(url)
+}
+
+/// The `host:port` a URL without a scheme starts with (`localhost:5432/db`,
+/// `user@db.example:5432`), which a person meant for PostgreSQL and SQLite would take for a
+/// file's name; `None` for anything else (a path, `sqlite:file.db`).
+fn schemeless_host(url: &str) -> Option<&str> {
+    if url.contains("://") {
+        return None;
+    }
+    let authority = url.split(['/', '?']).next().unwrap_or_default();
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, hp)| hp);
+    let (host, port) = host_port.rsplit_once(':')?;
+    let is_port = !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit());
+    (is_port && !host.is_empty()).then_some(host_port)
+}
+
+/// A URL without a scheme with any password hidden (`user:***@host`).
+fn redact_bare(url: &str) -> String {
+    redact(&format!("postgres://{url}"))
+        .trim_start_matches("postgres://")
+        .to_owned()
+}
+
 /// Refuses a URL whose scheme names no database Spindle reads (`mysql://`, a misspelt
 /// `postgress://`), which would otherwise be taken for a SQLite file's path.
 fn check_scheme(url: &str) -> Result<()> {
@@ -299,6 +342,10 @@ async fn serve(args: ServerArgs, mode: Mode, config: LoadedConfig) -> Result<()>
     };
     graphs::ensure_default_assistants(storage.as_ref(), &registry).await?;
     new_data_dir.keep();
+    let interrupted = match mode {
+        Mode::Dev => interrupted_runs(storage.as_ref()).await,
+        Mode::Serve => 0,
+    };
 
     let graph_ids = registry.ids();
     let described = graphs::described(&registry);
@@ -333,6 +380,14 @@ async fn serve(args: ServerArgs, mode: Mode, config: LoadedConfig) -> Result<()>
                 println!("            {graph}");
             }
         }
+    }
+    if interrupted > 0 {
+        println!(
+            "  Resuming: {} the last stop interrupted, from {} last checkpoint (the log names {})",
+            plural(interrupted, "run"),
+            if interrupted == 1 { "its" } else { "their" },
+            if interrupted == 1 { "it" } else { "them" },
+        );
     }
     tracing::info!(%addr, backend = storage.backend().as_str(), graphs = graph_ids.len(), "listening");
 
@@ -372,12 +427,27 @@ async fn serve(args: ServerArgs, mode: Mode, config: LoadedConfig) -> Result<()>
         let reloadable = reload::Reloadable::new(python, registry, graph_files);
         reload::watch(config.base_dir(), reloadable, stopping.clone())?;
     }
-    let served = spindle_server::serve(listener, state, shutdown_signal()).await;
+    let workers = state.workers.clone();
+    let served = spindle_server::serve(listener, state, shutdown_signal(workers, mode)).await;
     // The Python workers close after the server: runs still draining may need them.
     stopping.cancel();
     served?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// How many runs a `dev` process that stopped left running (handed back, or its process
+/// killed): its workers resume them from their last checkpoint, which the banner says rather
+/// than letting a model be called again with no word. (`serve` shares its database with other
+/// processes, whose runs are running too; there each resumed run's log line says it.)
+async fn interrupted_runs(storage: &dyn spindle_storage::Storage) -> usize {
+    match storage.count_queued_runs().await {
+        Ok(queued) => usize::try_from(queued.running).unwrap_or(0),
+        Err(err) => {
+            tracing::warn!(error = %err, "cannot count the runs the last stop interrupted");
+            0
+        }
+    }
 }
 
 /// Browsers' access: the config's `http.cors`, else in `dev` what `langgraph dev` allows
@@ -509,8 +579,46 @@ async fn migrate(args: DatabaseArgs, config: LoadedConfig) -> Result<()> {
     Ok(())
 }
 
-/// Resolves on Ctrl-C or SIGTERM, so that deploys stop the server cleanly.
-async fn shutdown_signal() {
+/// Resolves on Ctrl-C or SIGTERM, so that deploys stop the server cleanly: the runs still
+/// executing get the shutdown grace to finish. It says how many there are, and that a second
+/// Ctrl-C (or SIGTERM) stops now, handing them back (without one, a run waiting on a model
+/// held the terminal for the whole grace with no word).
+async fn shutdown_signal(workers: Arc<spindle_execution::RunWorkers>, mode: Mode) {
+    stop_signal().await;
+    tracing::info!("shutting down");
+    let running = workers.executing_count();
+    if running > 0 {
+        let grace = workers.shutdown_grace().as_secs();
+        let resume = match mode {
+            Mode::Dev => "at the next start",
+            Mode::Serve => "on another process or at the next start",
+        };
+        tracing::warn!(
+            runs = running,
+            "{} still running: waiting up to {grace} s for {} to finish; press Ctrl-C again \
+             to stop now ({} handed back, to resume from {} last checkpoint {resume})",
+            plural(running, "run"),
+            if running == 1 { "it" } else { "them" },
+            if running == 1 { "it is" } else { "they are" },
+            if running == 1 { "its" } else { "their" },
+        );
+    }
+    tokio::spawn(async move {
+        stop_signal().await;
+        workers.stop_now();
+    });
+}
+
+/// `1 run`, `2 runs`.
+fn plural(count: usize, noun: &str) -> String {
+    match count {
+        1 => format!("1 {noun}"),
+        _ => format!("{count} {noun}s"),
+    }
+}
+
+/// Resolves on the next Ctrl-C or SIGTERM.
+async fn stop_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };
@@ -529,7 +637,6 @@ async fn shutdown_signal() {
         () = ctrl_c => {}
         () = terminate => {}
     }
-    tracing::info!("shutting down");
 }
 
 #[cfg(test)]
@@ -658,6 +765,62 @@ mod tests {
         ] {
             assert!(check_scheme(good).is_ok(), "{good}");
         }
+    }
+
+    #[test]
+    fn an_empty_database_url_is_refused_naming_where_it_came_from() {
+        let flag = DatabaseArgs {
+            config: None,
+            data_dir: None,
+            database_url: Some(" ".into()),
+        };
+        let err = database_url(&flag, &LoadedConfig::default())
+            .map(|(url, _)| url)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--database-url (or SPINDLE_DATABASE_URL) is empty"),
+            "{err}"
+        );
+        let mut file = LoadedConfig::default();
+        file.file.server.database_url = Some(String::new());
+        let none = DatabaseArgs {
+            database_url: None,
+            ..flag
+        };
+        let err = database_url(&none, &file)
+            .map(|(url, _)| url)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("server.database_url is empty"), "{err}");
+    }
+
+    #[test]
+    fn a_host_without_a_scheme_is_told_apart_from_a_sqlite_path() {
+        for host in [
+            "localhost:5432/db",
+            "db.example:6543",
+            "u:secret@db:5432/x",
+            "[::1]:5432/db",
+        ] {
+            assert!(schemeless_host(host).is_some(), "{host}");
+        }
+        for path in [
+            ".spindle/spindle.db",
+            "/var/lib/spindle.db",
+            "spindle.db",
+            "sqlite:spindle.db",
+            "sqlite://x.db",
+            "C:/data/spindle.db",
+            "postgres://localhost:5432/db",
+        ] {
+            assert_eq!(schemeless_host(path), None, "{path}");
+        }
+        let err = check_given("u:secret@db:5432/x", "--database-url")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("write postgres://u:***@db:5432/x"), "{err}");
+        assert!(!err.contains("secret"), "{err}");
     }
 
     #[test]

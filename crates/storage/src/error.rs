@@ -22,6 +22,9 @@ pub enum StorageError {
     /// A write's transaction did not commit, or the writer thread is gone.
     #[error("database write failed: {0}")]
     Commit(String),
+    /// The database's schema is missing or behind this build's (see `schema.rs`).
+    #[error("{0}")]
+    Schema(String),
     #[error("migration failed: {0}")]
     Migration(#[from] sqlx::migrate::MigrateError),
     #[error("stored data is corrupt: {0}")]

@@ -22,6 +22,7 @@ mod pg_writer;
 pub mod postgres;
 mod rows;
 pub mod runs;
+mod schema;
 pub mod sqlite;
 mod sqlite_notices;
 mod sqlite_reader;

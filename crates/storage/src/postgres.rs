@@ -726,8 +726,10 @@ impl Storage for PostgresStorage {
     }
 
     async fn ping(&self) -> StorageResult<()> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
-        Ok(())
+        let applied = sqlx::query_scalar(crate::schema::LATEST_APPLIED)
+            .fetch_one(&self.pool)
+            .await;
+        crate::schema::check_current(&MIGRATOR, applied)
     }
 
     fn checkpointer(&self) -> Arc<dyn Checkpointer> {

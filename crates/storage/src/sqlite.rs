@@ -810,8 +810,10 @@ impl Storage for SqliteStorage {
     }
 
     async fn ping(&self) -> StorageResult<()> {
-        sqlx::query("SELECT 1").execute(&self.read).await?;
-        Ok(())
+        let applied = sqlx::query_scalar(crate::schema::LATEST_APPLIED)
+            .fetch_one(&self.read)
+            .await;
+        crate::schema::check_current(&MIGRATOR, applied)
     }
 
     fn checkpointer(&self) -> Arc<dyn Checkpointer> {

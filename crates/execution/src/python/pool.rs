@@ -106,7 +106,7 @@ impl Drop for RunSlot {
     fn drop(&mut self) {
         let left = self.worker.active.fetch_sub(1, Ordering::AcqRel) - 1;
         if left == 0 && self.worker.retiring.load(Ordering::Acquire) {
-            self.worker.process.connection().close();
+            self.worker.process.close();
         }
         self.pool.changed.notify_waiters();
     }
@@ -188,7 +188,7 @@ impl PythonPool {
             shutdown.cancelled().await;
             let workers: Vec<Arc<PoolWorker>> = std::mem::take(&mut *pool.lock());
             for worker in workers {
-                worker.process.connection().close();
+                worker.process.close();
                 let _ = tokio::time::timeout(SHUTDOWN_GRACE, worker.process.exited()).await;
             }
         });
@@ -235,7 +235,7 @@ impl PythonPool {
         tracing::info!(worker = %worker.process.name(), reason = why, "recycling Python worker");
         self.forget(worker);
         if worker.active.load(Ordering::Acquire) == 0 {
-            worker.process.connection().close();
+            worker.process.close();
         }
         if let Some(shutdown) = self.shutdown.get().cloned() {
             let pool = self.clone();
@@ -286,7 +286,7 @@ impl PythonPool {
         }
         for worker in old {
             worker.retiring.store(true, Ordering::Release);
-            worker.process.connection().close();
+            worker.process.close();
         }
         self.changed.notify_waiters();
         Ok(report.expect("at least one worker"))

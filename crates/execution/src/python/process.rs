@@ -11,6 +11,7 @@ use std::fmt;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -166,6 +167,8 @@ pub struct WorkerProcess {
     /// Sending (or dropping) it makes the monitor kill the process.
     kill: Option<oneshot::Sender<()>>,
     project_dir: PathBuf,
+    /// Spindle asked the worker to exit ([`WorkerProcess::close`]): its exit is planned.
+    closing: Arc<AtomicBool>,
 }
 
 impl WorkerProcess {
@@ -211,6 +214,7 @@ impl WorkerProcess {
         });
         let (kill, killed) = oneshot::channel();
         let (exit_tx, exit) = watch::channel(None);
+        let closing = Arc::new(AtomicBool::new(false));
         tokio::spawn(monitor(
             spec.name.clone(),
             child,
@@ -218,6 +222,7 @@ impl WorkerProcess {
             stderr,
             tail,
             exit_tx,
+            closing.clone(),
         ));
         Ok(WorkerProcess {
             name: spec.name,
@@ -226,6 +231,7 @@ impl WorkerProcess {
             exit,
             kill: Some(kill),
             project_dir: spec.project_dir,
+            closing,
         })
     }
 
@@ -323,10 +329,18 @@ impl WorkerProcess {
         }
     }
 
+    /// Asks the worker to exit: closes its socket, on which it cancels its runs and exits by
+    /// itself. Its exit is then planned (a reload, a recycle, a shutdown) and logged as such,
+    /// not as a worker that died.
+    pub fn close(&self) {
+        self.closing.store(true, Ordering::Release);
+        self.connection.close();
+    }
+
     /// Closes the socket so the worker exits by itself (its runs are cancelled there), and
     /// kills it if it has not within `grace`.
     pub async fn shutdown(mut self, grace: Duration) -> WorkerExit {
-        self.connection.close();
+        self.close();
         let exit = self.exit.clone();
         if let Ok(ended) = tokio::time::timeout(grace, wait_exit(exit.clone())).await {
             return ended;
@@ -403,6 +417,7 @@ async fn monitor(
     stderr: Option<JoinHandle<()>>,
     tail: Arc<Mutex<VecDeque<String>>>,
     exit: watch::Sender<Option<WorkerExit>>,
+    closing: Arc<AtomicBool>,
 ) {
     let mut killed = false;
     let status = tokio::select! {
@@ -427,7 +442,9 @@ async fn monitor(
         killed,
         stderr_tail,
     };
-    if killed {
+    // Killed, or exited cleanly once asked to: planned. Anything else is a worker that died.
+    let asked = closing.load(Ordering::Acquire);
+    if killed || (asked && ended.status.is_some_and(|s| s.success())) {
         tracing::info!(worker = %name, "Python worker {ended}");
     } else {
         tracing::warn!(worker = %name, "Python worker {ended}");

@@ -70,9 +70,9 @@ async fn live() -> Json<Health> {
     Json(Health { status: "alive" })
 }
 
-/// Readiness probe: the database answers a query.
+/// Readiness probe: the database answers a query, and its schema is this server's.
 #[utoipa::path(get, path = "/ready", tag = "system",
-    responses((status = 200, description = "ready", body = Object), (status = 503, description = "the database does not answer", body = ErrorBody)))]
+    responses((status = 200, description = "ready", body = Object), (status = 503, description = "the database does not answer, or lacks the schema", body = ErrorBody)))]
 async fn ready(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
     let backend = state.storage.backend().as_str();
     match state.storage.ping().await {
@@ -82,11 +82,15 @@ async fn ready(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
         ),
         Err(err) => {
             tracing::warn!(error = %err, "readiness check failed");
+            let message = match err {
+                spindle_storage::StorageError::Schema(why) => why,
+                _ => format!("the {backend} database does not answer"),
+            };
             (
                 StatusCode::SERVICE_UNAVAILABLE,
                 Json(json!({
                     "error": "unavailable",
-                    "message": format!("the {backend} database does not answer"),
+                    "message": message,
                     "details": {"database": backend},
                 })),
             )
