@@ -897,6 +897,12 @@ async def test_custom_auth_filters_with_operators_select_assistants(custom_serve
     with pytest.raises(NotFoundError):
         await cat.runs.create_batch([{"assistant_id": "whoami", "input": {}},
                                      {"assistant_id": theirs["assistant_id"], "input": {}}])
+    # A run started by the agent protocol's command needs read access to its assistant too.
+    with custom_client(custom_server, "tok-cat") as http:
+        command = {"id": 1, "method": "run.start",
+                   "params": {"assistant_id": theirs["assistant_id"], "input": {}}}
+        answer = http.post(f"/threads/{tid}/commands", json=command).json()
+    assert (answer["type"], answer["error"]) == ("error", "permission_denied"), answer
     assert len(await cat.runs.list(tid)) == 2
 
 

@@ -123,8 +123,18 @@ pub async fn allows(
 ) -> Result<(), String> {
     ask_handler(state, user, action, &value)
         .await
-        .map(drop)
-        .map_err(Refused::detail)
+        .map_err(Refused::detail)?;
+    // A run started by a command (the agent protocol's `run.start`) needs read access to its
+    // assistant too, as one started by a request does.
+    if (action.resource, action.action) == ("threads", "create_run") {
+        if let Err(denied) = check_run_assistants(state, user, Some(&value)).await {
+            let status = denied.status();
+            return Err(format!(
+                "the run's assistant is not readable by this user ({status})"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The largest body read to build an action's value (the API's own limit is larger for runs
