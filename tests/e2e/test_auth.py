@@ -863,6 +863,16 @@ async def test_custom_auth_filters_with_operators_select_threads(custom_server, 
             await cat.threads.get(hidden["thread_id"])
         with pytest.raises(NotFoundError):
             await cat.runs.list(hidden["thread_id"])
+    # The create_run handler's filter (the caller's project) holds on the thread a run is
+    # started on, by a request or by the agent protocol's command: a shared thread of another
+    # project can be read, not run on.
+    with pytest.raises(NotFoundError):
+        await cat.runs.create(shared["thread_id"], "whoami", input={})
+    with custom_client(custom_server, "tok-cat") as http:
+        command = {"id": 1, "method": "run.start", "params": {"assistant_id": "whoami", "input": {}}}
+        answer = http.post(f"/threads/{shared['thread_id']}/commands", json=command).json()
+    assert (answer["type"], answer["error"]) == ("error", "permission_denied"), answer
+    assert await cat.runs.list(shared["thread_id"]) == []
 
 
 async def test_custom_auth_filters_with_operators_select_assistants(custom_server, cat):

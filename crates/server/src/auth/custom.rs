@@ -113,17 +113,30 @@ async fn ask_handler(
 }
 
 /// Whether the `@auth.on` handler lets `user` do `action` with `value`, for what is not a
-/// route of its own (a protocol command): its changes and filters are not used; a refusal
-/// says why.
+/// route of its own (a protocol command on the thread `value` names): its changes are not
+/// used, its filters must hold on the thread; a refusal says why.
 pub async fn allows(
     state: &AppState,
     user: &AuthUser,
     action: Action,
     value: Value,
 ) -> Result<(), String> {
-    ask_handler(state, user, action, &value)
+    let answer = ask_handler(state, user, action, &value)
         .await
         .map_err(Refused::detail)?;
+    if let Some(filters) = answer["filters"].as_object().filter(|f| !f.is_empty()) {
+        let condition = filters::parse(filters).map_err(|e| e.to_string())?;
+        let thread = value["thread_id"].as_str().and_then(|id| id.parse().ok());
+        if let Some(thread) = thread {
+            let metadata = match state.storage.get_thread(&user.scope(), thread).await {
+                Ok(found) => Value::Object(found.metadata),
+                Err(_) => Value::Null,
+            };
+            if !condition.holds(&metadata) {
+                return Err("the thread is not found or not authorized".into());
+            }
+        }
+    }
     // A run started by a command (the agent protocol's `run.start`) needs read access to its
     // assistant too, as one started by a request does.
     if (action.resource, action.action) == ("threads", "create_run") {

@@ -38,6 +38,12 @@ impl FilterError {
     }
 }
 
+impl std::fmt::Display for FilterError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 impl IntoResponse for FilterError {
     fn into_response(self) -> Response {
         tracing::warn!(error = %self.0, "a custom auth handler answered a filter that cannot be applied");
