@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import harness
+import httpx
 import pytest
 from conftest import BACKENDS, EXTERNAL_URL, _session_server
 
@@ -70,3 +71,54 @@ def test_the_document_describes_what_is_served(fuzzed_server: harness.Server, tm
     failures = {f["title"]: f["operations"] for f in result["failures"]}
     assert not failures, f"the document and the server disagree: {failures}\n{output}"
     assert result["complete"] and run.returncode == 0, output
+
+
+# Ids of the resources an example's path names, and the threads a prune names.
+PATH_IDS = ("{assistant_id}", "{thread_id}", "{cron_id}")
+
+
+def _thread_with_a_run(http: httpx.Client, run: dict) -> str:
+    thread_id = http.post("/threads", json={}).json()["thread_id"]
+    done = http.post(f"/threads/{thread_id}/runs/wait", json=run)
+    assert done.status_code == 200, done.text
+    return thread_id
+
+
+@pytest.mark.skipif(bool(EXTERNAL_URL), reason="sends its examples to a server of its own")
+def test_every_request_body_has_an_example_that_works(fuzzed_server: harness.Server):
+    """What `/docs` puts in "Try it out" works as it stands, once the path's ids are filled in
+    (a thread that has run the graph, an assistant, a cron): 2xx, every operation."""
+    with httpx.Client(base_url=fuzzed_server.base_url, timeout=30) as http:
+        doc = http.get("/openapi.json").json()
+        bodies = {
+            (method.upper(), path): op["requestBody"]["content"]["application/json"]
+            for path, item in doc["paths"].items()
+            for method, op in item.items()
+            if isinstance(op, dict) and "requestBody" in op
+        }
+        missing = [op for op, content in bodies.items() if "example" not in content]
+        assert not missing, f"request bodies without an example: {missing}"
+
+        run = bodies[("POST", "/threads/{thread_id}/runs/wait")]["example"]
+        assistant_id = http.post("/assistants", json={"graph_id": "agent"}).json()["assistant_id"]
+        cron_id = http.post("/runs/crons", json=bodies[("POST", "/runs/crons")]["example"]).json()[
+            "cron_id"
+        ]
+        refused = {}
+        for (method, path), content in bodies.items():
+            example = content["example"]
+            thread_id = _thread_with_a_run(http, run) if "{thread_id}" in path else None
+            if path == "/threads/prune":
+                thread_id = _thread_with_a_run(http, run)
+                example = {**example, "thread_ids": [thread_id]}
+            url = (
+                path.replace("{assistant_id}", assistant_id)
+                .replace("{cron_id}", cron_id)
+                .replace("{thread_id}", thread_id or "")
+            )
+            with http.stream(method, url, json=example) as answer:
+                if not 200 <= answer.status_code < 300:
+                    refused[f"{method} {path}"] = (answer.status_code, answer.read().decode()[:300])
+        for cron in http.post("/runs/crons/search", json={"limit": 1000}).json():
+            http.delete(f"/runs/crons/{cron['cron_id']}")
+    assert not refused, refused

@@ -17,6 +17,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_swagger_ui::{Config, SwaggerUi};
 
 use crate::http_config::Disabled;
+use crate::openapi_examples::request_example;
 use crate::routes;
 use crate::state::AppState;
 
@@ -84,6 +85,7 @@ pub fn docs(mut api: OpenApiDoc, webhooks_off: bool) -> Router<AppState> {
     document_optional_bodies(&mut api);
     document_selected_fields(&mut api);
     document_self(&mut api);
+    document_examples(&mut api);
     let mut json = serde_json::to_value(api).expect("the OpenAPI document serialises");
     document_uuid_syntax(&mut json);
     document_empty_query_values(&mut json);
@@ -280,6 +282,26 @@ fn document_empty_query_values(doc: &mut Value) {
         let optional_query = parameter["in"] == "query" && parameter["required"] != true;
         if optional_query && parameter["schema"]["type"] != "array" {
             parameter["allowEmptyValue"] = json!(true);
+        }
+    }
+}
+
+/// Gives each request body its working example ([`request_example`]).
+fn document_examples(api: &mut OpenApiDoc) {
+    for (path, item) in api.paths.paths.iter_mut() {
+        let operations = [
+            ("GET", &mut item.get),
+            ("POST", &mut item.post),
+            ("PUT", &mut item.put),
+            ("PATCH", &mut item.patch),
+            ("DELETE", &mut item.delete),
+        ];
+        for (method, operation) in operations {
+            let body = operation.as_mut().and_then(|op| op.request_body.as_mut());
+            let content = body.and_then(|body| body.content.get_mut("application/json"));
+            if let Some(content) = content {
+                content.example = request_example(method, path);
+            }
         }
     }
 }
