@@ -89,6 +89,7 @@ pub fn docs(mut api: OpenApiDoc, webhooks_off: bool) -> Router<AppState> {
     let mut json = serde_json::to_value(api).expect("the OpenAPI document serialises");
     document_uuid_syntax(&mut json);
     document_empty_query_values(&mut json);
+    document_cancel_forms(&mut json);
     Router::new()
         .route("/openapi.json", get(move || async move { Json(json) }))
         .merge(SwaggerUi::new("/docs").config(Config::from("/openapi.json")))
@@ -304,6 +305,36 @@ fn document_examples(api: &mut OpenApiDoc) {
             }
         }
     }
+}
+
+/// `POST /runs/cancel` takes one of two forms (`CancelManyRequest::validate`): a `status`, or a
+/// `thread_id` with `run_ids` (at least one). Said as `oneOf`, so that clients and fuzzers
+/// generate only bodies the server takes.
+fn document_cancel_forms(doc: &mut Value) {
+    let Some(request) = doc.pointer_mut("/components/schemas/CancelManyRequest") else {
+        return;
+    };
+    let absent = json!({"type": "null"});
+    request["oneOf"] = json!([
+        {
+            "title": "by status",
+            "required": ["status"],
+            "properties": {
+                "status": {"$ref": "#/components/schemas/CancelStatus"},
+                "thread_id": absent,
+                "run_ids": absent,
+            },
+        },
+        {
+            "title": "runs of a thread",
+            "required": ["thread_id", "run_ids"],
+            "properties": {
+                "status": absent,
+                "thread_id": {"$ref": "#/components/schemas/ResourceId"},
+                "run_ids": {"type": "array", "minItems": 1},
+            },
+        },
+    ]);
 }
 
 /// Lists the two documentation routes in the document itself.
