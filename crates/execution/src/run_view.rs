@@ -28,8 +28,9 @@ pub struct RunOut {
     pub kwargs: JsonObject,
     pub multitask_strategy: String,
     pub user_id: Option<String>,
-    /// The input the run was given; null for a run that only resumes or continues.
-    #[schema(value_type = Option<Object>)]
+    /// The input the run was given (any JSON value, as a run takes it); null for a run that
+    /// only resumes or continues.
+    #[schema(value_type = Value)]
     pub input: Option<Value>,
     /// The thread's values when the run ended; null until it ends.
     #[schema(value_type = Option<Object>)]

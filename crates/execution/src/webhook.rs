@@ -212,6 +212,22 @@ impl fmt::Display for Refusal {
 
 impl std::error::Error for Refusal {}
 
+/// What a webhook starts with, as the OpenAPI document's pattern says it (ECMA syntax): an
+/// http(s) scheme, `//` and a host. The URL parser alone also took `http:host` and spaces
+/// before the scheme, which the document could not say and LangGraph refuses.
+pub const URL_PATTERN: &str = "^[Hh][Tt][Tt][Pp][Ss]?://[^\\s/?#]";
+
+/// Whether `raw` starts as [`URL_PATTERN`] says.
+fn starts_as_documented(raw: &str) -> bool {
+    let rest = ["https://", "http://"].iter().find_map(|scheme| {
+        let head = raw.get(..scheme.len())?;
+        head.eq_ignore_ascii_case(scheme)
+            .then(|| &raw[scheme.len()..])
+    });
+    rest.and_then(|rest| rest.chars().next())
+        .is_some_and(|c| !c.is_whitespace() && !matches!(c, '/' | '?' | '#'))
+}
+
 /// The syntax half of the check, which needs no network: an absolute http(s) URL with a host.
 pub fn parse(raw: &str) -> Result<Url, Refusal> {
     let url = Url::parse(raw)
@@ -222,10 +238,10 @@ pub fn parse(raw: &str) -> Result<Url, Refusal> {
             "URL scheme should be 'http' or 'https'",
         ));
     }
-    if url.host_str().is_none_or(str::is_empty) {
+    if url.host_str().is_none_or(str::is_empty) || !starts_as_documented(raw) {
         return Err(Refusal::new(
             "url_parsing",
-            "Input should be a URL with a host",
+            "Input should be a URL with a host, starting with http:// or https://",
         ));
     }
     Ok(url)
@@ -724,6 +740,16 @@ mod tests {
         assert_eq!(parse("ftp://example.com/").unwrap_err().kind, "url_scheme");
         assert_eq!(parse("file:///etc/passwd").unwrap_err().kind, "url_scheme");
         assert_eq!(parse("http://").unwrap_err().kind, "url_parsing");
+        assert_eq!(parse("").unwrap_err().kind, "url_parsing");
+        // What the URL parser takes but the document's pattern does not say.
+        for raw in [
+            "http:example.com",
+            " http://example.com",
+            "http:/example.com",
+        ] {
+            assert_eq!(parse(raw).unwrap_err().kind, "url_parsing", "{raw}");
+        }
+        assert!(parse("HTTPS://Example.com").is_ok());
     }
 
     #[test]

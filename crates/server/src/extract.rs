@@ -16,6 +16,8 @@ use serde::de::{DeserializeOwned, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::{json, Value};
 
+use spindle_storage::{filter_depth, filter_values, MAX_FILTER_DEPTH, MAX_FILTER_VALUES};
+
 use crate::error::{ApiError, ErrorCode, ValidationItem};
 
 /// Rules a request type checks after it deserialised.
@@ -126,6 +128,35 @@ impl Violations {
                 json!({ "le": max }),
             );
         }
+    }
+
+    /// A search filter holds at most [`MAX_FILTER_VALUES`] values (counted at any depth) and
+    /// nests at most [`MAX_FILTER_DEPTH`] levels, so that its query stays within what the
+    /// database takes, on both backends alike.
+    pub fn filter_size(&mut self, field: &str, filter: Option<&serde_json::Map<String, Value>>) {
+        let Some(filter) = filter else { return };
+        let count = filter_values(filter);
+        let depth = filter_depth(filter);
+        let refusal = if count > MAX_FILTER_VALUES {
+            format!(
+                "A filter should hold at most {MAX_FILTER_VALUES} values (keys' values and array \
+                 items, at any depth), not {count}"
+            )
+        } else if depth > MAX_FILTER_DEPTH {
+            format!(
+                "A filter should nest at most {MAX_FILTER_DEPTH} levels of objects and arrays, \
+                 not {depth}"
+            )
+        } else {
+            return;
+        };
+        self.push(
+            &[field],
+            "too_long",
+            refusal,
+            Value::Object(filter.clone()),
+            json!({ "max_values": MAX_FILTER_VALUES, "max_depth": MAX_FILTER_DEPTH }),
+        );
     }
 
     pub fn into_result(self) -> Result<(), ApiError> {

@@ -5,13 +5,14 @@
 //! of storage and of run execution (`spindle_execution`), and their answers to responses.
 
 pub mod auth;
-mod connections;
+pub mod connections;
 pub mod cors;
 pub mod error;
 pub mod extract;
 mod guard;
 pub mod http_config;
 mod openapi;
+mod openapi_examples;
 pub mod protocol;
 pub mod routes;
 pub mod runs;
@@ -95,7 +96,12 @@ pub async fn serve(
         stop_workers.clone(),
     ));
     let stopping = tokio_util::sync::CancellationToken::new();
-    let server = connections::serve(listener, app(state.clone()), stopping.clone());
+    let server = connections::serve(
+        listener,
+        app(state.clone()),
+        stopping.clone(),
+        state.connections,
+    );
     let mut server = tokio::spawn(server);
     tokio::select! {
         // The server's task ended by itself (it panicked).

@@ -17,6 +17,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_swagger_ui::{Config, SwaggerUi};
 
 use crate::http_config::Disabled;
+use crate::openapi_examples::request_example;
 use crate::routes;
 use crate::state::AppState;
 
@@ -84,9 +85,11 @@ pub fn docs(mut api: OpenApiDoc, webhooks_off: bool) -> Router<AppState> {
     document_optional_bodies(&mut api);
     document_selected_fields(&mut api);
     document_self(&mut api);
+    document_examples(&mut api);
     let mut json = serde_json::to_value(api).expect("the OpenAPI document serialises");
     document_uuid_syntax(&mut json);
     document_empty_query_values(&mut json);
+    document_cancel_forms(&mut json);
     Router::new()
         .route("/openapi.json", get(move || async move { Json(json) }))
         .merge(SwaggerUi::new("/docs").config(Config::from("/openapi.json")))
@@ -282,6 +285,56 @@ fn document_empty_query_values(doc: &mut Value) {
             parameter["allowEmptyValue"] = json!(true);
         }
     }
+}
+
+/// Gives each request body its working example ([`request_example`]).
+fn document_examples(api: &mut OpenApiDoc) {
+    for (path, item) in api.paths.paths.iter_mut() {
+        let operations = [
+            ("GET", &mut item.get),
+            ("POST", &mut item.post),
+            ("PUT", &mut item.put),
+            ("PATCH", &mut item.patch),
+            ("DELETE", &mut item.delete),
+        ];
+        for (method, operation) in operations {
+            let body = operation.as_mut().and_then(|op| op.request_body.as_mut());
+            let content = body.and_then(|body| body.content.get_mut("application/json"));
+            if let Some(content) = content {
+                content.example = request_example(method, path);
+            }
+        }
+    }
+}
+
+/// `POST /runs/cancel` takes one of two forms (`CancelManyRequest::validate`): a `status`, or a
+/// `thread_id` with `run_ids` (at least one). Said as `oneOf`, so that clients and fuzzers
+/// generate only bodies the server takes.
+fn document_cancel_forms(doc: &mut Value) {
+    let Some(request) = doc.pointer_mut("/components/schemas/CancelManyRequest") else {
+        return;
+    };
+    let absent = json!({"type": "null"});
+    request["oneOf"] = json!([
+        {
+            "title": "by status",
+            "required": ["status"],
+            "properties": {
+                "status": {"$ref": "#/components/schemas/CancelStatus"},
+                "thread_id": absent,
+                "run_ids": absent,
+            },
+        },
+        {
+            "title": "runs of a thread",
+            "required": ["thread_id", "run_ids"],
+            "properties": {
+                "status": absent,
+                "thread_id": {"$ref": "#/components/schemas/ResourceId"},
+                "run_ids": {"type": "array", "minItems": 1},
+            },
+        },
+    ]);
 }
 
 /// Lists the two documentation routes in the document itself.

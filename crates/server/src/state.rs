@@ -42,6 +42,8 @@ pub struct AppState {
     /// The process's metrics (`GET /metrics`), shared with the run workers, webhooks and
     /// crons that record into them.
     pub metrics: Arc<Metrics>,
+    /// How long a request head may take and how many connections `serve` keeps open.
+    pub connections: crate::connections::ConnectionLimits,
 }
 
 impl AppState {
@@ -91,6 +93,7 @@ impl AppState {
             auth: None,
             http: Default::default(),
             metrics,
+            connections: Default::default(),
         }
     }
 }

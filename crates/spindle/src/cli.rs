@@ -102,6 +102,17 @@ pub struct ServerArgs {
     #[arg(long, env = "SPINDLE_KEEPALIVE_INTERVAL_SECS", value_parser = clap::value_parser!(u64).range(1..))]
     pub keepalive_interval_secs: Option<u64>,
 
+    /// Seconds a client has to send a request's headers whole, after connecting or after its
+    /// last response (so a kept-alive connection left idle this long is closed too)
+    /// [default: 30]
+    #[arg(long, env = "SPINDLE_HEADER_TIMEOUT_SECS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_timeout_secs: Option<u64>,
+
+    /// Client connections served at once; beyond them new ones wait until one closes
+    /// [default: 10000, or the open-file limit less 256 when lower]
+    #[arg(long, env = "SPINDLE_MAX_CONNECTIONS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections: Option<u64>,
+
     /// Hours the events of ended runs are kept for replay (`Last-Event-ID`, thread streams);
     /// 0 keeps them forever [default: 168]
     #[arg(long, env = "SPINDLE_EVENT_RETENTION_HOURS")]

@@ -133,6 +133,8 @@ pub struct ServerSection {
     pub run_lease_secs: Option<u64>,
     pub shutdown_grace_secs: Option<u64>,
     pub keepalive_interval_secs: Option<u64>,
+    pub header_timeout_secs: Option<u64>,
+    pub max_connections: Option<u64>,
     pub event_retention_hours: Option<u64>,
     pub thread_ttl_minutes: Option<f64>,
     pub thread_ttl_strategy: Option<String>,

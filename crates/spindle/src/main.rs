@@ -21,6 +21,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use spindle_execution::metrics::MeteredStorage;
 use spindle_execution::{Metrics, WebhookConfig, WorkerConfig};
+use spindle_server::connections::ConnectionLimits;
 use spindle_server::{AppState, ThreadTtlConfig};
 use spindle_storage::{ThreadTtl, TtlStrategy};
 use tokio::net::TcpListener;
@@ -418,6 +419,7 @@ async fn serve(args: ServerArgs, mode: Mode, config: LoadedConfig) -> Result<()>
     {
         state.keepalive = Duration::from_secs(secs);
     }
+    state.connections = connection_limits(&args, &config);
     let stopping = CancellationToken::new();
     if let Some(pool) = &python {
         state.workers.set_python(pool.clone());
@@ -447,6 +449,26 @@ async fn interrupted_runs(storage: &dyn spindle_storage::Storage) -> usize {
             tracing::warn!(error = %err, "cannot count the runs the last stop interrupted");
             0
         }
+    }
+}
+
+/// Bounds on client connections: flag or environment, else the config file, else the defaults.
+fn connection_limits(args: &ServerArgs, config: &LoadedConfig) -> ConnectionLimits {
+    let file = &config.file.server;
+    let defaults = ConnectionLimits::default();
+    ConnectionLimits {
+        header_timeout: args
+            .header_timeout_secs
+            .or(file.header_timeout_secs)
+            .map_or(defaults.header_timeout, |secs| {
+                Duration::from_secs(secs.max(1))
+            }),
+        max_connections: args
+            .max_connections
+            .or(file.max_connections)
+            .map_or(defaults.max_connections, |n| {
+                usize::try_from(n.max(1)).unwrap_or(usize::MAX)
+            }),
     }
 }
 

@@ -11,6 +11,43 @@ use sqlx::{Database, QueryBuilder, Sqlite};
 
 use crate::MetadataCondition;
 
+/// The most values (every key's value and every array item, at any depth) a filter may hold.
+/// Each costs its query up to three bound parameters and a test per row read; the server
+/// refuses a larger filter (422) on both backends alike.
+pub const MAX_FILTER_VALUES: usize = 1000;
+
+/// The most levels of objects and arrays a filter may nest, itself included. Each array
+/// level is a correlated subquery, which SQLite counts some 30 levels deep of its 1,000
+/// ("Expression tree is too large" past 25 arrays); the server refuses a deeper filter (422)
+/// on both backends alike.
+pub const MAX_FILTER_DEPTH: usize = 16;
+
+/// How many levels of objects and arrays `filter` nests, as [`MAX_FILTER_DEPTH`] counts them.
+pub fn filter_depth(filter: &serde_json::Map<String, Value>) -> usize {
+    1 + filter.values().map(depth_below).max().unwrap_or(0)
+}
+
+fn depth_below(value: &Value) -> usize {
+    match value {
+        Value::Object(map) => filter_depth(map),
+        Value::Array(items) => 1 + items.iter().map(depth_below).max().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// The number of values `filter` holds, as [`MAX_FILTER_VALUES`] counts them.
+pub fn filter_values(filter: &serde_json::Map<String, Value>) -> usize {
+    filter.values().map(|v| 1 + values_below(v)).sum()
+}
+
+fn values_below(value: &Value) -> usize {
+    match value {
+        Value::Object(map) => filter_values(map),
+        Value::Array(items) => items.iter().map(|v| 1 + values_below(v)).sum(),
+        _ => 0,
+    }
+}
+
 /// Appends a boolean SQL expression: "`column` contains `filter`" with jsonb semantics.
 pub(crate) fn push_sqlite_contains(
     qb: &mut QueryBuilder<'_, Sqlite>,
@@ -19,7 +56,7 @@ pub(crate) fn push_sqlite_contains(
 ) {
     let mut aliases = 0;
     qb.push("(");
-    push_contains(qb, column, PathExpr::Root, filter, &mut aliases);
+    push_contains(qb, column, PathExpr::root(), filter, &mut aliases);
     qb.push(")");
 }
 
@@ -59,30 +96,83 @@ pub(crate) fn push_sqlite_condition(
     });
 }
 
-/// An SQL expression that evaluates to a JSON path into the column.
+/// Appends `items` joined by `AND`, nested as a balanced tree of parenthesised halves. SQLite
+/// parses `a AND b AND c ...` into a chain as deep as it is long and refuses one deeper than
+/// 1,000 ("Expression tree is too large"); halves keep the depth at log2 of the count.
+/// No items is true.
+pub(crate) fn push_all<T>(
+    qb: &mut QueryBuilder<'_, Sqlite>,
+    items: &[T],
+    push: &mut impl FnMut(&mut QueryBuilder<'_, Sqlite>, &T),
+) {
+    match items {
+        [] => {
+            qb.push("1");
+        }
+        [item] => push(qb, item),
+        _ => {
+            let (left, right) = items.split_at(items.len() / 2);
+            qb.push("(");
+            push_all(qb, left, push);
+            qb.push(") AND (");
+            push_all(qb, right, push);
+            qb.push(")");
+        }
+    }
+}
+
+/// An SQL expression that evaluates to a JSON path into the column: the path of one array
+/// element (the `fullkey` of a `json_each` row) or the column's root, followed by object keys.
+/// The keys are bound as one string, so a path costs one parameter and one node of the
+/// expression however deep it goes.
 #[derive(Clone)]
-enum PathExpr {
-    /// `'$'`.
-    Root,
-    /// A parent path with one object key appended (bound, quoted).
-    Key(Box<PathExpr>, String),
-    /// The `fullkey` of a `json_each` row, i.e. the path of one array element.
-    Element(String),
+struct PathExpr {
+    /// The `json_each` alias whose row's `fullkey` the path starts from; `None`: `$`.
+    element: Option<String>,
+    /// The object keys after it, each a [`quoted_label`].
+    labels: String,
 }
 
 impl PathExpr {
+    fn root() -> Self {
+        PathExpr {
+            element: None,
+            labels: String::new(),
+        }
+    }
+
+    fn element(alias: String) -> Self {
+        PathExpr {
+            element: Some(alias),
+            labels: String::new(),
+        }
+    }
+
+    /// This path with one object key appended.
+    fn key(&self, key: &str) -> Self {
+        PathExpr {
+            element: self.element.clone(),
+            labels: format!("{}{}", self.labels, quoted_label(key)),
+        }
+    }
+
     fn push(&self, qb: &mut QueryBuilder<'_, Sqlite>) {
-        match self {
-            PathExpr::Root => {
+        match (&self.element, self.labels.is_empty()) {
+            (None, true) => {
                 qb.push("'$'");
             }
-            PathExpr::Key(parent, key) => {
-                qb.push("(");
-                parent.push(qb);
-                qb.push(" || ").push_bind(quoted_label(key)).push(")");
+            (None, false) => {
+                qb.push_bind(format!("${}", self.labels));
             }
-            PathExpr::Element(alias) => {
+            (Some(alias), true) => {
                 qb.push(alias.as_str()).push(".fullkey");
+            }
+            (Some(alias), false) => {
+                qb.push("(")
+                    .push(alias.as_str())
+                    .push(".fullkey || ")
+                    .push_bind(self.labels.clone())
+                    .push(")");
             }
         }
     }
@@ -124,28 +214,30 @@ fn push_contains(
             qb.push(" = 'object'");
         }
         Value::Object(map) => {
-            for (i, (key, value)) in map.iter().enumerate() {
-                if i > 0 {
-                    qb.push(" AND ");
-                }
-                let child = PathExpr::Key(Box::new(path.clone()), key.clone());
-                push_contains(qb, column, child, value, aliases);
-            }
+            let entries: Vec<(&String, &Value)> = map.iter().collect();
+            push_all(qb, &entries, &mut |qb, (key, value)| {
+                push_contains(qb, column, path.key(key), value, aliases);
+            });
         }
         Value::Array(items) => {
             push_json_type(qb, column, &path);
             qb.push(" = 'array'");
-            for item in items {
+            if items.is_empty() {
+                return;
+            }
+            qb.push(" AND (");
+            push_all(qb, items, &mut |qb, item| {
                 *aliases += 1;
                 let alias = format!("je{aliases}");
-                qb.push(" AND EXISTS (SELECT 1 FROM json_each(")
+                qb.push("EXISTS (SELECT 1 FROM json_each(")
                     .push(column)
                     .push(", ");
                 path.push(qb);
                 qb.push(") AS ").push(alias.as_str()).push(" WHERE ");
-                push_contains(qb, column, PathExpr::Element(alias.clone()), item, aliases);
+                push_contains(qb, column, PathExpr::element(alias), item, aliases);
                 qb.push(")");
-            }
+            });
+            qb.push(")");
         }
         Value::String(s) => {
             qb.push("(");
@@ -329,6 +421,45 @@ mod tests {
                 contains(&doc, &filter),
                 "filter {filter}"
             );
+        }
+    }
+
+    /// The largest filters the server takes (`MAX_FILTER_VALUES` keys, or array items) and the
+    /// deepest (`MAX_FILTER_DEPTH`): a chain of 1,000 `AND`s was deeper than SQLite's 1,000
+    /// levels.
+    #[tokio::test]
+    async fn sqlite_translation_takes_the_largest_and_deepest_filters() {
+        let keys: serde_json::Map<String, Value> = (0..MAX_FILTER_VALUES)
+            .map(|i| (format!("k{i}"), json!(i)))
+            .collect();
+        let doc = Value::Object(keys.clone());
+        let mut other = keys.clone();
+        other.insert("k999".into(), json!(-1));
+        assert_eq!(filter_values(&keys), MAX_FILTER_VALUES);
+        assert!(sqlite_contains(&doc, &Value::Object(keys.clone())).await);
+        assert!(!sqlite_contains(&doc, &Value::Object(other)).await);
+
+        let items: Vec<Value> = (0..MAX_FILTER_VALUES - 1).map(|i| json!(i)).collect();
+        let doc = json!({ "tags": items });
+        let mut missing = items.clone();
+        missing.push(json!("absent"));
+        assert!(sqlite_contains(&doc, &json!({ "tags": items })).await);
+        assert!(!sqlite_contains(&doc, &json!({ "tags": missing })).await);
+
+        // The deepest: arrays in arrays, then objects holding arrays.
+        let mut arrays = json!(["bottom"]);
+        for _ in 2..MAX_FILTER_DEPTH {
+            arrays = json!([arrays]);
+        }
+        let arrays = json!({ "k": arrays });
+        let mut objects = json!("bottom");
+        for _ in 0..MAX_FILTER_DEPTH / 2 {
+            objects = json!({ "k": [objects] });
+        }
+        for deep in [arrays, objects] {
+            assert_eq!(filter_depth(deep.as_object().unwrap()), MAX_FILTER_DEPTH);
+            assert!(sqlite_contains(&deep, &deep).await);
+            assert!(!sqlite_contains(&json!({ "k": [] }), &deep).await);
         }
     }
 }

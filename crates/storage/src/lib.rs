@@ -13,7 +13,9 @@ pub mod crons;
 mod error;
 mod id;
 mod json_filter;
-pub use json_filter::contains as json_contains;
+pub use json_filter::{
+    contains as json_contains, filter_depth, filter_values, MAX_FILTER_DEPTH, MAX_FILTER_VALUES,
+};
 pub mod model;
 mod pg_creator;
 mod pg_notify;

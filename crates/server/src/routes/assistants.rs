@@ -251,6 +251,7 @@ pub struct AssistantSearchRequest {
 impl Validate for AssistantSearchRequest {
     fn validate(&self, v: &mut Violations) {
         validate_page(v, self.limit, self.offset);
+        v.filter_size("metadata", self.metadata.as_ref());
     }
 }
 
@@ -265,7 +266,11 @@ pub struct AssistantCountRequest {
     pub name: Option<String>,
 }
 
-impl Validate for AssistantCountRequest {}
+impl Validate for AssistantCountRequest {
+    fn validate(&self, v: &mut Violations) {
+        v.filter_size("metadata", self.metadata.as_ref());
+    }
+}
 
 #[derive(Debug, Default, Deserialize, ToSchema)]
 pub struct AssistantVersionsRequest {
@@ -283,6 +288,7 @@ pub struct AssistantVersionsRequest {
 impl Validate for AssistantVersionsRequest {
     fn validate(&self, v: &mut Violations) {
         validate_page(v, self.limit, self.offset);
+        v.filter_size("metadata", self.metadata.as_ref());
     }
 }
 

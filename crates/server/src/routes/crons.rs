@@ -593,6 +593,7 @@ pub struct CronSearchRequest {
 impl Validate for CronSearchRequest {
     fn validate(&self, v: &mut Violations) {
         validate_page(v, self.limit, self.offset);
+        v.filter_size("metadata", self.metadata.as_ref());
     }
 }
 

@@ -125,8 +125,9 @@ pub struct RunCreate {
     /// An assistant's id or a graph's id (an unknown one is a 404).
     #[schema(value_type = ResourceId)]
     pub assistant_id: String,
+    /// Any JSON value, as LangGraph takes it (the graph's input schema decides).
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Value)]
     pub input: Option<Value>,
     /// `{resume?, update?, goto?}`: resume interrupts, update the state, go to nodes.
     #[serde(default)]
@@ -178,7 +179,11 @@ pub struct RunCreate {
     /// An http(s) URL the run's end is POSTed to. Its host must resolve to public addresses
     /// (private and loopback ones too when the server allows them); refused with 422 otherwise.
     #[serde(default)]
-    #[schema(max_length = 2048)]
+    #[schema(
+        min_length = 1,
+        max_length = 2048,
+        pattern = "^[Hh][Tt][Tt][Pp][Ss]?://[^\\s/?#]"
+    )]
     pub webhook: Option<String>,
     #[serde(default)]
     pub if_not_exists: Option<IfNotExists>,

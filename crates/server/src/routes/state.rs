@@ -168,6 +168,7 @@ pub struct HistoryRequest {
 impl Validate for HistoryRequest {
     fn validate(&self, v: &mut Violations) {
         v.range("limit", self.limit, 1, Some(HISTORY_MAX_LIMIT));
+        v.filter_size("metadata", self.metadata.as_ref());
         if let Err(bad) = before_id(self.before.as_ref()) {
             v.push(
                 &["before"],

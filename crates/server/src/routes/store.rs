@@ -367,6 +367,7 @@ impl Validate for SearchItemsRequest {
             self.namespace_prefix.as_deref().unwrap_or_default(),
             false,
         );
+        v.filter_size("filter", self.filter.as_ref());
         if let Some(Err(err)) = self.filter.as_ref().map(parse_filter) {
             let mut loc = vec!["filter"];
             loc.extend(err.path.iter().map(String::as_str));

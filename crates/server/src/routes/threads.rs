@@ -357,6 +357,8 @@ pub struct ThreadSearchRequest {
 impl Validate for ThreadSearchRequest {
     fn validate(&self, v: &mut Violations) {
         validate_page(v, self.limit, self.offset);
+        v.filter_size("metadata", self.metadata.as_ref());
+        v.filter_size("values", self.values.as_ref());
     }
 }
 
@@ -372,7 +374,12 @@ pub struct ThreadCountRequest {
     pub status: Option<ThreadStatusWire>,
 }
 
-impl Validate for ThreadCountRequest {}
+impl Validate for ThreadCountRequest {
+    fn validate(&self, v: &mut Violations) {
+        v.filter_size("metadata", self.metadata.as_ref());
+        v.filter_size("values", self.values.as_ref());
+    }
+}
 
 /// The body of `POST /threads/{id}/copy`: nothing is required.
 #[derive(Debug, Default, Deserialize, ToSchema)]
