@@ -42,8 +42,9 @@ pub struct ConnectionLimits {
 /// The default header timeout (hyper's own, which applies only when a timer is given).
 pub const DEFAULT_HEADER_TIMEOUT_SECS: u64 = 30;
 /// The default connection cap, when the open-file limit allows it (see
-/// [`ConnectionLimits::default`]).
-pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+/// [`ConnectionLimits::default`]). High: an idle stream costs about 21 KB, and a server holds
+/// thousands of conversations' streams; the open-file limit is what the cap protects.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 100_000;
 /// File descriptors left for what is not a client connection: database connections, SQLite's
 /// files, the Python workers' pipes, webhook and model calls.
 const RESERVED_DESCRIPTORS: usize = 256;

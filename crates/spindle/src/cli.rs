@@ -109,7 +109,7 @@ pub struct ServerArgs {
     pub header_timeout_secs: Option<u64>,
 
     /// Client connections served at once; beyond them new ones wait until one closes
-    /// [default: 10000, or the open-file limit less 256 when lower]
+    /// [default: 100000, or the open-file limit less 256 when lower]
     #[arg(long, env = "SPINDLE_MAX_CONNECTIONS", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_connections: Option<u64>,
 
