@@ -482,15 +482,21 @@ async def test_official_client_events_and_messages(client):
     assert seqs == sorted(set(seqs))
 
 
+async def until_interrupted(thread, every: float) -> None:
+    """Waits (looking every `every` s, at most 20 s) until the client's thread shows an
+    interrupt."""
+    deadline = time.monotonic() + 20
+    while not thread.interrupted and time.monotonic() < deadline:
+        await asyncio.sleep(every)
+    assert thread.interrupted
+
+
 async def test_official_client_answers_an_interrupt(client):
     """`approval`: the client sees the interrupt (`thread.interrupted`, `thread.interrupts`),
     answers it with `run.respond`, and gets the final output."""
     async with client.threads.stream(assistant_id="approval") as thread:
         await thread.run.start(input=AGENT_INPUT)
-        deadline = time.monotonic() + 20
-        while not thread.interrupted and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        assert thread.interrupted
+        await until_interrupted(thread, every=0.05)
         # The client reads `data.value`; the protocol (and the reference) name it `payload`:
         # both are sent.
         [asked] = thread.interrupts
@@ -515,10 +521,7 @@ async def test_input_sent_as_soon_as_the_interrupt_is_seen_resumes_it(client):
     for attempt in range(5):
         async with client.threads.stream(assistant_id="approval") as thread:
             await thread.run.start(input=AGENT_INPUT)
-            deadline = time.monotonic() + 20
-            while not thread.interrupted and time.monotonic() < deadline:
-                await asyncio.sleep(0.005)
-            assert thread.interrupted
+            await until_interrupted(thread, every=0.005)
             answer = f"yes {attempt}"
             await thread.run.start(input=answer)
             deadline = time.monotonic() + 20

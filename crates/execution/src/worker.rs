@@ -18,8 +18,8 @@ use spindle_graph::pregel::{self, StateSnapshot};
 use spindle_graph::stream::StreamEvent;
 use spindle_graph::{EventSink, Graph, RunEnv, RunError, RunOutcome};
 use spindle_storage::{
-    Assistant, Claim, ClaimedRun, Run, RunEnd, RunStatus, Scope, Storage, StorageError,
-    StorageResult, ThreadStateColumns, ThreadStatus,
+    Assistant, Claim, ClaimedRun, QueueOutlook, Run, RunEnd, RunStatus, Scope, Storage,
+    StorageError, StorageResult, ThreadStateColumns, ThreadStatus,
 };
 use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -236,24 +236,7 @@ impl RunWorkers {
     async fn watch_due(self: Arc<Self>, shutdown: CancellationToken) {
         loop {
             let wait = match self.storage.queue_outlook().await {
-                Ok(outlook) => {
-                    let wait = match outlook.due {
-                        // Claimable now: a loop is woken, and loops finishing a run look
-                        // anyway; so while every slot is busy this looks again only at the
-                        // poll interval.
-                        Some(at) if at <= Utc::now() => {
-                            self.wake.notify_one();
-                            Some(self.config.poll_interval)
-                        }
-                        Some(at) => Some((at - Utc::now()).to_std().unwrap_or_default()),
-                        None => None,
-                    };
-                    if outlook.pending {
-                        Some(wait.map_or(PENDING_RECHECK, |wait| wait.min(PENDING_RECHECK)))
-                    } else {
-                        wait
-                    }
-                }
+                Ok(outlook) => self.next_look(outlook),
                 Err(err) => {
                     tracing::warn!(error = %err, "cannot read when runs come due; retrying");
                     Some(self.config.poll_interval)
@@ -264,6 +247,25 @@ impl RunWorkers {
                 () = self.due_changed.notified() => {}
                 () = shutdown.cancelled() => return,
             }
+        }
+    }
+
+    /// How long `watch_due` may sleep after reading `outlook` (`None`: until woken), having
+    /// woken a loop if a run is claimable now.
+    fn next_look(&self, outlook: QueueOutlook) -> Option<Duration> {
+        let wait = match outlook.due {
+            // Claimable now: a loop is woken, and loops finishing a run look anyway; so while
+            // every slot is busy this looks again only at the poll interval.
+            Some(at) if at <= Utc::now() => {
+                self.wake.notify_one();
+                Some(self.config.poll_interval)
+            }
+            Some(at) => Some((at - Utc::now()).to_std().unwrap_or_default()),
+            None => None,
+        };
+        match outlook.pending {
+            true => Some(wait.map_or(PENDING_RECHECK, |wait| wait.min(PENDING_RECHECK))),
+            false => wait,
         }
     }
 
@@ -598,11 +600,8 @@ impl RunWorkers {
             None => None,
         };
         if let Some(body) = &error {
-            let traceback = match self.config.readable_tracebacks {
-                true => TracebackStyle::Lines,
-                false => TracebackStyle::Field,
-            };
-            log_failure(run, graph_name.as_deref(), failure, body, traceback);
+            let readable = self.config.readable_tracebacks;
+            log_failure(run, graph_name.as_deref(), failure, body, readable);
             let message = body["message"].as_str().unwrap_or_default();
             let _ = failed.set(message.to_owned());
         }
@@ -993,14 +992,15 @@ impl From<RunError> for Failure {
 impl Failure {
     fn body(&self) -> Value {
         match self {
-            // Where it failed goes beside the message (which the node chose, and clients
-            // compare), as a field of its own.
-            Failure::Run(e) => match e.location() {
-                Some(location) => {
-                    json!({"error": e.class(), "message": e.message(), "location": location})
+            Failure::Run(e) => {
+                let mut body = json!({"error": e.class(), "message": e.message()});
+                // Where it failed goes beside the message (which the node chose, and clients
+                // compare), as a field of its own.
+                if let Some(location) = e.location() {
+                    body["location"] = json!(location);
                 }
-                None => json!({"error": e.class(), "message": e.message()}),
-            },
+                body
+            }
             Failure::Setup(msg) => json!({"error": "RunSetupError", "message": msg}),
             Failure::Worker { body, .. } => body.clone(),
         }
@@ -1017,25 +1017,18 @@ impl Failure {
     }
 }
 
-/// Where a failed run's traceback goes in its `run failed` line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum TracebackStyle {
-    /// A field of the line, its newlines escaped: one record for log tools.
-    Field,
-    /// The traceback's own lines after the line's fields, for a person at a terminal.
-    Lines,
-}
-
 /// The one line an operator reads about a run that ended in error (a node's failure, a time
 /// limit, a run that could not start): first what failed (the exception's class and message,
 /// and for a Python graph the exceptions it came from), then which run, thread, graph and
-/// node, the error as the run's client reads it (`body`), and a Python graph's traceback.
+/// node, the error as the run's client reads it (`body`), and a Python graph's traceback:
+/// with `readable_traceback` as its own lines after the fields, for a person at a terminal,
+/// else a field of the line with its newlines escaped, one record for log tools.
 fn log_failure(
     run: &Run,
     graph: Option<&str>,
     failure: Option<&Failure>,
     body: &Value,
-    style: TracebackStyle,
+    readable_traceback: bool,
 ) {
     let (traceback, summary) = match failure {
         Some(Failure::Worker {
@@ -1047,9 +1040,9 @@ fn log_failure(
     // Not `message`: that name is the event's own text in tracing's output.
     let error_message = body["message"].as_str().unwrap_or_default();
     let summary = summary.map_or_else(|| format!("{error}: {error_message}"), str::to_owned);
-    let traceback = traceback.map(|tb| match style {
-        TracebackStyle::Field => tracing::field::display(TracebackText::Escaped(tb)),
-        TracebackStyle::Lines => tracing::field::display(TracebackText::Lines(tb)),
+    let traceback = traceback.map(|tb| match readable_traceback {
+        true => tracing::field::display(TracebackText::Lines(tb)),
+        false => tracing::field::display(TracebackText::Escaped(tb)),
     });
     tracing::warn!(
         run_id = %run.run_id,

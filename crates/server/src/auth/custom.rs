@@ -112,6 +112,25 @@ async fn ask_handler(
     answered(python_auth::authorize(pool(state)?, &ask).await)
 }
 
+/// The filter a handler's answer narrows the request by, when it gave one.
+fn handler_filters(answer: &Value) -> Option<&Map<String, Value>> {
+    answer["filters"].as_object().filter(|f| !f.is_empty())
+}
+
+/// Whether the thread `id` is `scope`'s and meets `condition` (a handler's filter).
+async fn thread_meets(
+    state: &AppState,
+    scope: &Scope,
+    id: ResourceId,
+    condition: &MetadataCondition,
+) -> Result<bool, spindle_storage::StorageError> {
+    match state.storage.get_thread(scope, id).await {
+        Ok(thread) => Ok(condition.holds(&Value::Object(thread.metadata))),
+        Err(spindle_storage::StorageError::NotFound(_)) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Whether the `@auth.on` handler lets `user` do `action` with `value`, for what is not a
 /// route of its own (a protocol command on the thread `value` names): its changes are not
 /// used, its filters must hold on the thread; a refusal says why.
@@ -124,15 +143,12 @@ pub async fn allows(
     let answer = ask_handler(state, user, action, &value)
         .await
         .map_err(Refused::detail)?;
-    if let Some(filters) = answer["filters"].as_object().filter(|f| !f.is_empty()) {
+    if let Some(filters) = handler_filters(&answer) {
         let condition = filters::parse(filters).map_err(|e| e.to_string())?;
         let thread = value["thread_id"].as_str().and_then(|id| id.parse().ok());
         if let Some(thread) = thread {
-            let metadata = match state.storage.get_thread(&user.scope(), thread).await {
-                Ok(found) => Value::Object(found.metadata),
-                Err(_) => Value::Null,
-            };
-            if !condition.holds(&metadata) {
+            let met = thread_meets(state, &user.scope(), thread, &condition).await;
+            if !met.map_err(|e| e.to_string())? {
                 return Err("the thread is not found or not authorized".into());
             }
         }
@@ -249,15 +265,28 @@ async fn ask_about_request(
     had_body: bool,
 ) -> Result<(), Denied> {
     let value = value_of(asked.action, asked.path_params, &parts.uri, body.as_ref());
-    let answer = ask_handler(state, asked.user, asked.action, &value).await?;
-    let changed = answer.get("value").cloned().unwrap_or(Value::Null);
     // A request without a body (a GET) gets none: its route would not read it.
     let body_target = (had_body || parts.method != axum::http::Method::GET).then_some(&mut *body);
-    apply_changes(asked.action, &value, &changed, &mut parts.uri, body_target);
-    match answer["filters"].as_object().filter(|f| !f.is_empty()) {
+    let answer = ask_and_apply(state, asked, value, &mut parts.uri, body_target).await?;
+    match handler_filters(&answer) {
         Some(filters) => apply_filters(state, asked, filters, parts, body.as_ref()).await,
         None => Ok(()),
     }
+}
+
+/// Asks the handler about `value` and writes what it changed back into `uri`'s query and
+/// `body`; its answer.
+async fn ask_and_apply(
+    state: &AppState,
+    asked: Asked<'_>,
+    value: Value,
+    uri: &mut Uri,
+    body: Option<&mut Option<Value>>,
+) -> Result<Value, Denied> {
+    let answer = ask_handler(state, asked.user, asked.action, &value).await?;
+    let changed = answer.get("value").cloned().unwrap_or(Value::Null);
+    apply_changes(asked.action, &value, &changed, uri, body);
+    Ok(answer)
 }
 
 /// A handler's filter: the resource the path names (or a prune's threads) must meet it, and a
@@ -299,18 +328,11 @@ async fn ask_about_batch_run(
     run: &mut Value,
 ) -> Result<(), Denied> {
     let value = value_of(asked.action, asked.path_params, uri, Some(run));
-    let answer = ask_handler(state, asked.user, asked.action, &value).await?;
-    let changed = answer.get("value").cloned().unwrap_or(Value::Null);
     let mut body = Some(run.take());
-    apply_changes(
-        asked.action,
-        &value,
-        &changed,
-        &mut uri.clone(),
-        Some(&mut body),
-    );
+    let answer = ask_and_apply(state, asked, value, &mut uri.clone(), Some(&mut body)).await;
     *run = body.unwrap_or_default();
-    if let Some(filters) = answer["filters"].as_object().filter(|f| !f.is_empty()) {
+    let answer = answer?;
+    if let Some(filters) = handler_filters(&answer) {
         filters::parse(filters).map_err(deny)?;
     }
     Ok(())
@@ -480,7 +502,7 @@ async fn check_run_assistants(
         }
         let value = json!({"assistant_id": id.to_string()});
         let answer = ask_handler(state, user, read, &value).await?;
-        if let Some(filters) = answer["filters"].as_object().filter(|f| !f.is_empty()) {
+        if let Some(filters) = handler_filters(&answer) {
             if !filters::parse(filters).map_err(deny)?.holds(&metadata) {
                 return Err(deny(crate::routes::runs::no_assistant(raw)));
             }
@@ -529,11 +551,9 @@ async fn check_pruned(
         let Some(id) = id.as_str().and_then(|id| id.parse::<ResourceId>().ok()) else {
             continue;
         };
-        let found = match state.storage.get_thread(scope, id).await {
-            Ok(thread) => condition.holds(&Value::Object(thread.metadata)),
-            Err(spindle_storage::StorageError::NotFound(_)) => false,
-            Err(e) => return Err(deny(ApiError::from(e))),
-        };
+        let found = thread_meets(state, scope, id, condition)
+            .await
+            .map_err(|e| deny(ApiError::from(e)))?;
         if !found {
             return Err(deny(ApiError::not_found(
                 "At least one thread not found or not authorized",
